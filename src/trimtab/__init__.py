@@ -1,0 +1,77 @@
+"""trimtab: a parameter server for data-parallel PyTorch training that stays fast when
+machines are slow.
+
+Use it like Horovod::
+
+    import trimtab
+    trimtab.init()
+    optimizer = trimtab.DistributedOptimizer(optimizer, model.named_parameters())
+    trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
+
+and start the job with ``trimtab run --workers 2 --servers 2 -- python train.py``.
+"""
+
+from trimtab._api import (
+    barrier,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    config_from_env,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from trimtab._context import Context
+from trimtab._coordinator import Coordinator, CoordinatorConfig
+from trimtab._exceptions import (
+    ChunkMoved,
+    ConfigError,
+    FatalError,
+    JobAborted,
+    NodeTimeout,
+    ProtocolError,
+    RemoteError,
+    RetryableError,
+    TrimtabError,
+    UsageError,
+)
+from trimtab._optimizer import DistributedOptimizer
+from trimtab._server import Server, ServerConfig
+from trimtab._worker import WorkerConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChunkMoved",
+    "ConfigError",
+    "Context",
+    "Coordinator",
+    "CoordinatorConfig",
+    "DistributedOptimizer",
+    "FatalError",
+    "JobAborted",
+    "NodeTimeout",
+    "ProtocolError",
+    "RemoteError",
+    "RetryableError",
+    "Server",
+    "ServerConfig",
+    "TrimtabError",
+    "UsageError",
+    "WorkerConfig",
+    "__version__",
+    "barrier",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "config_from_env",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
+    "shutdown",
+    "size",
+]

@@ -1,0 +1,136 @@
+"""A worker process's handle on its job: membership, placement, barriers, broadcast.
+
+One :class:`Context` per worker; the public functions (``trimtab.init()`` and friends)
+use a default one, and everything takes an explicit context too, so one test process can
+hold several workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trimtab._messages import Control, Data
+from trimtab._node import as_bytes
+from trimtab._placement import ChunkSpec, PlacementMap, TensorSpec, make_chunks
+from trimtab._worker import Reply, WorkerClient, WorkerConfig, wait
+
+if TYPE_CHECKING:
+    from trimtab._optimizer import DistributedOptimizer
+
+log = logging.getLogger("trimtab")
+
+#: Broadcast buffers are cut into frames no larger than this (large single frames are
+#: several times slower through ZeroMQ than a few-MiB frames).
+BROADCAST_FRAME_BYTES = 4 << 20
+
+
+class Context:
+    """A worker's view of the job. Methods block and are meant for the training thread.
+
+    Raises (from any method): :class:`~trimtab.JobAborted` if the job ended,
+    :class:`~trimtab.NodeTimeout` if a peer did not answer in time.
+    """
+
+    def __init__(self, config: WorkerConfig, *, local_rank: int = -1) -> None:
+        self.config = config
+        self.client = WorkerClient(config)
+        self.client.start()
+        self.local_rank = self.client.rank if local_rank < 0 else local_rank
+        self.placement: PlacementMap | None = None
+        self.tensors: list[TensorSpec] = []
+        self.chunks: list[ChunkSpec] = []
+        self.optimizers: list[DistributedOptimizer] = []
+        self._bcast_seq = itertools.count()
+        self._barrier_seq = itertools.count()
+        log.debug("worker %d of %d joined", self.rank, self.size)
+
+    @property
+    def rank(self) -> int:
+        return self.client.rank
+
+    @property
+    def size(self) -> int:
+        return self.client.num_workers
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.request_timeout_s
+
+    def close(self) -> None:
+        """Leave the job (this worker is done). Never raises."""
+        self.client.close()
+
+    def call(self, header: dict[str, Any], frames: Iterable[Any] = ()) -> Reply:
+        """A blocking request to the coordinator."""
+        return wait(self.client.control(header, list(frames)), self.timeout_s)
+
+    def declare(self, tensors: list[TensorSpec], opt: dict[str, Any]) -> PlacementMap:
+        """Declare the tensors to train; blocks until every worker declared the same and
+        every server holds its chunks. Raises :class:`~trimtab.RemoteError` (code
+        ``mismatch``) if workers disagree."""
+        reply = self.call({"o": int(Control.DECLARE),
+                           "tensors": [t.to_wire() for t in tensors], "opt": opt}).header
+        self.tensors = tensors
+        self.chunks = make_chunks(tensors, reply["chunk_bytes"])
+        self.placement = PlacementMap(reply["epoch"], tuple(reply["owners"]),
+                                      tuple(reply["servers"]))
+        return self.placement
+
+    def server_of(self, chunk: int) -> str:
+        assert self.placement is not None
+        return self.placement.servers[self.placement.owners[chunk]]
+
+    def barrier(self, name: str | None = None) -> None:
+        """Block until every worker reached the barrier of the same name."""
+        label = name if name is not None else f"b{next(self._barrier_seq)}"
+        self.call({"o": int(Control.BARRIER), "name": label})
+
+    def server_stats(self) -> list[dict[str, Any]]:
+        """Each server's counters (versions, pushes, errors). Blocks."""
+        assert self.placement is not None
+        futs = [self.client.request(addr, {"o": int(Data.STATS)})
+                for addr in self.placement.servers]
+        return [wait(f, self.timeout_s).header for f in futs]
+
+    def broadcast(self, tensors: Mapping[str, torch.Tensor], root_rank: int) -> None:
+        """Overwrite ``tensors`` in place with the root worker's values. Collective:
+        every worker calls it with the same names, in the same order."""
+        if not 0 <= root_rank < self.size:
+            raise ValueError(f"root_rank {root_rank} is not a worker rank (0..{self.size - 1})")
+        key = f"bcast{next(self._bcast_seq)}"
+        names = list(tensors)
+        if self.rank == root_rank:
+            frames: list[memoryview] = []
+            counts = []
+            for name in names:
+                t = tensors[name].detach().contiguous().cpu()
+                raw = as_bytes(t)
+                pieces = [raw[i:i + BROADCAST_FRAME_BYTES]
+                          for i in range(0, len(raw), BROADCAST_FRAME_BYTES)] or [raw]
+                frames.extend(pieces)
+                counts.append(len(pieces))
+            meta = {"names": names, "frames": counts}
+            self.call({"o": int(Control.BCAST_PUT), "key": key, "meta": meta}, frames)
+        else:
+            reply = self.call({"o": int(Control.BCAST_GET), "key": key})
+            meta = reply.header["meta"]
+            if meta["names"] != names:
+                raise ValueError(
+                    f"broadcast from rank {root_rank} carried {meta['names'][:5]}..., this "
+                    f"worker asked for {names[:5]}...: call it with the same tensors everywhere"
+                )
+            it = iter(reply.frames)
+            for name, count in zip(names, meta["frames"], strict=True):
+                raw = b"".join(bytes(next(it)) for _ in range(count))
+                dst = tensors[name]
+                src = torch.frombuffer(bytearray(raw), dtype=dst.dtype) if raw else None
+                with torch.no_grad():
+                    if src is not None:
+                        dst.copy_(src.view(dst.shape))
+        for opt in self.optimizers:
+            opt._reseed_servers(tensors.values(), root_rank)

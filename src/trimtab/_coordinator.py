@@ -1,0 +1,343 @@
+"""The coordinator role: membership and heartbeats, the placement map, barriers,
+broadcast relay, and job teardown. One per job."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from typing import Any
+
+from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
+from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
+from trimtab._node import NodeLoop
+from trimtab._placement import PLACEMENTS, PlacementMap, TensorSpec, make_chunks
+from trimtab._transport import Peer, Transport, ZmqTransport
+
+log = logging.getLogger("trimtab.coordinator")
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorConfig:
+    """How a job is shaped and how its coordinator behaves.
+
+    Attributes:
+        num_workers: workers the job waits for.
+        num_servers: servers the job waits for.
+        job: job id shared by every node; messages of other jobs are refused.
+        host: interface to bind (loopback by default).
+        port: port to bind; 0 picks a free one.
+        placement: initial placement policy (``hash``, ``mxnet``, ``greedy``).
+        chunk_bytes: the largest chunk, in bytes.
+        consistency: consistency policy name (``bsp``).
+        heartbeat_s: how often nodes say they are alive.
+        dead_after_s: a node silent this long is dead and the job is aborted.
+    """
+
+    num_workers: int
+    num_servers: int
+    job: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    placement: str = "greedy"
+    chunk_bytes: int = 1 << 20
+    consistency: str = "bsp"
+    heartbeat_s: float = 1.0
+    dead_after_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.num_servers < 1:
+            raise ConfigError("a job needs at least 1 worker and 1 server")
+        if self.chunk_bytes < 64:
+            raise ConfigError(f"chunk_bytes must be at least 64, got {self.chunk_bytes}")
+        if self.placement not in PLACEMENTS.names():
+            raise ConfigError(
+                f"unknown placement {self.placement!r}; choose one of {PLACEMENTS.names()}"
+            )
+        if self.dead_after_s <= 2 * self.heartbeat_s:
+            raise ConfigError("dead_after_s must be more than twice heartbeat_s")
+
+
+class Role(str, enum.Enum):
+    SERVER = "server"
+    WORKER = "worker"
+
+
+@dataclasses.dataclass
+class _Member:
+    role: Role
+    rank: int
+    peer: Peer
+    addr: str = ""
+    last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    done: bool = False
+
+
+class Coordinator:
+    """Runs a job's control plane. :meth:`run` blocks until the job ends.
+
+    Raises :class:`JobAborted` from :meth:`run` if a node died or the job was aborted.
+    """
+
+    def __init__(self, config: CoordinatorConfig, transport: Transport | None = None) -> None:
+        self.config = config
+        self._transport = transport or ZmqTransport(bind=True, host=config.host, port=config.port)
+        self._loop = NodeLoop(config.job, self._transport, log)
+        self._members: dict[Peer, _Member] = {}
+        self._servers: list[_Member] = []
+        self._workers: dict[int, _Member] = {}
+        self._declared: dict[int, tuple[Peer, int, list[Any], dict[str, Any]]] = {}
+        self._map: PlacementMap | None = None
+        self._map_header: Header | None = None
+        self._awaiting_acks: set[int] = set()
+        self._barriers: dict[str, list[tuple[Peer, int]]] = {}
+        self._bcast: dict[str, tuple[Header, list[memoryview], int]] = {}
+        self._bcast_waiting: dict[str, list[tuple[Peer, int]]] = {}
+        self._stop = False
+        self._abort: str | None = None
+
+    @property
+    def address(self) -> str:
+        """Where nodes reach the coordinator."""
+        return self._transport.address
+
+    def start(self) -> threading.Thread:
+        """Run the loop in a daemon thread; returns the thread."""
+        thread = threading.Thread(target=self.run, name="trimtab-coordinator", daemon=True)
+        thread.start()
+        return thread
+
+    def abort(self, why: str) -> None:
+        """Abort the job: every node is told to exit. Thread-safe; does not wait."""
+        self._abort = why
+        self._transport.wake()
+
+    def run(self) -> None:
+        """Serve until every worker is done. Blocks. Raises :class:`JobAborted`."""
+        log.info("coordinator of job %s at %s, waiting for %d servers and %d workers",
+                 self.config.job, self.address, self.config.num_servers,
+                 self.config.num_workers)
+        try:
+            while not self._stop and self._abort is None:
+                env = self._transport.recv(self.config.heartbeat_s)
+                if env is not None:
+                    self._dispatch(env.peer, env.frames)
+                self._check_liveness()
+            if self._abort is not None:
+                for member in self._members.values():
+                    self._loop.send(member.peer, {"o": int(Control.ABORT), "i": 0,
+                                                  "why": self._abort})
+        finally:
+            self._transport.close()
+        if self._abort is not None:
+            raise JobAborted(self._abort)
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for m in self._members.values():
+            if not m.done and now - m.last_seen > self.config.dead_after_s:
+                self._abort = (f"{m.role.value} {m.rank} has been silent for "
+                               f"{now - m.last_seen:.0f}s; stopping the job")
+                log.error(self._abort)
+                return
+
+    def _dispatch(self, peer: Peer, frames: list[memoryview]) -> None:
+        rid = 0
+        try:
+            header = decode(frames[0], self.config.job)
+            rid = header["i"]
+            op = header["o"]
+            member = self._members.get(peer)
+            if member is not None:
+                member.last_seen = time.monotonic()
+            if op == Control.REGISTER:
+                self._on_register(peer, header)
+                return
+            if member is None:
+                if op == Control.HEARTBEAT:
+                    return  # a node's first heartbeat can overtake its REGISTER
+                raise ProtocolError(ErrorCode.BAD_STATE.value,
+                                    f"op {op} before REGISTER; register first")
+            if op == Control.HEARTBEAT:
+                self._loop.send(peer, {"o": int(Control.HEARTBEAT), "i": 0})
+            elif op == Control.DECLARE:
+                self._on_declare(member, header)
+            elif op == Control.MAP_ACK:
+                self._awaiting_acks.discard(member.rank)
+                self._maybe_release_map()
+            elif op == Control.BARRIER:
+                self._on_barrier(peer, header)
+            elif op == Control.BCAST_PUT:
+                self._on_bcast_put(peer, header, frames[1:])
+            elif op == Control.BCAST_GET:
+                self._on_bcast_get(peer, header)
+            elif op == Control.DONE:
+                self._on_done(member, rid)
+            elif op == Control.STATUS:
+                self._loop.send(peer, {"o": int(Control.OK), "i": rid, **self.status()})
+            else:
+                raise ProtocolError(ErrorCode.UNKNOWN_OP.value,
+                                    f"op {op} is not a control op the coordinator answers")
+        except ProtocolError as exc:
+            code, msg = error_of(exc)
+            self._loop.refuse(peer, rid, code, msg, data=False)
+        except Exception as exc:
+            log.exception("internal error on a request")
+            self._loop.refuse(peer, rid, "internal", f"{type(exc).__name__}: {exc}", data=False)
+
+    def status(self) -> dict[str, Any]:
+        """Membership and placement, for tools and tests. Loop thread only."""
+        return {
+            "servers": [m.addr for m in self._servers],
+            "workers": sorted(self._workers),
+            "done": sorted(r for r, m in self._workers.items() if m.done),
+            "epoch": self._map.epoch if self._map else 0,
+            "owners": list(self._map.owners) if self._map else [],
+        }
+
+    # -- membership ----------------------------------------------------------------
+
+    def _on_register(self, peer: Peer, header: Header) -> None:
+        role = field(header, "role", str)
+        if peer in self._members:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "this node is already registered")
+        if role == Role.SERVER.value:
+            if len(self._servers) >= self.config.num_servers:
+                raise ProtocolError(ErrorCode.BAD_STATE.value,
+                                    f"the job already has its {self.config.num_servers} servers")
+            member = _Member(Role.SERVER, len(self._servers), peer, field(header, "addr", str))
+            self._servers.append(member)
+        elif role == Role.WORKER.value:
+            rank = header.get("rank", -1)
+            if not isinstance(rank, int) or rank < 0:
+                rank = min(set(range(self.config.num_workers)) - set(self._workers), default=-1)
+            if rank >= self.config.num_workers or rank < 0:
+                raise ProtocolError(ErrorCode.BAD_STATE.value,
+                                    f"no worker rank free (the job has {self.config.num_workers})")
+            if rank in self._workers:
+                raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker rank {rank} is taken")
+            member = _Member(Role.WORKER, rank, peer)
+            self._workers[rank] = member
+        else:
+            raise ProtocolError(ErrorCode.MALFORMED.value, f"unknown role {role!r}")
+        self._members[peer] = member
+        log.info("%s %d joined", member.role.value, member.rank)
+        self._loop.send(peer, {
+            "o": int(Control.REGISTERED), "i": header["i"], "rank": member.rank,
+            "num_workers": self.config.num_workers, "num_servers": self.config.num_servers,
+            "chunk_bytes": self.config.chunk_bytes, "heartbeat_s": self.config.heartbeat_s,
+        })
+        self._maybe_place()
+
+    def _on_done(self, member: _Member, rid: int) -> None:
+        member.done = True
+        self._loop.send(member.peer, {"o": int(Control.OK), "i": rid})
+        if len(self._workers) == self.config.num_workers and all(
+            m.done for m in self._workers.values()
+        ):
+            log.info("every worker is done; shutting the job down")
+            for server in self._servers:
+                self._loop.send(server.peer, {"o": int(Control.SHUTDOWN), "i": 0})
+            self._stop = True
+
+    # -- placement -----------------------------------------------------------------
+
+    def _on_declare(self, member: _Member, header: Header) -> None:
+        if member.role is not Role.WORKER:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers declare tensors")
+        if self._map is not None:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                "tensors were already declared: one DistributedOptimizer per job is supported",
+            )
+        tensors = field(header, "tensors", list)
+        try:
+            [TensorSpec.from_wire(t) for t in tensors]
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
+        self._declared[member.rank] = (member.peer, header["i"], tensors,
+                                       field(header, "opt", dict))
+        self._maybe_place()
+
+    def _maybe_place(self) -> None:
+        if (self._map is not None or len(self._declared) < self.config.num_workers
+                or len(self._servers) < self.config.num_servers):
+            return
+        first = self._declared[min(self._declared)]
+        for rank, (peer, rid, tensors, _) in sorted(self._declared.items()):
+            if tensors != first[2]:
+                diff = _first_difference(first[2], tensors)
+                for p, r, _, _ in self._declared.values():
+                    self._loop.refuse(p, r, ErrorCode.MISMATCH.value,
+                                      f"worker {rank} declared different tensors than worker "
+                                      f"{min(self._declared)}: {diff}", data=False)
+                self._declared.clear()
+                return
+        specs = [TensorSpec.from_wire(t) for t in first[2]]
+        chunks = make_chunks(specs, self.config.chunk_bytes)
+        policy = PLACEMENTS.create(self.config.placement)
+        owners = policy.place(specs, chunks, len(self._servers))
+        self._map = PlacementMap(1, tuple(owners), tuple(m.addr for m in self._servers))
+        self._map_header = {
+            "o": int(Control.MAP), "epoch": self._map.epoch, "tensors": first[2],
+            "chunk_bytes": self.config.chunk_bytes, "owners": owners,
+            "servers": list(self._map.servers), "opt": first[3],
+            "workers": sorted(self._workers), "consistency": self.config.consistency,
+        }
+        log.info("placed %d tensors in %d chunks over %d servers (%s)", len(specs),
+                 len(chunks), len(self._servers), self.config.placement)
+        self._awaiting_acks = {m.rank for m in self._servers}
+        for server in self._servers:
+            self._loop.send(server.peer, {**self._map_header, "i": 0})
+
+    def _maybe_release_map(self) -> None:
+        if self._awaiting_acks or self._map_header is None or not self._declared:
+            return
+        for peer, rid, _, _ in self._declared.values():
+            self._loop.send(peer, {**self._map_header, "i": rid})
+        self._declared.clear()
+
+    # -- barriers and broadcast ----------------------------------------------------
+
+    def _on_barrier(self, peer: Peer, header: Header) -> None:
+        name = field(header, "name", str)
+        arrived = self._barriers.setdefault(name, [])
+        arrived.append((peer, header["i"]))
+        if len(arrived) == self.config.num_workers:
+            for p, r in arrived:
+                self._loop.send(p, {"o": int(Control.OK), "i": r})
+            del self._barriers[name]
+
+    def _on_bcast_put(self, peer: Peer, header: Header, frames: list[memoryview]) -> None:
+        key = field(header, "key", str)
+        meta = field(header, "meta", dict)
+        if key in self._bcast:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"broadcast {key!r} was already put")
+        self._bcast[key] = (meta, frames, 0)
+        self._loop.send(peer, {"o": int(Control.OK), "i": header["i"]})
+        for p, r in self._bcast_waiting.pop(key, []):
+            self._send_bcast(p, r, key)
+
+    def _on_bcast_get(self, peer: Peer, header: Header) -> None:
+        key = field(header, "key", str)
+        if key in self._bcast:
+            self._send_bcast(peer, header["i"], key)
+        else:
+            self._bcast_waiting.setdefault(key, []).append((peer, header["i"]))
+
+    def _send_bcast(self, peer: Peer, rid: int, key: str) -> None:
+        meta, frames, served = self._bcast[key]
+        self._loop.send(peer, {"o": int(Control.BCAST_VALUE), "i": rid, "meta": meta}, frames)
+        if served + 1 >= self.config.num_workers - 1:
+            del self._bcast[key]
+        else:
+            self._bcast[key] = (meta, frames, served + 1)
+
+
+def _first_difference(a: list[Any], b: list[Any]) -> str:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return f"{x} vs {y}"
+    return f"{len(a)} tensors vs {len(b)}"

@@ -1,0 +1,126 @@
+"""What every node's event loop shares: framing replies and errors, heartbeats."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from trimtab._exceptions import ProtocolError
+from trimtab._messages import DTYPE_SIZES, Control, ErrorCode, Header, encode, error_header, field
+from trimtab._transport import Frame, Peer, Transport
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+WIRE_DTYPES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def wire_dtype(dtype: torch.dtype) -> str:
+    """The wire name of a torch dtype. Raises ``ValueError`` for unsupported ones."""
+    try:
+        return WIRE_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(
+            f"trimtab moves floating-point tensors ({sorted(TORCH_DTYPES)}), not {dtype}"
+        ) from None
+
+
+def as_bytes(t: torch.Tensor) -> memoryview:
+    """A zero-copy byte view of a contiguous CPU tensor (any dtype, bfloat16 included)."""
+    return memoryview(t.view(-1).view(torch.uint8).numpy())
+
+
+def tensor_from(frame: memoryview, dtype: str, numel: int) -> torch.Tensor:
+    """A tensor over a received frame, without copying. The frame must outlive it."""
+    if frame.readonly:
+        # torch refuses read-only buffers; zmq frames are writable, test copies are not.
+        frame = memoryview(bytearray(frame))
+    return torch.frombuffer(frame, dtype=TORCH_DTYPES[dtype], count=numel)
+
+
+def check_tensor_frames(
+    header: Header, frames: Sequence[memoryview], dtype: str, numel: int
+) -> torch.Tensor:
+    """Validate a message that carries one tensor buffer of ``numel`` ``dtype`` elements.
+
+    Raises :class:`ProtocolError` (BAD_DTYPE, BAD_SHAPE or MALFORMED) saying what differs.
+    """
+    got_dtype = field(header, "dt", str)
+    if got_dtype != dtype:
+        raise ProtocolError(
+            ErrorCode.BAD_DTYPE.value, f"chunk holds {dtype}, message carries {got_dtype!r}"
+        )
+    got_n = field(header, "n", int)
+    if got_n != numel:
+        raise ProtocolError(
+            ErrorCode.BAD_SHAPE.value, f"chunk has {numel} elements, message says {got_n}"
+        )
+    if len(frames) != 1:
+        raise ProtocolError(
+            ErrorCode.MALFORMED.value, f"expected 1 tensor frame, got {len(frames)}"
+        )
+    expected = numel * DTYPE_SIZES[dtype]
+    if frames[0].nbytes != expected:
+        raise ProtocolError(
+            ErrorCode.BAD_SHAPE.value,
+            f"tensor frame is {frames[0].nbytes} bytes, {numel} x {dtype} needs {expected} "
+            "(truncated or padded frame)",
+        )
+    return tensor_from(frames[0], dtype, numel)
+
+
+class NodeLoop:
+    """Helpers for a node's single-threaded event loop over a :class:`Transport`.
+
+    Not thread-safe: only the loop's thread uses it.
+    """
+
+    def __init__(self, job: str, transport: Transport, log: logging.Logger) -> None:
+        self.job = job
+        self.transport = transport
+        self.log = log
+        self.errors_sent = 0
+
+    def send(self, peer: Peer, header: Header, frames: Sequence[Frame] = ()) -> None:
+        header["j"] = self.job
+        self.transport.send(peer, [encode(header), *frames])
+
+    def refuse(self, peer: Peer, rid: int, code: str, msg: str, *, data: bool) -> None:
+        """Answer a request with an error; the node goes on serving."""
+        self.errors_sent += 1
+        self.log.warning("refused a request from %r: [%s] %s", peer, code, msg)
+        self.transport.send(peer, [encode(error_header(self.job, rid, code, msg, data=data))])
+
+
+class Heartbeat:
+    """Sends HEARTBEAT to the coordinator every ``interval_s`` and notices its silence."""
+
+    def __init__(self, interval_s: float, timeout_s: float) -> None:
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        now = time.monotonic()
+        self._last_sent = 0.0
+        self.last_heard = now
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_sent >= self.interval_s:
+            self._last_sent = now
+            return True
+        return False
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last_heard
+
+    def header(self) -> dict[str, Any]:
+        return {"o": int(Control.HEARTBEAT), "i": 0}

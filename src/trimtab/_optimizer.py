@@ -1,0 +1,326 @@
+"""``trimtab.DistributedOptimizer``: Horovod's optimizer contract over a parameter server.
+
+It holds the user's optimizer (composition: the class is never generated at run time).
+Gradient hooks push each parameter's chunks to their servers as soon as backward has
+accumulated them; :meth:`synchronize` waits for the servers' answers. In *server* mode
+the answers are the updated values (the servers ran the user's optimizer), in
+*summation* mode the averaged gradients, to which the user's optimizer is applied here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from trimtab._context import Context
+from trimtab._exceptions import ConfigError, UsageError
+from trimtab._messages import Data
+from trimtab._node import as_bytes, tensor_from, wire_dtype
+from trimtab._optim import OptimizerMode, choose_mode, hyperparameters
+from trimtab._placement import ChunkSpec, TensorSpec
+from trimtab._worker import Reply, wait
+
+log = logging.getLogger("trimtab")
+_said_mode: set[str] = set()
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer`` so that each step is one synchronous parameter-server step.
+
+    Args:
+        optimizer: the user's torch optimizer (any; SGD, Adam, AdamW, Adagrad, RMSprop and
+            Adamax run on the servers, others in summation mode).
+        named_parameters: ``model.named_parameters()``; names must match across workers.
+            Without it, parameters are named by their place in the param groups.
+        backward_passes_per_step: backward passes accumulated locally before a push.
+        mode: ``"auto"`` (default), ``"server"`` or ``"summation"``. Use summation to
+            change gradients between :meth:`synchronize` and :meth:`step` (clipping).
+        context: the worker context; the one made by ``trimtab.init()`` by default.
+
+    Construction blocks until every worker built its optimizer over the same tensors and
+    the servers hold the root's initial values, which every worker then adopts.
+    Not thread-safe: call from the training thread. Raises :class:`ConfigError` for
+    unsupported parameters, :class:`RemoteError` if workers declare different tensors.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+        compression: object = None,
+        backward_passes_per_step: int = 1,
+        op: object = None,
+        *,
+        mode: str = "auto",
+        context: Context | None = None,
+    ) -> None:
+        from trimtab._api import default_context
+
+        if compression is not None and getattr(compression, "name", "none") != "none":
+            raise ConfigError("gradient compression is not supported yet; omit compression=")
+        if op is not None and str(op).lower() not in ("average", "op.average"):
+            raise ConfigError(f"only op=Average is supported, got {op!r}")
+        if backward_passes_per_step < 1:
+            raise ConfigError("backward_passes_per_step must be at least 1")
+        self._ctx = context or default_context()
+        self._inner = optimizer
+        self._mode = choose_mode(optimizer, mode)
+        cls = type(optimizer).__name__
+        if cls not in _said_mode:
+            _said_mode.add(cls)
+            where = ("servers apply it to each chunk" if self._mode is OptimizerMode.SERVER
+                     else "servers sum gradients, each worker applies it")
+            log.info("trimtab: %s runs in %s mode (%s)", cls, self._mode.value, where)
+        # Share the inner optimizer's groups and state, so LR schedulers and user code
+        # that touch either object see the same thing.
+        super().__init__([{"params": g["params"]} for g in optimizer.param_groups],
+                         optimizer.defaults)
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        self.defaults = optimizer.defaults
+        self._passes = backward_passes_per_step
+        self._params = self._name_params(named_parameters)
+        self._declare()
+        self._clock = 0
+        self._batch_size = 1.0
+        self._counts: dict[torch.Tensor, int] = {}
+        self._inflight: dict[torch.Tensor, list[concurrent.futures.Future[Reply]]] = {}
+        self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
+        self._step_hp: dict[int, dict[str, Any] | None] = {}
+        self._synchronized = False
+        self._skip_sync = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
+                       for p in self._chunks_of]
+        self._ctx.optimizers.append(self)
+
+    # -- setup ---------------------------------------------------------------------
+
+    def _name_params(
+        self, named: Iterable[tuple[str, torch.nn.Parameter]] | None
+    ) -> list[tuple[str, torch.Tensor, int]]:
+        group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        if named is None:
+            pairs = [(f"group{g}.param{i}", p) for g, group in enumerate(self.param_groups)
+                     for i, p in enumerate(group["params"])]
+        else:
+            pairs = list(named)
+        names = [n for n, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ConfigError("named_parameters has duplicate names; names must be unique")
+        out = []
+        seen = set()
+        for name, p in pairs:
+            if p not in group_of or p in seen:
+                continue  # not optimized (e.g. frozen) or shared under two names
+            seen.add(p)
+            if p.is_sparse or not p.is_contiguous():
+                raise ConfigError(f"parameter {name!r} must be dense and contiguous")
+            wire_dtype(p.dtype)
+            out.append((name, p, group_of[p]))
+        missing = [p for p in group_of if p not in seen]
+        if missing:
+            raise ConfigError(
+                f"{len(missing)} optimized parameters are not in named_parameters; pass "
+                "model.named_parameters() for the model the optimizer was built on"
+            )
+        return out
+
+    def _declare(self) -> None:
+        ctx = self._ctx
+        specs = [TensorSpec(n, tuple(p.shape), wire_dtype(p.dtype), g) for n, p, g in self._params]
+        opt = {"cls": type(self._inner).__name__, "mode": self._mode.value,
+               "groups": [hyperparameters(g) for g in self.param_groups]}
+        ctx.declare(specs, opt)
+        self._chunks_of: dict[torch.Tensor, list[ChunkSpec]] = {p: [] for _, p, _ in self._params}
+        self._group_of = {p: g for _, p, g in self._params}
+        tensors = [p for _, p, _ in self._params]
+        for c in ctx.chunks:
+            self._chunks_of[tensors[c.tensor]].append(c)
+        self._reseed_servers(tensors, root_rank=0, force=True)
+
+    def _reseed_servers(
+        self, tensors: Iterable[torch.Tensor], root_rank: int, force: bool = False
+    ) -> None:
+        """Make the servers hold the root's values of those of ``tensors`` that are our
+        parameters, and every worker adopt them. Collective; blocks."""
+        ptrs = {t.data_ptr() for t in tensors}
+        params = [p for p in self._chunks_of if force or p.data_ptr() in ptrs]
+        if not params:
+            return
+        ctx = self._ctx
+        if ctx.rank == root_rank:
+            futs = [ctx.client.request(ctx.server_of(c.id), self._tensor_header(Data.INIT, c),
+                                       [as_bytes(p.data.view(-1)[c.offset:c.offset + c.numel])])
+                    for p in params for c in self._chunks_of[p]]
+            for f in futs:
+                wait(f, ctx.timeout_s)
+        ctx.barrier()
+        if ctx.rank != root_rank:
+            pulls = [(p, c, ctx.client.request(ctx.server_of(c.id),
+                                               {"o": int(Data.PULL), "c": c.id, "e": self._epoch}))
+                     for p in params for c in self._chunks_of[p]]
+            with torch.no_grad():
+                for p, c, f in pulls:
+                    self._write(p.data, c, wait(f, ctx.timeout_s))
+
+    @property
+    def _epoch(self) -> int:
+        return self._ctx.placement.epoch if self._ctx.placement else 0
+
+    def _tensor_header(self, op: Data, c: ChunkSpec) -> dict[str, Any]:
+        return {"o": int(op), "c": c.id, "e": self._epoch, "dt": c.dtype, "n": c.numel}
+
+    # -- the training step -----------------------------------------------------------
+
+    @property
+    def batch_size(self) -> float:
+        """This worker's batch size for the coming step: its gradient's weight, so that
+        the servers' update is the mean over the global batch. Default 1 (equal)."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: float) -> None:
+        if not value > 0:
+            raise ConfigError(f"batch_size must be positive, got {value}")
+        if self._inflight:
+            raise UsageError("set batch_size before backward, not between backward and step")
+        self._batch_size = float(value)
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        count = self._counts.get(p, 0) + 1
+        self._counts[p] = count
+        if count < self._passes:
+            return
+        if count > self._passes:
+            raise UsageError(
+                f"gradients were computed {count} times before step(), more than "
+                f"backward_passes_per_step={self._passes}; raise backward_passes_per_step "
+                "or call step() after each backward"
+            )
+        self._push(p, p.grad)
+
+    def _push(self, p: torch.Tensor, grad: torch.Tensor | None) -> None:
+        group = self._group_of[p]
+        if group not in self._step_hp:
+            hp = hyperparameters(self.param_groups[group])
+            self._step_hp[group] = None if hp == self._sent_hp[group] else hp
+            self._sent_hp[group] = hp
+        hp_changed = self._step_hp[group]
+        flat = None
+        if grad is not None:
+            if grad.is_sparse:
+                raise UsageError("sparse gradients are not supported; use dense embeddings")
+            flat = grad.detach().contiguous().view(-1)
+            if flat.device.type != "cpu":
+                flat = flat.cpu()
+        futs = []
+        for c in self._chunks_of[p]:
+            header = self._tensor_header(Data.PUSH, c)
+            header.update(r=self._ctx.rank, k=self._clock, w=self._batch_size)
+            if hp_changed is not None:
+                header["hp"] = hp_changed
+            if flat is None:
+                header["z"] = True
+                frames = []
+            else:
+                frames = [as_bytes(flat[c.offset:c.offset + c.numel])]
+            futs.append(self._ctx.client.request(self._ctx.server_of(c.id), header, frames))
+        self._inflight[p] = futs
+
+    def synchronize(self) -> None:
+        """Push what backward has not pushed yet and wait for every chunk's answer.
+
+        Blocks. In server mode the parameters then hold the updated values; in summation
+        mode their ``.grad`` holds the mean gradient over the global batch.
+        Raises :class:`~trimtab.JobAborted`, :class:`~trimtab.NodeTimeout`.
+        """
+        for p in self._chunks_of:
+            if p not in self._inflight:
+                self._push(p, p.grad)
+        with torch.no_grad():
+            for p, futs in self._inflight.items():
+                for c, f in zip(self._chunks_of[p], futs, strict=True):
+                    reply = wait(f, self._ctx.timeout_s)
+                    if self._mode is OptimizerMode.SERVER:
+                        self._write(p.data, c, reply)
+                    elif not reply.header.get("z"):
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                        self._write(p.grad, c, reply)
+        self._inflight.clear()
+        self._counts.clear()
+        self._step_hp.clear()
+        self._synchronized = True
+
+    @staticmethod
+    def _write(dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
+        h = reply.header
+        src = tensor_from(reply.frames[0], h["dt"], h["n"])
+        dst.view(-1)[c.offset:c.offset + c.numel].copy_(src)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this block, :meth:`step` does not synchronize (you already did)."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Finish the step: synchronize (unless done), apply the update, advance the
+        clock. Blocks; raises as :meth:`synchronize`."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._synchronized and not self._skip_sync:
+            self.synchronize()
+        elif not self._synchronized:
+            raise UsageError("skip_synchronize() without synchronize() first")
+        if self._mode is OptimizerMode.SUMMATION:
+            self._inner.step()
+        self._synchronized = False
+        self._clock += 1
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients. Raises :class:`UsageError` between backward and step."""
+        if self._inflight:
+            raise UsageError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
+                "can cause a race condition."
+            )
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def clock(self) -> int:
+        """Steps this worker has completed."""
+        return self._clock
+
+    @property
+    def mode(self) -> OptimizerMode:
+        return self._mode
+
+    def state_dict(self) -> dict[str, Any]:
+        """The inner optimizer's state plus trimtab's (clock, placement epoch)."""
+        state = self._inner.state_dict()
+        state["trimtab"] = {"clock": self._clock, "epoch": self._epoch}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the inner optimizer's state. trimtab's clock is not rewound: the
+        servers' rounds continue from where this job is."""
+        state = dict(state_dict)
+        state.pop("trimtab", None)
+        self._inner.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._inner!r}, mode={self._mode.value})"

@@ -1,0 +1,344 @@
+"""The server role: owns chunks (value, optimizer state, version), aggregates pushed
+gradients in place, applies the optimizer, and pushes each updated chunk back to every
+worker that contributed (no pull request needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from trimtab._consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
+from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
+from trimtab._messages import Control, Data, ErrorCode, Header, decode, error_of, field
+from trimtab._node import TORCH_DTYPES, WIRE_DTYPES, Heartbeat, NodeLoop, as_bytes, check_tensor_frames
+from trimtab._optim import ChunkOptimizer, OptimizerMode
+from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
+from trimtab._transport import Peer, Transport, ZmqTransport
+
+log = logging.getLogger("trimtab.server")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """How a server starts.
+
+    Attributes:
+        coordinator: the coordinator's address, ``tcp://host:port``.
+        job: the job id; messages of other jobs are refused.
+        host: interface to bind (loopback by default).
+        port: port to bind; 0 picks a free one.
+        heartbeat_s: seconds between heartbeats to the coordinator.
+        coordinator_timeout_s: exit if the coordinator is silent this long.
+        max_frame_bytes: a frame over this closes the sender's connection.
+    """
+
+    coordinator: str
+    job: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    heartbeat_s: float = 1.0
+    coordinator_timeout_s: float = 30.0
+    max_frame_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if not self.coordinator.startswith(("tcp://", "inproc://")):
+            raise ConfigError(
+                f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT"
+            )
+        if self.heartbeat_s <= 0 or self.coordinator_timeout_s <= self.heartbeat_s:
+            raise ConfigError("need 0 < heartbeat_s < coordinator_timeout_s")
+
+
+class ServerState(enum.Enum):
+    """A server's lifecycle. Legal transitions:
+    JOINING -> SERVING (registered) -> STOPPED (shutdown or abort)."""
+
+    JOINING = "joining"
+    SERVING = "serving"
+    STOPPED = "stopped"
+
+
+class _Chunk:
+    """A chunk this server owns, with its aggregation state for the current round."""
+
+    def __init__(self, spec: ChunkSpec, opt: tuple[str, dict[str, Any]] | None) -> None:
+        self.spec = spec
+        dtype = TORCH_DTYPES[spec.dtype]
+        self.value = torch.zeros(spec.numel, dtype=dtype)
+        # Half-precision gradients are summed in float32, as torch's AMP would.
+        merge_dtype = torch.float32 if spec.dtype in ("float16", "bfloat16") else dtype
+        self.merge = torch.empty(spec.numel, dtype=merge_dtype)
+        self.optimizer = ChunkOptimizer(opt[0], self.value, opt[1]) if opt else None
+        self.version = 0
+        self.round = 0
+        self.weight_sum = 0.0
+        self.any_grad = False
+        self.arrived: set[int] = set()
+        self.waiting: list[tuple[Peer, int]] = []
+        self.pushes = 0
+        self.dropped = 0
+
+
+class Server:
+    """A parameter server. ``run()`` blocks until the job ends.
+
+    Construct, then call :meth:`run` in the process's main thread (``trimtab server``)
+    or :meth:`start` for a background thread in tests. Never raises for a bad message:
+    it answers ERROR and goes on. :meth:`run` raises :class:`JobAborted` if the job was
+    aborted or the coordinator went silent.
+    """
+
+    def __init__(self, config: ServerConfig, transport: Transport | None = None) -> None:
+        self.config = config
+        self._transport = transport or ZmqTransport(
+            bind=True, host=config.host, port=config.port, max_frame_bytes=config.max_frame_bytes
+        )
+        self._loop = NodeLoop(config.job, self._transport, log)
+        self.state = ServerState.JOINING
+        self.index = -1
+        self._coord = self._transport.connect(config.coordinator)
+        self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
+        self._chunks: dict[int, _Chunk] = {}
+        self._owners: tuple[int, ...] = ()
+        self._epoch = 0
+        self._workers: set[int] = set()
+        self._mode = OptimizerMode.SERVER
+        self._consistency: ConsistencyPolicy = CONSISTENCY.create("bsp")
+        self._stop = False
+        self._abort: str | None = None
+
+    @property
+    def address(self) -> str:
+        """Where workers reach this server."""
+        return self._transport.address
+
+    def start(self) -> Any:
+        """Run the loop in a daemon thread; returns the thread."""
+        import threading
+
+        thread = threading.Thread(target=self.run, name="trimtab-server", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        """Ask the loop to finish. Thread-safe; does not wait."""
+        self._stop = True
+        self._transport.wake()
+
+    def run(self) -> None:
+        """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""
+        self._loop.send(self._coord, {"o": int(Control.REGISTER), "i": 1, "role": "server",
+                                      "addr": self.address})
+        try:
+            while not self._stop:
+                env = self._transport.recv(self.config.heartbeat_s)
+                if self._heartbeat.due():
+                    self._loop.send(self._coord, self._heartbeat.header())
+                if env is None:
+                    if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
+                        self._abort = (
+                            f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
+                        )
+                        break
+                    continue
+                if env.peer == self._coord:
+                    self._heartbeat.heard()
+                    self._on_control(env.frames)
+                else:
+                    self._on_data(env.peer, env.frames)
+        finally:
+            self.state = ServerState.STOPPED
+            self._transport.close()
+        if self._abort is not None:
+            raise JobAborted(f"server {self.index}: {self._abort}")
+
+    # -- control plane -------------------------------------------------------------
+
+    def _on_control(self, frames: list[memoryview]) -> None:
+        try:
+            header = decode(frames[0], self.config.job)
+        except ProtocolError as exc:
+            log.error("undecodable message from the coordinator: %s", exc)
+            return
+        op = header["o"]
+        if op == Control.REGISTERED:
+            self.index = header["rank"]
+            self.state = ServerState.SERVING
+            log.info("server %d serving at %s", self.index, self.address)
+        elif op == Control.MAP:
+            self._apply_map(header)
+            self._loop.send(self._coord, {"o": int(Control.MAP_ACK), "i": header["i"],
+                                          "epoch": self._epoch})
+        elif op == Control.SHUTDOWN:
+            log.info("server %d: job finished, shutting down", self.index)
+            self._stop = True
+        elif op == Control.ABORT:
+            self._abort = str(header.get("why", "job aborted"))
+            self._stop = True
+        elif op == Control.ERROR:
+            self._abort = f"coordinator refused us: {header.get('msg')}"
+            self._stop = True
+
+    def _apply_map(self, header: Header) -> None:
+        tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
+        chunks = make_chunks(tensors, header["chunk_bytes"])
+        self._owners = tuple(header["owners"])
+        self._epoch = header["epoch"]
+        self._workers = set(header["workers"])
+        self._consistency = CONSISTENCY.create(header.get("consistency", "bsp"))
+        opt = header["opt"]
+        self._mode = OptimizerMode(opt["mode"])
+        self._chunks = {}
+        for spec in chunks:
+            if self._owners[spec.id] != self.index:
+                continue
+            hp = opt["groups"][tensors[spec.tensor].group]
+            server_opt = (opt["cls"], hp) if self._mode is OptimizerMode.SERVER else None
+            self._chunks[spec.id] = _Chunk(spec, server_opt)
+        log.info("server %d owns %d of %d chunks (epoch %d, %s mode)", self.index,
+                 len(self._chunks), len(chunks), self._epoch, self._mode.value)
+
+    # -- data plane ----------------------------------------------------------------
+
+    def _on_data(self, peer: Peer, frames: list[memoryview]) -> None:
+        rid = 0
+        try:
+            header = decode(frames[0], self.config.job)
+            rid = header["i"]
+            op = header["o"]
+            if op == Data.PUSH:
+                self._on_push(peer, header, frames[1:])
+            elif op == Data.PULL:
+                chunk = self._owned(header)
+                self._send_value(peer, rid, chunk, chunk.value)
+            elif op == Data.INIT:
+                chunk = self._owned(header)
+                value = check_tensor_frames(header, frames[1:], chunk.spec.dtype,
+                                            chunk.spec.numel)
+                chunk.value.copy_(value)
+                self._loop.send(peer, {"o": int(Data.ACK), "i": rid})
+            elif op == Data.STATS:
+                self._loop.send(peer, {"o": int(Data.ACK), "i": rid, **self.stats()})
+            else:
+                raise ProtocolError(ErrorCode.UNKNOWN_OP.value,
+                                    f"op {op} is not a data op a server answers")
+        except _Moved as moved:
+            self._loop.send(peer, {"o": int(Data.MOVED), "i": rid, "c": moved.chunk,
+                                   "s": moved.owner, "e": moved.epoch})
+        except ProtocolError as exc:
+            code, msg = error_of(exc)
+            self._loop.refuse(peer, rid, code, msg, data=True)
+        except Exception as exc:  # never let one request take the server down
+            log.exception("internal error on a request")
+            self._loop.refuse(peer, rid, "internal", f"{type(exc).__name__}: {exc}", data=True)
+
+    def _owned(self, header: Header) -> _Chunk:
+        cid = field(header, "c", int)
+        chunk = self._chunks.get(cid)
+        if chunk is not None:
+            return chunk
+        if 0 <= cid < len(self._owners):
+            raise _Moved(cid, self._owners[cid], self._epoch)
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_CHUNK.value,
+            f"no chunk {cid} in this job ({len(self._owners)} chunks at epoch {self._epoch})",
+        )
+
+    def _on_push(self, peer: Peer, header: Header, frames: Sequence[memoryview]) -> None:
+        chunk = self._owned(header)
+        rank = field(header, "r", int)
+        clock = field(header, "k", int)
+        weight = field(header, "w", (int, float))
+        if rank not in self._workers:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker {rank} is not in this job")
+        if clock != chunk.round:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"push for clock {clock}, but chunk {chunk.spec.id} is at clock {chunk.round}",
+            )
+        if rank in chunk.arrived:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"worker {rank} already pushed chunk {chunk.spec.id} for clock {clock}",
+            )
+        grad = None
+        if not header.get("z", False):
+            grad = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
+        hp = header.get("hp")
+        if hp is not None and not isinstance(hp, dict):
+            raise ProtocolError(ErrorCode.MALFORMED.value, "'hp' must be a map")
+        # Everything is validated: from here on the chunk's state changes.
+        if hp and chunk.optimizer is not None:
+            chunk.optimizer.set_hparams(hp)
+        info = PushInfo(rank, clock, float(weight), header.get("v", chunk.version),
+                        chunk.version)
+        w = self._consistency.weight(info)
+        chunk.pushes += 1
+        if w is None:
+            chunk.dropped += 1
+        else:
+            chunk.weight_sum += w
+            if grad is not None:
+                if chunk.any_grad:
+                    chunk.merge.add_(grad, alpha=w)
+                else:
+                    torch.mul(grad, w, out=chunk.merge)  # first arrival: copy, scaled
+                    chunk.any_grad = True
+        chunk.arrived.add(rank)
+        chunk.waiting.append((peer, header["i"]))
+        if self._consistency.ready(chunk.arrived, self._workers):
+            self._update(chunk)
+
+    def _update(self, chunk: _Chunk) -> None:
+        result: torch.Tensor | None = None
+        if chunk.any_grad and chunk.weight_sum > 0:
+            chunk.merge.div_(chunk.weight_sum)
+            if chunk.optimizer is not None:
+                chunk.optimizer.step(chunk.merge.to(chunk.value.dtype))
+                result = chunk.value
+            else:
+                result = chunk.merge
+            chunk.version += 1
+        elif chunk.optimizer is not None:
+            result = chunk.value  # no gradient anywhere: torch skips the step, so do we
+        for peer, rid in chunk.waiting:
+            self._send_value(peer, rid, chunk, result)
+        chunk.arrived.clear()
+        chunk.waiting.clear()
+        chunk.weight_sum = 0.0
+        chunk.any_grad = False
+        chunk.round += 1
+
+    def _send_value(self, peer: Peer, rid: int, chunk: _Chunk, t: torch.Tensor | None) -> None:
+        header: Header = {"o": int(Data.VALUE), "i": rid, "c": chunk.spec.id,
+                          "v": chunk.version, "k": chunk.round, "n": chunk.spec.numel}
+        if t is None:
+            header["z"] = True
+            self._loop.send(peer, header)
+            return
+        header["dt"] = WIRE_DTYPES[t.dtype]
+        # Zero-copy: safe under BSP because no worker pushes this chunk again (and so
+        # nothing overwrites this buffer) before it has received this message.
+        self._loop.send(peer, header, [as_bytes(t)])
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and versions, for tests and the coordinator. Loop thread only."""
+        return {
+            "index": self.index,
+            "epoch": self._epoch,
+            "versions": {str(c): ch.version for c, ch in self._chunks.items()},
+            "pushes": sum(ch.pushes for ch in self._chunks.values()),
+            "dropped": sum(ch.dropped for ch in self._chunks.values()),
+            "errors": self._loop.errors_sent,
+        }
+
+
+class _Moved(Exception):
+    def __init__(self, chunk: int, owner: int, epoch: int) -> None:
+        super().__init__(chunk, owner, epoch)
+        self.chunk, self.owner, self.epoch = chunk, owner, epoch

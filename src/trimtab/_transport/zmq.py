@@ -1,0 +1,141 @@
+"""The real transport: ZeroMQ over TCP.
+
+A node that serves binds one ROUTER socket; every connection it opens is a DEALER.
+Tensor frames are sent with ``copy=False`` (pyzmq copies only frames below its
+``copy_threshold``) and received as ``zmq.Frame`` objects exposed as memoryviews, so
+the bytes are not copied again in Python.
+
+A pipe wakes the poller, so other threads can hand the I/O thread work without a
+socket of their own (ZeroMQ sockets must stay on one thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+from collections.abc import Sequence
+
+import zmq
+
+from trimtab._transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
+
+#: How many messages one ready socket may yield per poll before others get a turn.
+_BURST = 64
+
+
+class ZmqTransport(Transport):
+    """A :class:`Transport` over ZeroMQ TCP sockets.
+
+    Args:
+        bind: bind a ROUTER socket so peers can connect to this node.
+        host: the interface to bind; loopback by default.
+        port: the port to bind; 0 picks a free one.
+        max_frame_bytes: an inbound frame over this closes that peer's connection
+            (ZeroMQ's MAXMSGSIZE), so a runaway sender cannot exhaust memory; ``None``
+            for no limit.
+    """
+
+    def __init__(
+        self,
+        *,
+        bind: bool,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame_bytes: int | None = None,
+    ) -> None:
+        self._ctx = zmq.Context()
+        self._poller = zmq.Poller()
+        self._dealers: dict[str, zmq.Socket[bytes]] = {}
+        self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
+        self._ready: collections.deque[Envelope] = collections.deque()
+        self._max_frame = max_frame_bytes
+        self._address = ""
+        self._router: zmq.Socket[bytes] | None = None
+        if bind:
+            router = self._ctx.socket(zmq.ROUTER)
+            self._tune(router)
+            if max_frame_bytes is not None:
+                router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+            if port == 0:
+                port = router.bind_to_random_port(f"tcp://{host}")
+            else:
+                router.bind(f"tcp://{host}:{port}")
+            self._address = f"tcp://{host}:{port}"
+            self._router = router
+            self._poller.register(router, zmq.POLLIN)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+
+    @staticmethod
+    def _tune(sock: zmq.Socket[bytes]) -> None:
+        sock.setsockopt(zmq.LINGER, 2000)
+        # Bounded queues keep memory in check; the defaults (1000 messages) are fine for
+        # chunked tensors of a few MiB each.
+        sock.setsockopt(zmq.SNDHWM, 10000)
+        sock.setsockopt(zmq.RCVHWM, 10000)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def connect(self, address: str) -> Peer:
+        if address not in self._dealers:
+            dealer = self._ctx.socket(zmq.DEALER)
+            self._tune(dealer)
+            if self._max_frame is not None:
+                dealer.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
+            dealer.connect(address)
+            self._dealers[address] = dealer
+            self._dealer_peer[dealer] = out_peer(address)
+            self._poller.register(dealer, zmq.POLLIN)
+        return out_peer(address)
+
+    def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
+        if peer.startswith(b"i:"):
+            if self._router is None:
+                raise KeyError(peer)
+            self._router.send_multipart([peer[2:], *frames], copy=False)
+        else:
+            self._dealers[peer[2:].decode()].send_multipart(frames, copy=False)
+
+    def recv(self, timeout_s: float | None) -> Envelope | None:
+        if self._ready:
+            return self._ready.popleft()
+        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        events = dict(self._poller.poll(timeout_ms))
+        if self._wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        for sock in events:
+            if not isinstance(sock, zmq.Socket):
+                continue
+            for _ in range(_BURST):
+                try:
+                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if sock is self._router:
+                    self._ready.append(
+                        Envelope(in_peer(parts[0].bytes), [p.buffer for p in parts[1:]])
+                    )
+                else:
+                    self._ready.append(
+                        Envelope(self._dealer_peer[sock], [p.buffer for p in parts])
+                    )
+        return self._ready.popleft() if self._ready else None
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"w")
+
+    def close(self) -> None:
+        for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
+            sock.close()
+        self._dealers.clear()
+        self._ctx.term()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,233 @@
+"""The worker's node runtime: one I/O thread that owns the sockets, and handles
+(futures) for every remote operation.
+
+Remote operations return a :class:`concurrent.futures.Future` at once; waiting is
+explicit (:func:`wait`). Any thread may start operations: they are queued, and the I/O
+thread is woken to send them. Replies are matched to requests by request id.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from trimtab._exceptions import (
+    ChunkMoved,
+    ConfigError,
+    JobAborted,
+    NodeTimeout,
+    ProtocolError,
+    RemoteError,
+)
+from trimtab._messages import Control, Data, Header, decode, encode
+from trimtab._node import Heartbeat
+from trimtab._transport import Frame, Peer, Transport, ZmqTransport
+
+log = logging.getLogger("trimtab.worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker joins its job.
+
+    Attributes:
+        coordinator: the coordinator's address, ``tcp://host:port``.
+        job: the job id.
+        rank: the rank to ask for; -1 lets the coordinator choose.
+        heartbeat_s: seconds between heartbeats.
+        coordinator_timeout_s: the job is considered dead if the coordinator is
+            silent this long.
+        request_timeout_s: the longest wait for any single reply.
+    """
+
+    coordinator: str
+    job: str
+    rank: int = -1
+    heartbeat_s: float = 1.0
+    coordinator_timeout_s: float = 30.0
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.coordinator.startswith(("tcp://", "inproc://")):
+            raise ConfigError(
+                f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT; "
+                "set TRIMTAB_COORDINATOR or run under `trimtab run`"
+            )
+
+
+class Reply(NamedTuple):
+    """A reply: its header and its buffers (which stay valid while referenced)."""
+
+    header: Header
+    frames: list[memoryview]
+
+
+def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
+    """Block until ``future`` is done; return its reply.
+
+    Raises the remote error (:class:`RemoteError`, :class:`ChunkMoved`),
+    :class:`JobAborted`, or :class:`NodeTimeout` after ``timeout_s``.
+    """
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise NodeTimeout(f"no reply within {timeout_s:.0f}s; is the job still running?") from None
+
+
+class WorkerClient:
+    """A worker's connection to its job. Thread-safe for :meth:`request`.
+
+    :meth:`start` blocks until registered and raises :class:`JobAborted` or
+    :class:`NodeTimeout` if the coordinator does not answer.
+    """
+
+    def __init__(self, config: WorkerConfig, transport: Transport | None = None) -> None:
+        self.config = config
+        self._transport = transport or ZmqTransport(bind=False)
+        self._coord = self._transport.connect(config.coordinator)
+        self._rids = itertools.count(1)
+        self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
+        self._lock = threading.Lock()
+        self._outbox: collections.deque[tuple[Peer | str, list[Frame]]] = collections.deque()
+        self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
+        self._running = False
+        self._dead: str | None = None
+        self._thread: threading.Thread | None = None
+        self.rank = -1
+        self.num_workers = 0
+        self.num_servers = 0
+        self.chunk_bytes = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the I/O thread and register with the coordinator. Blocks."""
+        self._running = True
+        self._thread = threading.Thread(target=self._io_loop, name="trimtab-io", daemon=True)
+        self._thread.start()
+        fut = self.control({"o": int(Control.REGISTER), "role": "worker",
+                            "rank": self.config.rank})
+        reply = wait(fut, self.config.coordinator_timeout_s).header
+        self.rank = reply["rank"]
+        self.num_workers = reply["num_workers"]
+        self.num_servers = reply["num_servers"]
+        self.chunk_bytes = reply["chunk_bytes"]
+
+    def close(self, *, done: bool = True) -> None:
+        """Tell the coordinator this worker is done (if ``done``), stop the I/O thread.
+        Blocks briefly; never raises."""
+        if not self._running:
+            return
+        if done and self._dead is None:
+            try:
+                wait(self.control({"o": int(Control.DONE)}), 10.0)
+            except Exception as exc:
+                log.warning("could not tell the coordinator we are done: %s", exc)
+        self._running = False
+        self._transport.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+
+    @property
+    def dead(self) -> str | None:
+        """Why the job is over, or ``None`` while it runs."""
+        return self._dead
+
+    # -- requests ------------------------------------------------------------------
+
+    def control(
+        self, header: Header, frames: Sequence[Frame] = ()
+    ) -> concurrent.futures.Future[Reply]:
+        """Send a request to the coordinator; the future gets its reply. Non-blocking."""
+        return self.request(self._coord, header, frames)
+
+    def request(
+        self, to: Peer | str, header: Header, frames: Sequence[Frame] = ()
+    ) -> concurrent.futures.Future[Reply]:
+        """Send ``header`` + ``frames`` to a peer (or a server address); return a future
+        of the reply. Non-blocking; thread-safe. The frames' memory must stay unchanged
+        until the future is done."""
+        fut: concurrent.futures.Future[Reply] = concurrent.futures.Future()
+        if self._dead is not None:
+            fut.set_exception(JobAborted(self._dead))
+            return fut
+        rid = next(self._rids)
+        header["i"] = rid
+        header["j"] = self.config.job
+        with self._lock:
+            self._pending[rid] = fut
+        self._outbox.append((to, [encode(header), *frames]))
+        self._transport.wake()
+        return fut
+
+    # -- the I/O thread ------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        try:
+            while self._running:
+                while self._outbox:
+                    to, frames = self._outbox.popleft()
+                    peer = self._transport.connect(to) if isinstance(to, str) else to
+                    self._transport.send(peer, frames)
+                if self._heartbeat.due():
+                    self._transport.send(self._coord, [encode(
+                        {**self._heartbeat.header(), "j": self.config.job})])
+                env = self._transport.recv(self.config.heartbeat_s)
+                if env is None:
+                    if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
+                        self._fail(f"the coordinator has been silent for "
+                                   f"{self._heartbeat.silent_for():.0f}s")
+                    continue
+                if env.peer == self._coord:
+                    self._heartbeat.heard()
+                self._on_message(env.peer, env.frames)
+        except Exception as exc:  # the I/O thread must never die silently
+            log.exception("worker I/O thread failed")
+            self._fail(f"worker I/O thread failed: {exc}")
+        finally:
+            self._transport.close()
+
+    def _on_message(self, peer: Peer, frames: list[memoryview]) -> None:
+        try:
+            header = decode(frames[0], self.config.job)
+        except ProtocolError as exc:
+            log.error("dropped an undecodable message from %r: %s", peer, exc)
+            return
+        op = header["o"]
+        if peer == self._coord and op in (Control.ABORT, Control.SHUTDOWN):
+            self._fail(str(header.get("why", "the job was shut down")))
+            return
+        if op == Control.HEARTBEAT:
+            return
+        with self._lock:
+            fut = self._pending.pop(header["i"], None)
+        if fut is None:
+            log.warning("reply to unknown request %s (op %s)", header["i"], op)
+            return
+        if op in (Data.ERROR, Control.ERROR):
+            fut.set_exception(RemoteError(str(header.get("code")), str(header.get("msg"))))
+        elif op == Data.MOVED:
+            fut.set_exception(ChunkMoved(header["c"], header["s"], header["e"]))
+        else:
+            fut.set_result(Reply(header, frames[1:]))
+
+    def _fail(self, why: str) -> None:
+        if self._dead is None:
+            self._dead = why
+            log.error("job over: %s", why)
+        self._running = False
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(JobAborted(why))
+
+    def info(self) -> dict[str, Any]:
+        return {"rank": self.rank, "num_workers": self.num_workers,
+                "num_servers": self.num_servers}

@@ -1,0 +1,1 @@
+"""Benchmarks for trimtab's datapath and the baselines it is measured against."""
