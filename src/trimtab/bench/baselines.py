@@ -391,8 +391,10 @@ def gloo_allreduce_s(
             ``world_size < 2``.
         RuntimeError: if any rank fails (including a verification failure, whose
             message says "allreduce verification failed"), exits without
-            reporting, or the run exceeds its timeout. All processes are reaped
-            (terminated if needed) before this returns or raises.
+            reporting, or the run exceeds its timeout. A store port lost to another
+            process between picking and binding it (EADDRINUSE) is retried once
+            with a fresh port. All processes are reaped (terminated if needed)
+            before this returns or raises.
     """
     if not tensor_numels or any(n <= 0 for n in tensor_numels):
         raise ValueError(f"tensor_numels must be non-empty and positive: {tensor_numels}")
@@ -404,9 +406,98 @@ def gloo_allreduce_s(
     total_bytes = 4 * sum(tensor_numels)
     if timeout_s is None:
         timeout_s = 60.0 + (repeats + warmup) * total_bytes / 20e6
+    # The free port is only free until another process takes it: retry once with a
+    # fresh one if the store could not bind it.
+    attempts = 2
+    for attempt in range(attempts):
+        try:
+            times = _run_gloo(
+                world_size,
+                _free_port(),
+                list(tensor_numels),
+                warmup,
+                repeats,
+                verify,
+                _inject_fault,
+                timeout_s,
+            )
+            break
+        except RuntimeError as exc:
+            if attempt + 1 == attempts or "EADDRINUSE" not in str(exc):
+                raise
+    if len(times) != repeats or not all(math.isfinite(t) for t in times):
+        raise RuntimeError(f"gloo allreduce: rank 0 returned bad timings: {times}")
+    return {"median_s": statistics.median(times), "min_s": min(times), "steps": repeats}
+
+
+def _collect_gloo(
+    procs: Sequence[SpawnProcess],
+    results: MpQueue[tuple[int, str, Any]],
+    deadline: float,
+    limit_s: float,
+) -> list[float]:
+    """Wait for every rank's report; return rank 0's times or raise ``RuntimeError``.
+
+    After the first failure (an error report, or a rank that exited without
+    reporting) the other ranks get a short grace to report too, so the message
+    carries the root cause even when a peer's secondary error ("connection closed
+    by peer") arrives first.
+    """
+    world_size = len(procs)
+    reported: set[int] = set()
+    failures: dict[int, str] = {}
+    times: list[float] | None = None
+    grace_end: float | None = None
+    timed_out = False
+    while len(reported) < world_size:
+        now = time.monotonic()
+        if grace_end is not None and now > grace_end:
+            break
+        if now > deadline:
+            timed_out = True
+            break
+        try:
+            rank, status, payload = results.get(timeout=0.25)
+        except queue.Empty:
+            silent = any(p.exitcode is not None for r, p in enumerate(procs) if r not in reported)
+            if silent and grace_end is None:
+                grace_end = time.monotonic() + 2.0
+            continue
+        reported.add(rank)
+        if status == "ok":
+            if rank == 0:
+                times = payload
+        else:
+            failures[rank] = payload
+            if grace_end is None:
+                grace_end = time.monotonic() + 2.0
+    if failures or len(reported) < world_size:
+        what = f"timed out after {limit_s:.0f} s" if timed_out else "failed"
+        missing = {r: p.exitcode for r, p in enumerate(procs) if r not in reported}
+        msg = f"gloo allreduce {what}; failed rank(s): {sorted(failures)}"
+        if missing:
+            msg += f"; rank(s) without a report (exitcode, None = still running): {missing}"
+        for r, tb in sorted(failures.items()):
+            msg += f"\n--- rank {r} ---\n{tb}"
+        raise RuntimeError(msg)
+    if times is None:
+        raise RuntimeError("gloo allreduce: rank 0 reported no timings")
+    return times
+
+
+def _run_gloo(
+    world_size: int,
+    port: int,
+    numels: list[int],
+    warmup: int,
+    repeats: int,
+    verify: bool,
+    inject_fault: bool,
+    timeout_s: float,
+) -> list[float]:
+    """Spawn the ranks, collect rank 0's step times, and always reap the processes."""
     ctx = _ctx()
     results: MpQueue[tuple[int, str, Any]] = ctx.Queue()
-    port = _free_port()
     procs = [
         ctx.Process(
             target=_gloo_worker,
@@ -414,12 +505,12 @@ def gloo_allreduce_s(
                 rank,
                 world_size,
                 port,
-                list(tensor_numels),
+                numels,
                 warmup,
                 repeats,
                 verify,
                 _GLOO_ASYNC,
-                _inject_fault,
+                inject_fault,
                 timeout_s,
                 results,
             ),
@@ -428,45 +519,14 @@ def gloo_allreduce_s(
         )
         for rank in range(world_size)
     ]
-    times: list[float] | None = None
     ok = False
     try:
         for p in procs:
             p.start()
-        deadline = time.monotonic() + _STARTUP_S + timeout_s
-        reported: set[int] = set()
-        while len(reported) < world_size:
-            try:
-                rank, status, payload = results.get(timeout=0.25)
-            except queue.Empty:
-                dead = [
-                    r for r, p in enumerate(procs) if r not in reported and p.exitcode is not None
-                ]
-                if dead:
-                    # Give an in-flight error report a moment to arrive.
-                    try:
-                        rank, status, payload = results.get(timeout=2.0)
-                    except queue.Empty:
-                        codes = {r: procs[r].exitcode for r in dead}
-                        raise RuntimeError(
-                            f"gloo allreduce: rank(s) exited without reporting: {codes}"
-                        ) from None
-                elif time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"gloo allreduce: timed out after {_STARTUP_S + timeout_s:.0f} s; "
-                        f"ranks reported: {sorted(reported)}"
-                    ) from None
-                else:
-                    continue
-            if status != "ok":
-                raise RuntimeError(f"gloo allreduce: rank {rank} failed:\n{payload}")
-            reported.add(rank)
-            if rank == 0:
-                times = payload
+        limit_s = _STARTUP_S + timeout_s
+        times = _collect_gloo(procs, results, time.monotonic() + limit_s, limit_s)
         ok = True
     finally:
         # On failure the surviving ranks may be blocked in a collective: don't wait.
         _reap(procs, 10.0 if ok else 0.5)
-    if times is None or len(times) != repeats or not all(math.isfinite(t) for t in times):
-        raise RuntimeError(f"gloo allreduce: rank 0 returned bad timings: {times}")
-    return {"median_s": statistics.median(times), "min_s": min(times), "steps": repeats}
+    return times

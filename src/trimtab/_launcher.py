@@ -1,0 +1,249 @@
+"""``trimtab run``: start a whole job on this machine and supervise it.
+
+The launcher starts the coordinator, the servers and one process per worker running the
+user's command, streams their output with a prefix, and exits with the workers' status.
+A crashed worker or server, or Ctrl-C, ends the whole job: every process it started is
+stopped (its process group terminated, then killed), and none is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from trimtab._exceptions import ConfigError
+
+#: Called with (source, line) for every line a process prints, e.g. ("worker 0", "...").
+OutputHandler = Callable[[str, str], None]
+
+
+def print_prefixed(source: str, line: str) -> None:
+    """The default output handler: ``[worker 0] line`` on stdout."""
+    sys.stdout.write(f"[{source}] {line}\n")
+    sys.stdout.flush()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """A local job's shape.
+
+    Attributes:
+        workers: worker processes (each runs the command).
+        servers: server processes.
+        placement: initial placement policy.
+        chunk_bytes: largest chunk, in bytes.
+        job: job id; a fresh random one by default.
+        host: the interface every role binds (loopback).
+        startup_timeout_s: how long the coordinator may take to come up.
+        grace_s: after the workers finish (or on a failure), how long the other
+            processes get to exit before they are killed.
+        verbose: let the roles log at INFO level.
+    """
+
+    workers: int = 2
+    servers: int = 2
+    placement: str = "greedy"
+    chunk_bytes: int = 1 << 20
+    job: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 60.0
+    grace_s: float = 10.0
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.servers < 1:
+            raise ConfigError("--workers and --servers must be at least 1")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    # If the launcher is killed outright, the kernel stops its children too (Linux).
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclasses.dataclass
+class _Proc:
+    source: str
+    popen: subprocess.Popen[bytes]
+    reader: threading.Thread
+
+
+class Job:
+    """One local job. :meth:`run` blocks until it is over and returns the exit status."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        command: Sequence[str],
+        output: OutputHandler = print_prefixed,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if not command:
+            raise ConfigError("nothing to run: give the worker command after `--`")
+        self.config = config
+        self.command = list(command)
+        self.output = output
+        self.extra_env = extra_env or {}
+        self._procs: list[_Proc] = []
+        self.coordinator_address = ""
+
+    def run(self) -> int:
+        """Start everything, supervise, tear down. Blocks. Returns the job's exit status
+        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C)."""
+        previous = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._start()
+            return self._supervise()
+        except KeyboardInterrupt:
+            self._say("interrupted; stopping every process of the job")
+            return 130
+        except ConfigError as exc:
+            self._say(str(exc))
+            return 2
+        finally:
+            self._stop_all()
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+
+    # -- start -----------------------------------------------------------------------
+
+    def _role_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, source: str, argv: list[str], env: dict[str, str]) -> _Proc:
+        popen = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        reader = threading.Thread(target=self._pump, args=(source, popen), daemon=True)
+        reader.start()
+        proc = _Proc(source, popen, reader)
+        self._procs.append(proc)
+        return proc
+
+    def _pump(self, source: str, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdout is not None
+        for raw in iter(popen.stdout.readline, b""):
+            self.output(source, raw.decode(errors="replace").rstrip("\n"))
+
+    def _start(self) -> None:
+        c = self.config
+        role = [sys.executable, "-m", "trimtab"]
+        env = self._role_env()
+        env.setdefault("OMP_NUM_THREADS", "1")
+        log_flags = ["--verbose"] if c.verbose else []
+        with tempfile.TemporaryDirectory(prefix="trimtab-") as tmp:
+            address_file = Path(tmp) / "coordinator"
+            coord = self._spawn("coordinator", [
+                *role, "coordinator", "--workers", str(c.workers), "--servers", str(c.servers),
+                "--placement", c.placement, "--chunk-bytes", str(c.chunk_bytes),
+                "--job", c.job, "--host", c.host, "--address-file", str(address_file),
+                *log_flags], env)
+            deadline = time.monotonic() + c.startup_timeout_s
+            while not address_file.exists():
+                if coord.popen.poll() is not None:
+                    raise ConfigError(
+                        f"the coordinator exited with status {coord.popen.returncode} "
+                        "before it was ready (its output is above)")
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"the coordinator was not ready in {c.startup_timeout_s}s")
+                time.sleep(0.02)
+            self.coordinator_address = address_file.read_text().strip()
+        for s in range(c.servers):
+            self._spawn(f"server {s}", [
+                *role, "server", "--coordinator", self.coordinator_address, "--job", c.job,
+                "--host", c.host, *log_flags], env)
+        host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
+        threads = max(1, (os.cpu_count() or 1) // c.workers)
+        for rank in range(c.workers):
+            wenv = self._role_env()
+            wenv.setdefault("OMP_NUM_THREADS", str(threads))
+            wenv.update({
+                "TRIMTAB_COORDINATOR": self.coordinator_address, "TRIMTAB_JOB": c.job,
+                "TRIMTAB_RANK": str(rank), "TRIMTAB_LOCAL_RANK": str(rank),
+                "TRIMTAB_LOCAL_SIZE": str(c.workers), "TRIMTAB_NUM_WORKERS": str(c.workers),
+                "TRIMTAB_NUM_SERVERS": str(c.servers), "DMLC_ROLE": "worker",
+                "DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": port,
+                "DMLC_NUM_WORKER": str(c.workers), "DMLC_NUM_SERVER": str(c.servers),
+                "DMLC_WORKER_ID": str(rank),
+            })
+            self._spawn(f"worker {rank}", self.command, wenv)
+
+    # -- supervise -------------------------------------------------------------------
+
+    def _supervise(self) -> int:
+        workers = [p for p in self._procs if p.source.startswith("worker")]
+        others = [p for p in self._procs if not p.source.startswith("worker")]
+        while True:
+            for p in workers:
+                code = p.popen.poll()
+                if code is not None and code != 0:
+                    self._say(f"{p.source} exited with status {_describe(code)}; "
+                              "stopping the job")
+                    return code if code > 0 else 128 - code
+            if all(p.popen.poll() is not None for p in workers):
+                self._await_exit(others)
+                return 0
+            for p in others:
+                code = p.popen.poll()
+                # Status 0 is a normal end: the coordinator and servers exit once every
+                # worker said it is done, which can be before the worker processes exit.
+                if code is not None and code != 0:
+                    self._say(f"{p.source} exited with status {_describe(code)} while "
+                              "workers were running; stopping the job")
+                    return 1
+            time.sleep(0.05)
+
+    def _await_exit(self, procs: list[_Proc]) -> None:
+        deadline = time.monotonic() + self.config.grace_s
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
+            time.sleep(0.05)
+
+    def _stop_all(self) -> None:
+        live = [p for p in self._procs if p.popen.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
+            time.sleep(0.05)
+        for p in self._procs:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+            # Kill anything the process left in its group (e.g. a data loader worker).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.popen.pid, signal.SIGKILL)
+        for p in self._procs:
+            p.reader.join(timeout=2.0)
+
+    def _say(self, message: str) -> None:
+        self.output("trimtab", message)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,180 @@
+"""The ``trimtab`` command: run jobs, start roles by hand, train the example, benchmark.
+
+Flags and environment variables are read here and only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trimtab._exceptions import ConfigError, JobAborted, TrimtabError
+from trimtab._launcher import Job, LaunchConfig
+from trimtab._placement import PLACEMENTS
+
+
+def _env_int(*names: str, default: int) -> int:
+    for name in names:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return default
+
+
+def _add_job_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", "-w", type=int, default=2, help="worker processes (2)")
+    p.add_argument("--servers", "-s", type=int, default=2, help="server processes (2)")
+    p.add_argument("--placement", default="greedy", choices=PLACEMENTS.names(),
+                   help="initial chunk placement (greedy)")
+    p.add_argument("--chunk-bytes", type=int, default=1 << 20,
+                   help="largest chunk in bytes (1 MiB)")
+    p.add_argument("--verbose", "-v", action="store_true", help="roles log at INFO level")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trimtab",
+        description="A parameter server for PyTorch that stays fast when machines are slow.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    run = sub.add_parser("run", help="run a training script on a local cluster",
+                         description="Start a coordinator, servers and one worker process "
+                         "per --workers running COMMAND, e.g. "
+                         "`trimtab run -w 2 -s 2 -- python train.py`.")
+    _add_job_flags(run)
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    train = sub.add_parser("train", help="train the built-in example (digits MLP)")
+    _add_job_flags(train)
+    train.add_argument("--epochs", type=int, default=30)
+    train.add_argument("--batch-size", type=int, default=64, help="global batch (64)")
+    train.add_argument("--lr", type=float, default=0.05)
+    train.add_argument("--json", action="store_true",
+                       help="print one JSON object with the results as the last line")
+
+    coord = sub.add_parser("coordinator", help="start a job's coordinator (multi-machine)")
+    coord.add_argument("--workers", type=int,
+                       default=_env_int("TRIMTAB_NUM_WORKERS", "DMLC_NUM_WORKER", default=1))
+    coord.add_argument("--servers", type=int,
+                       default=_env_int("TRIMTAB_NUM_SERVERS", "DMLC_NUM_SERVER", default=1))
+    coord.add_argument("--host", default=os.environ.get("DMLC_PS_ROOT_URI", "127.0.0.1"))
+    coord.add_argument("--port", type=int, default=_env_int("DMLC_PS_ROOT_PORT", default=0))
+    coord.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
+    coord.add_argument("--placement", default="greedy", choices=PLACEMENTS.names())
+    coord.add_argument("--chunk-bytes", type=int, default=1 << 20)
+    coord.add_argument("--address-file", type=Path, help="write the bound address here")
+    coord.add_argument("--verbose", "-v", action="store_true")
+
+    server = sub.add_parser("server", help="start a server (multi-machine)")
+    server.add_argument("--coordinator", default=_coordinator_from_env(),
+                        help="tcp://HOST:PORT (or TRIMTAB_COORDINATOR / DMLC_PS_ROOT_*)")
+    server.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
+    server.add_argument("--host", default=os.environ.get("DMLC_NODE_HOST", "127.0.0.1"))
+    server.add_argument("--port", type=int, default=0)
+    server.add_argument("--verbose", "-v", action="store_true")
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    dp = bench_sub.add_parser("datapath", help="push+pull step time vs TCP ceiling and gloo")
+    dp.add_argument("--json", action="store_true")
+    dp.add_argument("--steps", type=int, default=20)
+    dp.add_argument("--model-mib", type=int, default=100)
+    dp.add_argument("--chunk-bytes", type=int, default=1 << 20)
+    return parser
+
+
+def _coordinator_from_env() -> str | None:
+    if os.environ.get("TRIMTAB_COORDINATOR"):
+        return os.environ["TRIMTAB_COORDINATOR"]
+    host, port = os.environ.get("DMLC_PS_ROOT_URI"), os.environ.get("DMLC_PS_ROOT_PORT")
+    return f"tcp://{host}:{port}" if host and port else None
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trimtab`` command. Returns the process exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "run":
+            return _cmd_run(args)
+        if args.cmd == "train":
+            from trimtab._train import run_training
+
+            return run_training(args)
+        if args.cmd == "coordinator":
+            return _cmd_coordinator(args)
+        if args.cmd == "server":
+            return _cmd_server(args)
+        if args.cmd == "bench":
+            from trimtab.bench.datapath import main as datapath
+
+            return datapath(args)
+    except ConfigError as exc:
+        print(f"trimtab: {exc}", file=sys.stderr)
+        return 2
+    except JobAborted as exc:
+        print(f"trimtab: job aborted: {exc}", file=sys.stderr)
+        return 1
+    except TrimtabError as exc:
+        print(f"trimtab: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+def launch_config(args: argparse.Namespace) -> LaunchConfig:
+    """The local job that ``run`` and ``train`` flags describe."""
+    return LaunchConfig(workers=args.workers, servers=args.servers, placement=args.placement,
+                        chunk_bytes=args.chunk_bytes, verbose=args.verbose)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("nothing to run; usage: trimtab run -w 2 -s 2 -- python train.py")
+    return Job(launch_config(args), command).run()
+
+
+def _cmd_coordinator(args: argparse.Namespace) -> int:
+    from trimtab._coordinator import Coordinator, CoordinatorConfig
+
+    _logging(args.verbose)
+    coord = Coordinator(CoordinatorConfig(
+        num_workers=args.workers, num_servers=args.servers, job=args.job, host=args.host,
+        port=args.port, placement=args.placement, chunk_bytes=args.chunk_bytes))
+    if args.address_file:
+        tmp = args.address_file.with_suffix(".tmp")
+        tmp.write_text(coord.address)
+        tmp.rename(args.address_file)
+    else:
+        print(f"trimtab coordinator listening at {coord.address}", flush=True)
+    coord.run()
+    return 0
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    import torch
+
+    from trimtab._server import Server, ServerConfig
+
+    _logging(args.verbose)
+    if args.coordinator is None:
+        raise ConfigError("a server needs --coordinator tcp://HOST:PORT (or "
+                          "TRIMTAB_COORDINATOR, or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
+    torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
+    Server(ServerConfig(coordinator=args.coordinator, job=args.job, host=args.host,
+                        port=args.port)).run()
+    return 0
+
+
+def print_json(obj: object) -> None:
+    print(json.dumps(obj), flush=True)
