@@ -16,6 +16,7 @@ import torch
 
 from trimtab._messages import Control, Data
 from trimtab._node import as_bytes
+from trimtab._transport import Transport
 from trimtab._placement import ChunkSpec, PlacementMap, TensorSpec, make_chunks
 from trimtab._worker import Reply, WorkerClient, WorkerConfig, wait
 
@@ -36,9 +37,11 @@ class Context:
     :class:`~trimtab.NodeTimeout` if a peer did not answer in time.
     """
 
-    def __init__(self, config: WorkerConfig, *, local_rank: int = -1) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, local_rank: int = -1, transport: Transport | None = None
+    ) -> None:
         self.config = config
-        self.client = WorkerClient(config)
+        self.client = WorkerClient(config, transport)
         self.client.start()
         self.local_rank = self.client.rank if local_rank < 0 else local_rank
         self.placement: PlacementMap | None = None

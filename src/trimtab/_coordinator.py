@@ -105,7 +105,7 @@ class Coordinator:
 
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread; returns the thread."""
-        thread = threading.Thread(target=self.run, name="trimtab-coordinator", daemon=True)
+        thread = threading.Thread(target=self._run_logged, name="trimtab-coordinator", daemon=True)
         thread.start()
         return thread
 
@@ -113,6 +113,12 @@ class Coordinator:
         """Abort the job: every node is told to exit. Thread-safe; does not wait."""
         self._abort = why
         self._transport.wake()
+
+    def _run_logged(self) -> None:
+        try:
+            self.run()
+        except JobAborted as exc:
+            log.warning("%s", exc)
 
     def run(self) -> None:
         """Serve until every worker is done. Blocks. Raises :class:`JobAborted`."""

@@ -121,7 +121,7 @@ class Server:
         """Run the loop in a daemon thread; returns the thread."""
         import threading
 
-        thread = threading.Thread(target=self.run, name="trimtab-server", daemon=True)
+        thread = threading.Thread(target=self._run_logged, name="trimtab-server", daemon=True)
         thread.start()
         return thread
 
@@ -129,6 +129,12 @@ class Server:
         """Ask the loop to finish. Thread-safe; does not wait."""
         self._stop = True
         self._transport.wake()
+
+    def _run_logged(self) -> None:
+        try:
+            self.run()
+        except JobAborted as exc:
+            log.warning("%s", exc)
 
     def run(self) -> None:
         """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""

@@ -128,7 +128,7 @@ class ZmqTransport(Transport):
         return self._ready.popleft() if self._ready else None
 
     def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(OSError):  # full pipe: already woken; closed: nothing to wake
             os.write(self._wake_w, b"w")
 
     def close(self) -> None:

@@ -231,9 +231,10 @@ def tcp_ceiling_gbps(
     receives gave ~3.9 GB/s, 4 MiB with 4 MiB ~2.2 GB/s; small receives return
     socket-buffer space to the sender sooner, so both processes copy concurrently.
 
-    Blocks for about ``(repeats + 1) * nbytes / rate`` plus ~0.1 s to spawn the
-    receiver (e.g. ~0.3 s for 100 MiB x 5 at 3-4 GB/s). Memory: ``nbytes`` in each
-    process.
+    Blocks for about ``(repeats + 1) * nbytes / rate`` plus the receiver's spawn
+    (0.1 s bare, ~1.5 s once importing the ``trimtab`` package pulls in torch):
+    ~0.2 s of transfers for 100 MiB x 6 at 3-4 GB/s, ~2 s per call in all on a
+    2-core host. Memory: ``nbytes`` in each process.
 
     Args:
         nbytes: bytes per transfer.

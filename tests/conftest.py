@@ -1,0 +1,94 @@
+"""Shared test helpers: a whole cluster in one process, and process hygiene checks."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from trimtab import Context, Coordinator, CoordinatorConfig, Server, ServerConfig, WorkerConfig
+from trimtab._transport import Fabric, Transport
+
+
+class Cluster:
+    """A coordinator and servers running as threads, on the in-process fabric (``inproc``)
+    or on real loopback TCP sockets (``tcp``)."""
+
+    def __init__(self, workers: int, servers: int, transport: str, **coord: Any) -> None:
+        self.job = uuid.uuid4().hex[:8]
+        self.workers = workers
+        self.fabric = Fabric() if transport == "inproc" else None
+        self.coordinator = Coordinator(
+            CoordinatorConfig(num_workers=workers, num_servers=servers, job=self.job, **coord),
+            self._transport(bind=True))
+        self.threads = [self.coordinator.start()]
+        self.servers = [Server(ServerConfig(coordinator=self.coordinator.address, job=self.job),
+                               self._transport(bind=True)) for _ in range(servers)]
+        self.threads += [s.start() for s in self.servers]
+
+    def _transport(self, bind: bool) -> Transport | None:
+        return self.fabric.transport(bind=bind) if self.fabric else None
+
+    def context(self, rank: int) -> Context:
+        return Context(WorkerConfig(coordinator=self.coordinator.address, job=self.job,
+                                    rank=rank, request_timeout_s=30.0),
+                       transport=self._transport(bind=False))
+
+    def run_workers(self, fn: Callable[[Context], Any], timeout_s: float = 60.0) -> list[Any]:
+        """Run ``fn(ctx)`` in one thread per worker; return the results by rank; re-raise
+        the first worker error."""
+        results: list[Any] = [None] * self.workers
+        errors: list[BaseException] = []
+
+        def body(rank: int) -> None:
+            ctx = self.context(rank)
+            try:
+                results[rank] = fn(ctx)
+            except BaseException as exc:
+                errors.append(exc)
+                ctx.client.close(done=False)
+                self.coordinator.abort(f"worker {rank} failed in the test: {exc!r}")
+                return
+            ctx.close()
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout_s)
+        if errors:
+            raise errors[0]
+        assert not any(t.is_alive() for t in threads), "workers did not finish in time"
+        return results
+
+    def close(self) -> None:
+        self.coordinator.abort("test over")
+        for s in self.servers:
+            s.stop()
+        for t in self.threads:
+            t.join(10)
+
+
+@pytest.fixture
+def cluster_factory() -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(workers: int = 2, servers: int = 2, transport: str = "inproc",
+             **coord: Any) -> Cluster:
+        c = Cluster(workers, servers, transport, **coord)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def processes_of(job: str) -> list[str]:
+    """Command lines of live processes that mention ``job`` (none should outlive it)."""
+    out = subprocess.run(["pgrep", "-af", job], capture_output=True, text=True, check=False)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]

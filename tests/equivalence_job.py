@@ -1,0 +1,104 @@
+"""The training job of the equivalence tests, and its one-process reference.
+
+Worker r of N trains on its slice of each global batch (slices of unequal sizes), with
+``optimizer.batch_size`` set to its slice's size; the reference runs the same optimizer
+in one process over the whole global batches. Under BSP the parameters must agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+STEPS = 20
+GLOBAL_BATCH = 24
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    optimizer: str  # "sgd" (momentum, nesterov, weight decay), "adam", "rmsprop-sum"
+    batch_sizes: tuple[int, ...]
+    steps: int = STEPS
+    lr_drop_at: int = 10  # a scheduler-like change of the learning rate mid-run
+
+    @property
+    def workers(self) -> int:
+        return len(self.batch_sizes)
+
+
+def make_model(seed: int = 42) -> nn.Module:
+    # A local generator, not the global one: tests run several workers as threads.
+    g = torch.Generator().manual_seed(seed)
+    model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 16), nn.Tanh(),
+                          nn.Linear(16, 3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
+                               weight_decay=1e-3)
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-3)
+    if name == "rmsprop-sum":
+        return SummedRMSprop(model.parameters(), lr=0.01)
+    raise ValueError(name)
+
+
+class SummedRMSprop(torch.optim.RMSprop):
+    """A user subclass: trimtab cannot know its step is element-wise, so it runs in
+    summation mode (servers average gradients, workers apply it)."""
+
+
+def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(GLOBAL_BATCH, 10, generator=g),
+             torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)) for _ in range(steps)]
+
+
+def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def reference(setup: Setup) -> list[torch.Tensor]:
+    model = make_model()
+    opt = make_optimizer(setup.optimizer, model)
+    for step, (x, y) in enumerate(global_batches(setup.steps)):
+        if step == setup.lr_drop_at:
+            for group in opt.param_groups:
+                group["lr"] *= 0.3
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def train_worker(setup: Setup, rank: int, context: object = None) -> list[torch.Tensor]:
+    """Train as worker ``rank`` (the job is the default one unless ``context``)."""
+    import trimtab
+
+    # Workers other than the root start from other values: the root's must win.
+    model = make_model(42 if rank == 0 else 1000 + rank)
+    inner = make_optimizer(setup.optimizer, model)
+    opt = trimtab.DistributedOptimizer(inner, model.named_parameters(),
+                                       context=context)  # type: ignore[arg-type]
+    start = sum(setup.batch_sizes[:rank])
+    end = start + setup.batch_sizes[rank]
+    opt.batch_size = setup.batch_sizes[rank]
+    for step, (x, y) in enumerate(global_batches(setup.steps)):
+        if step == setup.lr_drop_at:
+            for group in inner.param_groups:
+                group["lr"] *= 0.3
+        opt.zero_grad()
+        loss_of(model, x[start:end], y[start:end]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def max_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))

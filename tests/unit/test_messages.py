@@ -1,0 +1,41 @@
+"""The header codec refuses what it cannot trust, with a code and a reason."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from trimtab import ProtocolError
+from trimtab._messages import MAX_HEADER_BYTES, Control, Data, decode, encode, error_of, field
+
+
+def code_of(frame: bytes, job: str = "j1") -> str:
+    with pytest.raises(ProtocolError) as info:
+        decode(frame, job)
+    return error_of(info.value)[0]
+
+
+def test_round_trip() -> None:
+    h = decode(encode({"j": "j1", "o": int(Data.PUSH), "i": 7, "c": 3}), "j1")
+    assert h == {"j": "j1", "o": 65, "i": 7, "c": 3}
+
+
+def test_refusals_carry_codes() -> None:
+    assert code_of(b"\xc1garbage") == "malformed"
+    assert code_of(msgpack.packb([1, 2])) == "malformed"
+    assert code_of(encode({"j": "j1"})) == "malformed"
+    assert code_of(encode({"j": "other", "o": 1})) == "wrong_job"
+    assert code_of(b"\x00" * (MAX_HEADER_BYTES + 1)) == "too_large"
+
+
+def test_field_checks_types() -> None:
+    h = {"o": 1, "c": True, "n": 3}
+    assert field(h, "n", int) == 3
+    with pytest.raises(ProtocolError):
+        field(h, "c", int)  # a bool is not a chunk id
+    with pytest.raises(ProtocolError):
+        field(h, "missing", str)
+
+
+def test_control_and_data_codes_are_disjoint() -> None:
+    assert not {int(c) for c in Control} & {int(d) for d in Data}

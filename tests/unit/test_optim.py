@@ -1,0 +1,55 @@
+"""Server-side optimizers on chunks give torch's result on whole tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trimtab import ConfigError
+from trimtab._optim import ChunkOptimizer, OptimizerMode, choose_mode, hyperparameters
+
+CASES = [
+    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.5, "dampening": 0.1}),
+    (torch.optim.Adam, {"lr": 0.01, "betas": (0.8, 0.99), "weight_decay": 0.1}),
+    (torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1, "amsgrad": True}),
+    (torch.optim.RMSprop, {"lr": 0.01, "momentum": 0.9}),
+    (torch.optim.Adagrad, {"lr": 0.1}),
+]
+
+
+@pytest.mark.parametrize(("cls", "kwargs"), CASES)
+def test_chunks_match_whole_tensor(cls: type[torch.optim.Optimizer], kwargs: dict) -> None:
+    torch.manual_seed(0)
+    whole = torch.nn.Parameter(torch.randn(100))
+    ref = cls([whole], **kwargs)
+    hp = hyperparameters(ref.param_groups[0])
+    values = whole.detach().clone()
+    chunks = [ChunkOptimizer(cls.__name__, values[i:i + 30], hp) for i in range(0, 100, 30)]
+    for step in range(6):
+        grad = torch.randn(100)
+        if step == 3:  # a scheduler changes the learning rate mid-run
+            ref.param_groups[0]["lr"] *= 0.5
+            for c in chunks:
+                c.set_hparams(hyperparameters(ref.param_groups[0]))
+        whole.grad = grad.clone()
+        ref.step()
+        for i, c in zip(range(0, 100, 30), chunks, strict=True):
+            c.step(grad[i:i + 30].clone())
+    torch.testing.assert_close(values, whole.detach(), rtol=0, atol=1e-6)
+
+
+def test_mode_choice() -> None:
+    p = [torch.nn.Parameter(torch.zeros(2))]
+
+    class MySGD(torch.optim.SGD):
+        pass
+
+    assert choose_mode(torch.optim.SGD(p, lr=1.0)) is OptimizerMode.SERVER
+    assert choose_mode(MySGD(p, lr=1.0)) is OptimizerMode.SUMMATION  # may override step
+    assert choose_mode(torch.optim.LBFGS(p)) is OptimizerMode.SUMMATION
+    assert choose_mode(torch.optim.SGD(p, lr=1.0), "summation") is OptimizerMode.SUMMATION
+    with pytest.raises(ConfigError, match="summation"):
+        choose_mode(torch.optim.LBFGS(p), "server")
+    with pytest.raises(ConfigError):
+        choose_mode(torch.optim.SGD(p, lr=1.0), "fast")

@@ -1,0 +1,97 @@
+"""All roles in one process, on the in-process transport: the logic above the transport
+(aggregation, weighting, optimizer modes, routing errors, Horovod's contract)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trimtab
+from trimtab import ChunkMoved, Context, RemoteError, UsageError
+from trimtab._messages import Data
+from trimtab._worker import wait
+from tests.equivalence_job import Setup, max_difference, reference, train_worker
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [Setup("sgd", (10, 14)), Setup("adam", (5, 7, 12)), Setup("rmsprop-sum", (20, 4))],
+    ids=["sgd-2w", "adam-3w", "summation-2w"],
+)
+def test_bsp_matches_one_process(cluster_factory, setup: Setup) -> None:
+    cluster = cluster_factory(workers=setup.workers, servers=2, chunk_bytes=256)
+    results = cluster.run_workers(lambda ctx: train_worker(setup, ctx.rank, ctx))
+    expected = reference(setup)
+    for got in results:
+        assert max_difference(got, expected) < 1e-5
+
+
+def test_moved_and_unknown_chunks_are_answered(cluster_factory) -> None:
+    cluster = cluster_factory(workers=1, servers=2, chunk_bytes=256)
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(20, 20)
+        trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     model.named_parameters(), context=ctx)
+        assert ctx.placement is not None
+        chunk = 0
+        wrong = ctx.placement.servers[1 - ctx.placement.owner(chunk)]
+        with pytest.raises(ChunkMoved) as moved:
+            wait(ctx.client.request(wrong, {"o": int(Data.PULL), "c": chunk, "e": 1}), 10)
+        assert moved.value.owner == ctx.placement.owner(chunk)
+        with pytest.raises(RemoteError) as unknown:
+            wait(ctx.client.request(wrong, {"o": int(Data.PULL), "c": 10_000, "e": 1}), 10)
+        assert unknown.value.code == "unknown_chunk"
+
+    cluster.run_workers(body)
+
+
+def test_zero_grad_between_backward_and_step_is_refused(cluster_factory) -> None:
+    cluster = cluster_factory(workers=1, servers=1)
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(4, 2)
+        opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           model.named_parameters(), context=ctx)
+        model(torch.randn(3, 4)).sum().backward()
+        with pytest.raises(UsageError, match="zero_grad"):
+            opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        assert opt.clock == 1
+        assert opt.state_dict()["trimtab"] == {"clock": 1, "epoch": 1}
+
+    cluster.run_workers(body)
+
+
+def test_workers_declaring_different_models_get_a_clear_error(cluster_factory) -> None:
+    cluster = cluster_factory(workers=2, servers=1)
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(4, 2 + ctx.rank)
+        with pytest.raises(RemoteError, match="declared different tensors"):
+            trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         model.named_parameters(), context=ctx)
+
+    cluster.run_workers(body)
+
+
+def test_unused_parameters_do_not_block_and_are_not_stepped(cluster_factory) -> None:
+    cluster = cluster_factory(workers=2, servers=1)
+
+    def body(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        used, unused = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+        params = [*used.parameters(), *unused.parameters()]
+        names = [(f"p{i}", p) for i, p in enumerate(params)]
+        opt = trimtab.DistributedOptimizer(torch.optim.Adam(params, lr=0.1), names,
+                                           context=ctx)
+        before = unused.weight.detach().clone()
+        for _ in range(3):
+            opt.zero_grad()
+            used(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        return before, unused.weight.detach().clone()
+
+    for before, after in cluster.run_workers(body):
+        assert torch.equal(before, after)
