@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-try:
-    from trimtab.bench import baselines
-except ImportError:
-    # The module imports nothing from trimtab, so it can be tested while the rest of
-    # the package is broken or half-written. It goes on sys.path as a top-level module
-    # (not loaded from a file under a made-up name) because the spawned helpers
-    # import it by name to find their worker functions; spawn passes sys.path on.
-    sys.path.insert(0, str(Path(__file__).parents[2] / "src" / "trimtab" / "bench"))
-    import baselines  # type: ignore[no-redef]
+from trimtab.bench import baselines
 
 
 @pytest.mark.timeout(60)

@@ -1,0 +1,23 @@
+"""Worker script of the multi-process equivalence test (run by ``trimtab run``).
+
+Usage: equiv_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import trimtab  # noqa: E402
+from tests.equivalence_job import Setup, train_worker  # noqa: E402
+
+optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+trimtab.init()
+setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
+params = train_worker(setup, trimtab.rank())
+torch.save(params, out / f"rank{trimtab.rank()}.pt")
+trimtab.shutdown()

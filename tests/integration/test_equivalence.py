@@ -1,0 +1,47 @@
+"""Invariant 1 over real processes and TCP: N workers x S servers under BSP give the
+parameters of one process running the same optimizer over the same global batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import processes_of
+from tests.equivalence_job import Setup, max_difference, reference
+from trimtab._launcher import Job, LaunchConfig
+
+SCRIPT = Path(__file__).with_name("equiv_worker.py")
+
+CASES = [
+    # (optimizer, per-worker batch sizes, servers): unequal sizes sum to the global batch
+    ("sgd", (12, 12), 1),
+    ("sgd", (5, 19), 2),
+    ("sgd", (4, 8, 12), 1),
+    ("sgd", (10, 3, 11), 2),
+    ("adam", (12, 12), 2),
+    ("adam", (17, 7), 1),
+    ("adam", (2, 20, 2), 2),
+    ("adam", (8, 8, 8), 1),
+    ("rmsprop-sum", (9, 15), 2),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("optimizer", "sizes", "servers"), CASES,
+                         ids=[f"{o}-{len(b)}w{s}s-{'x'.join(map(str, b))}" for o, b, s in CASES])
+def test_bsp_over_tcp_matches_one_process(
+    tmp_path: Path, optimizer: str, sizes: tuple[int, ...], servers: int
+) -> None:
+    lines: list[str] = []
+    config = LaunchConfig(workers=len(sizes), servers=servers, chunk_bytes=512)
+    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
+    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
+    assert status == 0, "\n".join(lines[-40:])
+    expected = reference(Setup(optimizer, sizes))
+    for rank in range(len(sizes)):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    assert processes_of(config.job) == []
