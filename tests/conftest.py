@@ -24,19 +24,31 @@ class Cluster:
         self.fabric = Fabric() if transport == "inproc" else None
         self.coordinator = Coordinator(
             CoordinatorConfig(num_workers=workers, num_servers=servers, job=self.job, **coord),
-            self._transport(bind=True))
+            self._transport(bind=True),
+        )
         self.threads = [self.coordinator.start()]
-        self.servers = [Server(ServerConfig(coordinator=self.coordinator.address, job=self.job),
-                               self._transport(bind=True)) for _ in range(servers)]
+        self.servers = [
+            Server(
+                ServerConfig(coordinator=self.coordinator.address, job=self.job),
+                self._transport(bind=True),
+            )
+            for _ in range(servers)
+        ]
         self.threads += [s.start() for s in self.servers]
 
     def _transport(self, bind: bool) -> Transport | None:
         return self.fabric.transport(bind=bind) if self.fabric else None
 
     def context(self, rank: int) -> Context:
-        return Context(WorkerConfig(coordinator=self.coordinator.address, job=self.job,
-                                    rank=rank, request_timeout_s=30.0),
-                       transport=self._transport(bind=False))
+        return Context(
+            WorkerConfig(
+                coordinator=self.coordinator.address,
+                job=self.job,
+                rank=rank,
+                request_timeout_s=30.0,
+            ),
+            transport=self._transport(bind=False),
+        )
 
     def run_workers(self, fn: Callable[[Context], Any], timeout_s: float = 60.0) -> list[Any]:
         """Run ``fn(ctx)`` in one thread per worker; return the results by rank; re-raise
@@ -77,8 +89,9 @@ class Cluster:
 def cluster_factory() -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
-    def make(workers: int = 2, servers: int = 2, transport: str = "inproc",
-             **coord: Any) -> Cluster:
+    def make(
+        workers: int = 2, servers: int = 2, transport: str = "inproc", **coord: Any
+    ) -> Cluster:
         c = Cluster(workers, servers, transport, **coord)
         made.append(c)
         return c

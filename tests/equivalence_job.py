@@ -31,8 +31,9 @@ class Setup:
 def make_model(seed: int = 42) -> nn.Module:
     # A local generator, not the global one: tests run several workers as threads.
     g = torch.Generator().manual_seed(seed)
-    model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 16), nn.Tanh(),
-                          nn.Linear(16, 3))
+    model = nn.Sequential(
+        nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 3)
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
@@ -41,8 +42,9 @@ def make_model(seed: int = 42) -> nn.Module:
 
 def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
-                               weight_decay=1e-3)
+        return torch.optim.SGD(
+            model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3
+        )
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-3)
     if name == "rmsprop-sum":
@@ -57,8 +59,13 @@ class SummedRMSprop(torch.optim.RMSprop):
 
 def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(7)
-    return [(torch.randn(GLOBAL_BATCH, 10, generator=g),
-             torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)) for _ in range(steps)]
+    return [
+        (
+            torch.randn(GLOBAL_BATCH, 10, generator=g),
+            torch.randint(0, 3, (GLOBAL_BATCH,), generator=g),
+        )
+        for _ in range(steps)
+    ]
 
 
 def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -85,8 +92,7 @@ def train_worker(setup: Setup, rank: int, context: object = None) -> list[torch.
     # Workers other than the root start from other values: the root's must win.
     model = make_model(42 if rank == 0 else 1000 + rank)
     inner = make_optimizer(setup.optimizer, model)
-    opt = trimtab.DistributedOptimizer(inner, model.named_parameters(),
-                                       context=context)  # type: ignore[arg-type]
+    opt = trimtab.DistributedOptimizer(inner, model.named_parameters(), context=context)  # type: ignore[arg-type]
     start = sum(setup.batch_sizes[:rank])
     end = start + setup.batch_sizes[rank]
     opt.batch_size = setup.batch_sizes[rank]

@@ -16,8 +16,8 @@ import torch
 
 from trimtab._messages import Control, Data
 from trimtab._node import as_bytes
-from trimtab._transport import Transport
 from trimtab._placement import ChunkSpec, PlacementMap, TensorSpec, make_chunks
+from trimtab._transport import Transport
 from trimtab._worker import Reply, WorkerClient, WorkerConfig, wait
 
 if TYPE_CHECKING:
@@ -76,12 +76,14 @@ class Context:
         """Declare the tensors to train; blocks until every worker declared the same and
         every server holds its chunks. Raises :class:`~trimtab.RemoteError` (code
         ``mismatch``) if workers disagree."""
-        reply = self.call({"o": int(Control.DECLARE),
-                           "tensors": [t.to_wire() for t in tensors], "opt": opt}).header
+        reply = self.call(
+            {"o": int(Control.DECLARE), "tensors": [t.to_wire() for t in tensors], "opt": opt}
+        ).header
         self.tensors = tensors
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])
-        self.placement = PlacementMap(reply["epoch"], tuple(reply["owners"]),
-                                      tuple(reply["servers"]))
+        self.placement = PlacementMap(
+            reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
+        )
         return self.placement
 
     def server_of(self, chunk: int) -> str:
@@ -96,8 +98,9 @@ class Context:
     def server_stats(self) -> list[dict[str, Any]]:
         """Each server's counters (versions, pushes, errors). Blocks."""
         assert self.placement is not None
-        futs = [self.client.request(addr, {"o": int(Data.STATS)})
-                for addr in self.placement.servers]
+        futs = [
+            self.client.request(addr, {"o": int(Data.STATS)}) for addr in self.placement.servers
+        ]
         return [wait(f, self.timeout_s).header for f in futs]
 
     def broadcast(self, tensors: Mapping[str, torch.Tensor], root_rank: int) -> None:
@@ -113,8 +116,10 @@ class Context:
             for name in names:
                 t = tensors[name].detach().contiguous().cpu()
                 raw = as_bytes(t)
-                pieces = [raw[i:i + BROADCAST_FRAME_BYTES]
-                          for i in range(0, len(raw), BROADCAST_FRAME_BYTES)] or [raw]
+                pieces = [
+                    raw[i : i + BROADCAST_FRAME_BYTES]
+                    for i in range(0, len(raw), BROADCAST_FRAME_BYTES)
+                ] or [raw]
                 frames.extend(pieces)
                 counts.append(len(pieces))
             meta = {"names": names, "frames": counts}
@@ -129,9 +134,9 @@ class Context:
                 )
             it = iter(reply.frames)
             for name, count in zip(names, meta["frames"], strict=True):
-                raw = b"".join(bytes(next(it)) for _ in range(count))
+                data = bytearray().join(next(it) for _ in range(count))
                 dst = tensors[name]
-                src = torch.frombuffer(bytearray(raw), dtype=dst.dtype) if raw else None
+                src = torch.frombuffer(data, dtype=dst.dtype) if data else None
                 with torch.no_grad():
                     if src is not None:
                         dst.copy_(src.view(dst.shape))

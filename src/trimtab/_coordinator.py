@@ -122,9 +122,13 @@ class Coordinator:
 
     def run(self) -> None:
         """Serve until every worker is done. Blocks. Raises :class:`JobAborted`."""
-        log.info("coordinator of job %s at %s, waiting for %d servers and %d workers",
-                 self.config.job, self.address, self.config.num_servers,
-                 self.config.num_workers)
+        log.info(
+            "coordinator of job %s at %s, waiting for %d servers and %d workers",
+            self.config.job,
+            self.address,
+            self.config.num_servers,
+            self.config.num_workers,
+        )
         try:
             while not self._stop and self._abort is None:
                 env = self._transport.recv(self.config.heartbeat_s)
@@ -133,8 +137,9 @@ class Coordinator:
                 self._check_liveness()
             if self._abort is not None:
                 for member in self._members.values():
-                    self._loop.send(member.peer, {"o": int(Control.ABORT), "i": 0,
-                                                  "why": self._abort})
+                    self._loop.send(
+                        member.peer, {"o": int(Control.ABORT), "i": 0, "why": self._abort}
+                    )
         finally:
             self._transport.close()
         if self._abort is not None:
@@ -144,8 +149,10 @@ class Coordinator:
         now = time.monotonic()
         for m in self._members.values():
             if not m.done and now - m.last_seen > self.config.dead_after_s:
-                self._abort = (f"{m.role.value} {m.rank} has been silent for "
-                               f"{now - m.last_seen:.0f}s; stopping the job")
+                self._abort = (
+                    f"{m.role.value} {m.rank} has been silent for "
+                    f"{now - m.last_seen:.0f}s; stopping the job"
+                )
                 log.error(self._abort)
                 return
 
@@ -164,8 +171,9 @@ class Coordinator:
             if member is None:
                 if op == Control.HEARTBEAT:
                     return  # a node's first heartbeat can overtake its REGISTER
-                raise ProtocolError(ErrorCode.BAD_STATE.value,
-                                    f"op {op} before REGISTER; register first")
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value, f"op {op} before REGISTER; register first"
+                )
             if op == Control.HEARTBEAT:
                 self._loop.send(peer, {"o": int(Control.HEARTBEAT), "i": 0})
             elif op == Control.DECLARE:
@@ -184,8 +192,10 @@ class Coordinator:
             elif op == Control.STATUS:
                 self._loop.send(peer, {"o": int(Control.OK), "i": rid, **self.status()})
             else:
-                raise ProtocolError(ErrorCode.UNKNOWN_OP.value,
-                                    f"op {op} is not a control op the coordinator answers")
+                raise ProtocolError(
+                    ErrorCode.UNKNOWN_OP.value,
+                    f"op {op} is not a control op the coordinator answers",
+                )
         except ProtocolError as exc:
             code, msg = error_of(exc)
             self._loop.refuse(peer, rid, code, msg, data=False)
@@ -211,8 +221,10 @@ class Coordinator:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "this node is already registered")
         if role == Role.SERVER.value:
             if len(self._servers) >= self.config.num_servers:
-                raise ProtocolError(ErrorCode.BAD_STATE.value,
-                                    f"the job already has its {self.config.num_servers} servers")
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value,
+                    f"the job already has its {self.config.num_servers} servers",
+                )
             member = _Member(Role.SERVER, len(self._servers), peer, field(header, "addr", str))
             self._servers.append(member)
         elif role == Role.WORKER.value:
@@ -220,8 +232,10 @@ class Coordinator:
             if not isinstance(rank, int) or rank < 0:
                 rank = min(set(range(self.config.num_workers)) - set(self._workers), default=-1)
             if rank >= self.config.num_workers or rank < 0:
-                raise ProtocolError(ErrorCode.BAD_STATE.value,
-                                    f"no worker rank free (the job has {self.config.num_workers})")
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value,
+                    f"no worker rank free (the job has {self.config.num_workers})",
+                )
             if rank in self._workers:
                 raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker rank {rank} is taken")
             member = _Member(Role.WORKER, rank, peer)
@@ -230,11 +244,18 @@ class Coordinator:
             raise ProtocolError(ErrorCode.MALFORMED.value, f"unknown role {role!r}")
         self._members[peer] = member
         log.info("%s %d joined", member.role.value, member.rank)
-        self._loop.send(peer, {
-            "o": int(Control.REGISTERED), "i": header["i"], "rank": member.rank,
-            "num_workers": self.config.num_workers, "num_servers": self.config.num_servers,
-            "chunk_bytes": self.config.chunk_bytes, "heartbeat_s": self.config.heartbeat_s,
-        })
+        self._loop.send(
+            peer,
+            {
+                "o": int(Control.REGISTERED),
+                "i": header["i"],
+                "rank": member.rank,
+                "num_workers": self.config.num_workers,
+                "num_servers": self.config.num_servers,
+                "chunk_bytes": self.config.chunk_bytes,
+                "heartbeat_s": self.config.heartbeat_s,
+            },
+        )
         self._maybe_place()
 
     def _on_done(self, member: _Member, rid: int) -> None:
@@ -263,22 +284,34 @@ class Coordinator:
             [TensorSpec.from_wire(t) for t in tensors]
         except ValueError as exc:
             raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
-        self._declared[member.rank] = (member.peer, header["i"], tensors,
-                                       field(header, "opt", dict))
+        self._declared[member.rank] = (
+            member.peer,
+            header["i"],
+            tensors,
+            field(header, "opt", dict),
+        )
         self._maybe_place()
 
     def _maybe_place(self) -> None:
-        if (self._map is not None or len(self._declared) < self.config.num_workers
-                or len(self._servers) < self.config.num_servers):
+        if (
+            self._map is not None
+            or len(self._declared) < self.config.num_workers
+            or len(self._servers) < self.config.num_servers
+        ):
             return
         first = self._declared[min(self._declared)]
-        for rank, (peer, rid, tensors, _) in sorted(self._declared.items()):
+        for rank, (_, _, tensors, _) in sorted(self._declared.items()):
             if tensors != first[2]:
                 diff = _first_difference(first[2], tensors)
                 for p, r, _, _ in self._declared.values():
-                    self._loop.refuse(p, r, ErrorCode.MISMATCH.value,
-                                      f"worker {rank} declared different tensors than worker "
-                                      f"{min(self._declared)}: {diff}", data=False)
+                    self._loop.refuse(
+                        p,
+                        r,
+                        ErrorCode.MISMATCH.value,
+                        f"worker {rank} declared different tensors than worker "
+                        f"{min(self._declared)}: {diff}",
+                        data=False,
+                    )
                 self._declared.clear()
                 return
         specs = [TensorSpec.from_wire(t) for t in first[2]]
@@ -287,13 +320,23 @@ class Coordinator:
         owners = policy.place(specs, chunks, len(self._servers))
         self._map = PlacementMap(1, tuple(owners), tuple(m.addr for m in self._servers))
         self._map_header = {
-            "o": int(Control.MAP), "epoch": self._map.epoch, "tensors": first[2],
-            "chunk_bytes": self.config.chunk_bytes, "owners": owners,
-            "servers": list(self._map.servers), "opt": first[3],
-            "workers": sorted(self._workers), "consistency": self.config.consistency,
+            "o": int(Control.MAP),
+            "epoch": self._map.epoch,
+            "tensors": first[2],
+            "chunk_bytes": self.config.chunk_bytes,
+            "owners": owners,
+            "servers": list(self._map.servers),
+            "opt": first[3],
+            "workers": sorted(self._workers),
+            "consistency": self.config.consistency,
         }
-        log.info("placed %d tensors in %d chunks over %d servers (%s)", len(specs),
-                 len(chunks), len(self._servers), self.config.placement)
+        log.info(
+            "placed %d tensors in %d chunks over %d servers (%s)",
+            len(specs),
+            len(chunks),
+            len(self._servers),
+            self.config.placement,
+        )
         self._awaiting_acks = {m.rank for m in self._servers}
         for server in self._servers:
             self._loop.send(server.peer, {**self._map_header, "i": 0})

@@ -128,8 +128,13 @@ class Job:
 
     def _spawn(self, source: str, argv: list[str], env: dict[str, str]) -> _Proc:
         popen = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True, preexec_fn=_die_with_parent,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         reader = threading.Thread(target=self._pump, args=(source, popen), daemon=True)
         reader.start()
@@ -150,39 +155,78 @@ class Job:
         log_flags = ["--verbose"] if c.verbose else []
         with tempfile.TemporaryDirectory(prefix="trimtab-") as tmp:
             address_file = Path(tmp) / "coordinator"
-            coord = self._spawn("coordinator", [
-                *role, "coordinator", "--workers", str(c.workers), "--servers", str(c.servers),
-                "--placement", c.placement, "--chunk-bytes", str(c.chunk_bytes),
-                "--job", c.job, "--host", c.host, "--address-file", str(address_file),
-                *log_flags], env)
+            coord = self._spawn(
+                "coordinator",
+                [
+                    *role,
+                    "coordinator",
+                    "--workers",
+                    str(c.workers),
+                    "--servers",
+                    str(c.servers),
+                    "--placement",
+                    c.placement,
+                    "--chunk-bytes",
+                    str(c.chunk_bytes),
+                    "--job",
+                    c.job,
+                    "--host",
+                    c.host,
+                    "--address-file",
+                    str(address_file),
+                    *log_flags,
+                ],
+                env,
+            )
             deadline = time.monotonic() + c.startup_timeout_s
             while not address_file.exists():
                 if coord.popen.poll() is not None:
                     raise ConfigError(
                         f"the coordinator exited with status {coord.popen.returncode} "
-                        "before it was ready (its output is above)")
+                        "before it was ready (its output is above)"
+                    )
                 if time.monotonic() > deadline:
                     raise ConfigError(f"the coordinator was not ready in {c.startup_timeout_s}s")
                 time.sleep(0.02)
             self.coordinator_address = address_file.read_text().strip()
         for s in range(c.servers):
-            self._spawn(f"server {s}", [
-                *role, "server", "--coordinator", self.coordinator_address, "--job", c.job,
-                "--host", c.host, *log_flags], env)
+            self._spawn(
+                f"server {s}",
+                [
+                    *role,
+                    "server",
+                    "--coordinator",
+                    self.coordinator_address,
+                    "--job",
+                    c.job,
+                    "--host",
+                    c.host,
+                    *log_flags,
+                ],
+                env,
+            )
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
         for rank in range(c.workers):
             wenv = self._role_env()
             wenv.setdefault("OMP_NUM_THREADS", str(threads))
-            wenv.update({
-                "TRIMTAB_COORDINATOR": self.coordinator_address, "TRIMTAB_JOB": c.job,
-                "TRIMTAB_RANK": str(rank), "TRIMTAB_LOCAL_RANK": str(rank),
-                "TRIMTAB_LOCAL_SIZE": str(c.workers), "TRIMTAB_NUM_WORKERS": str(c.workers),
-                "TRIMTAB_NUM_SERVERS": str(c.servers), "DMLC_ROLE": "worker",
-                "DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": port,
-                "DMLC_NUM_WORKER": str(c.workers), "DMLC_NUM_SERVER": str(c.servers),
-                "DMLC_WORKER_ID": str(rank),
-            })
+            wenv.update(
+                {
+                    "TRIMTAB_COORDINATOR": self.coordinator_address,
+                    "TRIMTAB_JOB": c.job,
+                    "TRIMTAB_RANK": str(rank),
+                    "TRIMTAB_LOCAL_RANK": str(rank),
+                    "TRIMTAB_LOCAL_SIZE": str(c.workers),
+                    "TRIMTAB_NUM_WORKERS": str(c.workers),
+                    "TRIMTAB_NUM_SERVERS": str(c.servers),
+                    "DMLC_ROLE": "worker",
+                    "DMLC_PS_ROOT_URI": host,
+                    "DMLC_PS_ROOT_PORT": port,
+                    "DMLC_NUM_WORKER": str(c.workers),
+                    "DMLC_NUM_SERVER": str(c.servers),
+                    "DMLC_WORKER_ID": str(rank),
+                }
+            )
             self._spawn(f"worker {rank}", self.command, wenv)
 
     # -- supervise -------------------------------------------------------------------
@@ -194,8 +238,7 @@ class Job:
             for p in workers:
                 code = p.popen.poll()
                 if code is not None and code != 0:
-                    self._say(f"{p.source} exited with status {_describe(code)}; "
-                              "stopping the job")
+                    self._say(f"{p.source} exited with status {_describe(code)}; stopping the job")
                     return code if code > 0 else 128 - code
             if all(p.popen.poll() is not None for p in workers):
                 self._await_exit(others)
@@ -205,8 +248,10 @@ class Job:
                 # Status 0 is a normal end: the coordinator and servers exit once every
                 # worker said it is done, which can be before the worker processes exit.
                 if code is not None and code != 0:
-                    self._say(f"{p.source} exited with status {_describe(code)} while "
-                              "workers were running; stopping the job")
+                    self._say(
+                        f"{p.source} exited with status {_describe(code)} while "
+                        "workers were running; stopping the job"
+                    )
                     return 1
             time.sleep(0.05)
 

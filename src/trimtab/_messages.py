@@ -143,8 +143,13 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 def error_header(job: str, rid: int, code: str, msg: str, *, data: bool) -> Header:
     """Build an ERROR reply header for the data or the control plane."""
-    return {"j": job, "o": int(Data.ERROR if data else Control.ERROR), "i": rid,
-            "code": code, "msg": msg}
+    return {
+        "j": job,
+        "o": int(Data.ERROR if data else Control.ERROR),
+        "i": rid,
+        "code": code,
+        "msg": msg,
+    }
 
 
 def error_of(exc: ProtocolError) -> tuple[str, str]:

@@ -34,7 +34,8 @@ def wire_dtype(dtype: torch.dtype) -> str:
 
 def as_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor (any dtype, bfloat16 included)."""
-    return memoryview(t.view(-1).view(torch.uint8).numpy())
+    array: Any = t.view(-1).view(torch.uint8).numpy()
+    return memoryview(array)
 
 
 def tensor_from(frame: memoryview, dtype: str, numel: int) -> torch.Tensor:

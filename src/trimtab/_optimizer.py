@@ -73,13 +73,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         cls = type(optimizer).__name__
         if cls not in _said_mode:
             _said_mode.add(cls)
-            where = ("servers apply it to each chunk" if self._mode is OptimizerMode.SERVER
-                     else "servers sum gradients, each worker applies it")
+            where = (
+                "servers apply it to each chunk"
+                if self._mode is OptimizerMode.SERVER
+                else "servers sum gradients, each worker applies it"
+            )
             log.info("trimtab: %s runs in %s mode (%s)", cls, self._mode.value, where)
         # Share the inner optimizer's groups and state, so LR schedulers and user code
         # that touch either object see the same thing.
-        super().__init__([{"params": g["params"]} for g in optimizer.param_groups],
-                         optimizer.defaults)
+        super().__init__(
+            [{"params": g["params"]} for g in optimizer.param_groups], optimizer.defaults
+        )
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
         self.defaults = optimizer.defaults
@@ -94,8 +98,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
         self._skip_sync = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
-                       for p in self._chunks_of]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
+            for p in self._chunks_of
+        ]
         self._ctx.optimizers.append(self)
 
     # -- setup ---------------------------------------------------------------------
@@ -105,8 +111,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ) -> list[tuple[str, torch.Tensor, int]]:
         group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
         if named is None:
-            pairs = [(f"group{g}.param{i}", p) for g, group in enumerate(self.param_groups)
-                     for i, p in enumerate(group["params"])]
+            pairs = [
+                (f"group{g}.param{i}", p)
+                for g, group in enumerate(self.param_groups)
+                for i, p in enumerate(group["params"])
+            ]
         else:
             pairs = list(named)
         names = [n for n, _ in pairs]
@@ -133,8 +142,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _declare(self) -> None:
         ctx = self._ctx
         specs = [TensorSpec(n, tuple(p.shape), wire_dtype(p.dtype), g) for n, p, g in self._params]
-        opt = {"cls": type(self._inner).__name__, "mode": self._mode.value,
-               "groups": [hyperparameters(g) for g in self.param_groups]}
+        opt = {
+            "cls": type(self._inner).__name__,
+            "mode": self._mode.value,
+            "groups": [hyperparameters(g) for g in self.param_groups],
+        }
         ctx.declare(specs, opt)
         self._chunks_of: dict[torch.Tensor, list[ChunkSpec]] = {p: [] for _, p, _ in self._params}
         self._group_of = {p: g for _, p, g in self._params}
@@ -154,16 +166,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         ctx = self._ctx
         if ctx.rank == root_rank:
-            futs = [ctx.client.request(ctx.server_of(c.id), self._tensor_header(Data.INIT, c),
-                                       [as_bytes(p.data.view(-1)[c.offset:c.offset + c.numel])])
-                    for p in params for c in self._chunks_of[p]]
+            futs = [
+                ctx.client.request(
+                    ctx.server_of(c.id),
+                    self._tensor_header(Data.INIT, c),
+                    [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])],
+                )
+                for p in params
+                for c in self._chunks_of[p]
+            ]
             for f in futs:
                 wait(f, ctx.timeout_s)
         ctx.barrier()
         if ctx.rank != root_rank:
-            pulls = [(p, c, ctx.client.request(ctx.server_of(c.id),
-                                               {"o": int(Data.PULL), "c": c.id, "e": self._epoch}))
-                     for p in params for c in self._chunks_of[p]]
+            pulls = [
+                (
+                    p,
+                    c,
+                    ctx.client.request(
+                        ctx.server_of(c.id), {"o": int(Data.PULL), "c": c.id, "e": self._epoch}
+                    ),
+                )
+                for p in params
+                for c in self._chunks_of[p]
+            ]
             with torch.no_grad():
                 for p, c, f in pulls:
                     self._write(p.data, c, wait(f, ctx.timeout_s))
@@ -228,7 +254,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 header["z"] = True
                 frames = []
             else:
-                frames = [as_bytes(flat[c.offset:c.offset + c.numel])]
+                frames = [as_bytes(flat[c.offset : c.offset + c.numel])]
             futs.append(self._ctx.client.request(self._ctx.server_of(c.id), header, frames))
         self._inflight[p] = futs
 
@@ -261,7 +287,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _write(dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
         h = reply.header
         src = tensor_from(reply.frames[0], h["dt"], h["n"])
-        dst.view(-1)[c.offset:c.offset + c.numel].copy_(src)
+        dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

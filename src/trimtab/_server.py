@@ -15,7 +15,14 @@ import torch
 from trimtab._consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, Data, ErrorCode, Header, decode, error_of, field
-from trimtab._node import TORCH_DTYPES, WIRE_DTYPES, Heartbeat, NodeLoop, as_bytes, check_tensor_frames
+from trimtab._node import (
+    TORCH_DTYPES,
+    WIRE_DTYPES,
+    Heartbeat,
+    NodeLoop,
+    as_bytes,
+    check_tensor_frames,
+)
 from trimtab._optim import ChunkOptimizer, OptimizerMode
 from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
 from trimtab._transport import Peer, Transport, ZmqTransport
@@ -138,8 +145,10 @@ class Server:
 
     def run(self) -> None:
         """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""
-        self._loop.send(self._coord, {"o": int(Control.REGISTER), "i": 1, "role": "server",
-                                      "addr": self.address})
+        self._loop.send(
+            self._coord,
+            {"o": int(Control.REGISTER), "i": 1, "role": "server", "addr": self.address},
+        )
         try:
             while not self._stop:
                 env = self._transport.recv(self.config.heartbeat_s)
@@ -147,9 +156,7 @@ class Server:
                     self._loop.send(self._coord, self._heartbeat.header())
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
-                        self._abort = (
-                            f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
-                        )
+                        self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
                         break
                     continue
                 if env.peer == self._coord:
@@ -178,8 +185,9 @@ class Server:
             log.info("server %d serving at %s", self.index, self.address)
         elif op == Control.MAP:
             self._apply_map(header)
-            self._loop.send(self._coord, {"o": int(Control.MAP_ACK), "i": header["i"],
-                                          "epoch": self._epoch})
+            self._loop.send(
+                self._coord, {"o": int(Control.MAP_ACK), "i": header["i"], "epoch": self._epoch}
+            )
         elif op == Control.SHUTDOWN:
             log.info("server %d: job finished, shutting down", self.index)
             self._stop = True
@@ -206,8 +214,14 @@ class Server:
             hp = opt["groups"][tensors[spec.tensor].group]
             server_opt = (opt["cls"], hp) if self._mode is OptimizerMode.SERVER else None
             self._chunks[spec.id] = _Chunk(spec, server_opt)
-        log.info("server %d owns %d of %d chunks (epoch %d, %s mode)", self.index,
-                 len(self._chunks), len(chunks), self._epoch, self._mode.value)
+        log.info(
+            "server %d owns %d of %d chunks (epoch %d, %s mode)",
+            self.index,
+            len(self._chunks),
+            len(chunks),
+            self._epoch,
+            self._mode.value,
+        )
 
     # -- data plane ----------------------------------------------------------------
 
@@ -224,18 +238,26 @@ class Server:
                 self._send_value(peer, rid, chunk, chunk.value)
             elif op == Data.INIT:
                 chunk = self._owned(header)
-                value = check_tensor_frames(header, frames[1:], chunk.spec.dtype,
-                                            chunk.spec.numel)
+                value = check_tensor_frames(header, frames[1:], chunk.spec.dtype, chunk.spec.numel)
                 chunk.value.copy_(value)
                 self._loop.send(peer, {"o": int(Data.ACK), "i": rid})
             elif op == Data.STATS:
                 self._loop.send(peer, {"o": int(Data.ACK), "i": rid, **self.stats()})
             else:
-                raise ProtocolError(ErrorCode.UNKNOWN_OP.value,
-                                    f"op {op} is not a data op a server answers")
+                raise ProtocolError(
+                    ErrorCode.UNKNOWN_OP.value, f"op {op} is not a data op a server answers"
+                )
         except _Moved as moved:
-            self._loop.send(peer, {"o": int(Data.MOVED), "i": rid, "c": moved.chunk,
-                                   "s": moved.owner, "e": moved.epoch})
+            self._loop.send(
+                peer,
+                {
+                    "o": int(Data.MOVED),
+                    "i": rid,
+                    "c": moved.chunk,
+                    "s": moved.owner,
+                    "e": moved.epoch,
+                },
+            )
         except ProtocolError as exc:
             code, msg = error_of(exc)
             self._loop.refuse(peer, rid, code, msg, data=True)
@@ -281,8 +303,7 @@ class Server:
         # Everything is validated: from here on the chunk's state changes.
         if hp and chunk.optimizer is not None:
             chunk.optimizer.set_hparams(hp)
-        info = PushInfo(rank, clock, float(weight), header.get("v", chunk.version),
-                        chunk.version)
+        info = PushInfo(rank, clock, float(weight), header.get("v", chunk.version), chunk.version)
         w = self._consistency.weight(info)
         chunk.pushes += 1
         if w is None:
@@ -321,8 +342,14 @@ class Server:
         chunk.round += 1
 
     def _send_value(self, peer: Peer, rid: int, chunk: _Chunk, t: torch.Tensor | None) -> None:
-        header: Header = {"o": int(Data.VALUE), "i": rid, "c": chunk.spec.id,
-                          "v": chunk.version, "k": chunk.round, "n": chunk.spec.numel}
+        header: Header = {
+            "o": int(Data.VALUE),
+            "i": rid,
+            "c": chunk.spec.id,
+            "v": chunk.version,
+            "k": chunk.round,
+            "n": chunk.spec.numel,
+        }
         if t is None:
             header["z"] = True
             self._loop.send(peer, header)

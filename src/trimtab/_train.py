@@ -26,23 +26,29 @@ class _TrainOutput:
         self.lock = threading.Lock()
         self.result: dict[str, Any] | None = None
         self.progress = Progress(
-            TextColumn("[bold]training[/bold]"), BarColumn(), TextColumn("{task.completed}/"
-            "{task.total} steps"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
-            console=console, transient=False, disable=not show_progress)
+            TextColumn("[bold]training[/bold]"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} steps"),
+            TextColumn("{task.fields[loss]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not show_progress,
+        )
         self.task = self.progress.add_task("train", total=None, loss="")
 
     def __call__(self, source: str, line: str) -> None:
         with self.lock:
             if line.startswith(PROGRESS):
-                event = json.loads(line[len(PROGRESS):])
+                event = json.loads(line[len(PROGRESS) :])
                 loss = f"loss {event['loss']:.3f}" if "loss" in event else ""
-                self.progress.update(self.task, completed=event["step"], total=event["total"],
-                                     loss=loss)
+                self.progress.update(
+                    self.task, completed=event["step"], total=event["total"], loss=loss
+                )
             elif line.startswith(RESULT):
-                self.result = json.loads(line[len(RESULT):])
+                self.result = json.loads(line[len(RESULT) :])
             else:
-                self.console.print(f"[dim]\\[{source}][/dim] {line}", markup=True,
-                                   highlight=False)
+                self.console.print(f"[dim]\\[{source}][/dim] {line}", markup=True, highlight=False)
 
 
 def run_training(args: argparse.Namespace) -> int:
@@ -51,8 +57,17 @@ def run_training(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     out = _TrainOutput(console, show_progress=True)
-    command = [sys.executable, "-m", "trimtab.examples.digits", "--epochs", str(args.epochs),
-               "--batch-size", str(args.batch_size), "--lr", str(args.lr)]
+    command = [
+        sys.executable,
+        "-m",
+        "trimtab.examples.digits",
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--lr",
+        str(args.lr),
+    ]
     config = launch_config(args)
     start = time.perf_counter()
     with out.progress:
@@ -61,8 +76,12 @@ def run_training(args: argparse.Namespace) -> int:
     if status != 0 or out.result is None:
         console.print(f"[red]training failed (status {status})[/red]")
         return status or 1
-    result = {**out.result, "servers": config.servers, "placement": config.placement,
-              "wall_s": round(wall, 2)}
+    result = {
+        **out.result,
+        "servers": config.servers,
+        "placement": config.placement,
+        "wall_s": round(wall, 2),
+    }
     if args.json:
         print(json.dumps(result), flush=True)
     else:

@@ -111,8 +111,7 @@ class WorkerClient:
         self._running = True
         self._thread = threading.Thread(target=self._io_loop, name="trimtab-io", daemon=True)
         self._thread.start()
-        fut = self.control({"o": int(Control.REGISTER), "role": "worker",
-                            "rank": self.config.rank})
+        fut = self.control({"o": int(Control.REGISTER), "role": "worker", "rank": self.config.rank})
         reply = wait(fut, self.config.coordinator_timeout_s).header
         self.rank = reply["rank"]
         self.num_workers = reply["num_workers"]
@@ -176,13 +175,16 @@ class WorkerClient:
                     peer = self._transport.connect(to) if isinstance(to, str) else to
                     self._transport.send(peer, frames)
                 if self._heartbeat.due():
-                    self._transport.send(self._coord, [encode(
-                        {**self._heartbeat.header(), "j": self.config.job})])
+                    self._transport.send(
+                        self._coord, [encode({**self._heartbeat.header(), "j": self.config.job})]
+                    )
                 env = self._transport.recv(self.config.heartbeat_s)
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
-                        self._fail(f"the coordinator has been silent for "
-                                   f"{self._heartbeat.silent_for():.0f}s")
+                        self._fail(
+                            f"the coordinator has been silent for "
+                            f"{self._heartbeat.silent_for():.0f}s"
+                        )
                     continue
                 if env.peer == self._coord:
                     self._heartbeat.heard()
@@ -229,5 +231,4 @@ class WorkerClient:
                 fut.set_exception(JobAborted(why))
 
     def info(self) -> dict[str, Any]:
-        return {"rank": self.rank, "num_workers": self.num_workers,
-                "num_servers": self.num_servers}
+        return {"rank": self.rank, "num_workers": self.num_workers, "num_servers": self.num_servers}

@@ -28,23 +28,32 @@ def _env_int(*names: str, default: int) -> int:
 def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", "-w", type=int, default=2, help="worker processes (2)")
     p.add_argument("--servers", "-s", type=int, default=2, help="server processes (2)")
-    p.add_argument("--placement", default="greedy", choices=PLACEMENTS.names(),
-                   help="initial chunk placement (greedy)")
-    p.add_argument("--chunk-bytes", type=int, default=1 << 20,
-                   help="largest chunk in bytes (1 MiB)")
+    p.add_argument(
+        "--placement",
+        default="greedy",
+        choices=PLACEMENTS.names(),
+        help="initial chunk placement (greedy)",
+    )
+    p.add_argument(
+        "--chunk-bytes", type=int, default=1 << 20, help="largest chunk in bytes (1 MiB)"
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="roles log at INFO level")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trimtab",
-        description="A parameter server for PyTorch that stays fast when machines are slow.")
+        description="A parameter server for PyTorch that stays fast when machines are slow.",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    run = sub.add_parser("run", help="run a training script on a local cluster",
-                         description="Start a coordinator, servers and one worker process "
-                         "per --workers running COMMAND, e.g. "
-                         "`trimtab run -w 2 -s 2 -- python train.py`.")
+    run = sub.add_parser(
+        "run",
+        help="run a training script on a local cluster",
+        description="Start a coordinator, servers and one worker process "
+        "per --workers running COMMAND, e.g. "
+        "`trimtab run -w 2 -s 2 -- python train.py`.",
+    )
     _add_job_flags(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
@@ -53,14 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, default=30)
     train.add_argument("--batch-size", type=int, default=64, help="global batch (64)")
     train.add_argument("--lr", type=float, default=0.05)
-    train.add_argument("--json", action="store_true",
-                       help="print one JSON object with the results as the last line")
+    train.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object with the results as the last line",
+    )
 
     coord = sub.add_parser("coordinator", help="start a job's coordinator (multi-machine)")
-    coord.add_argument("--workers", type=int,
-                       default=_env_int("TRIMTAB_NUM_WORKERS", "DMLC_NUM_WORKER", default=1))
-    coord.add_argument("--servers", type=int,
-                       default=_env_int("TRIMTAB_NUM_SERVERS", "DMLC_NUM_SERVER", default=1))
+    coord.add_argument(
+        "--workers", type=int, default=_env_int("TRIMTAB_NUM_WORKERS", "DMLC_NUM_WORKER", default=1)
+    )
+    coord.add_argument(
+        "--servers", type=int, default=_env_int("TRIMTAB_NUM_SERVERS", "DMLC_NUM_SERVER", default=1)
+    )
     coord.add_argument("--host", default=os.environ.get("DMLC_PS_ROOT_URI", "127.0.0.1"))
     coord.add_argument("--port", type=int, default=_env_int("DMLC_PS_ROOT_PORT", default=0))
     coord.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
@@ -70,8 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     coord.add_argument("--verbose", "-v", action="store_true")
 
     server = sub.add_parser("server", help="start a server (multi-machine)")
-    server.add_argument("--coordinator", default=_coordinator_from_env(),
-                        help="tcp://HOST:PORT (or TRIMTAB_COORDINATOR / DMLC_PS_ROOT_*)")
+    server.add_argument(
+        "--coordinator",
+        default=_coordinator_from_env(),
+        help="tcp://HOST:PORT (or TRIMTAB_COORDINATOR / DMLC_PS_ROOT_*)",
+    )
     server.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
     server.add_argument("--host", default=os.environ.get("DMLC_NODE_HOST", "127.0.0.1"))
     server.add_argument("--port", type=int, default=0)
@@ -95,8 +112,11 @@ def _coordinator_from_env() -> str | None:
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,8 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def launch_config(args: argparse.Namespace) -> LaunchConfig:
     """The local job that ``run`` and ``train`` flags describe."""
-    return LaunchConfig(workers=args.workers, servers=args.servers, placement=args.placement,
-                        chunk_bytes=args.chunk_bytes, verbose=args.verbose)
+    return LaunchConfig(
+        workers=args.workers,
+        servers=args.servers,
+        placement=args.placement,
+        chunk_bytes=args.chunk_bytes,
+        verbose=args.verbose,
+    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -148,9 +173,17 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
     from trimtab._coordinator import Coordinator, CoordinatorConfig
 
     _logging(args.verbose)
-    coord = Coordinator(CoordinatorConfig(
-        num_workers=args.workers, num_servers=args.servers, job=args.job, host=args.host,
-        port=args.port, placement=args.placement, chunk_bytes=args.chunk_bytes))
+    coord = Coordinator(
+        CoordinatorConfig(
+            num_workers=args.workers,
+            num_servers=args.servers,
+            job=args.job,
+            host=args.host,
+            port=args.port,
+            placement=args.placement,
+            chunk_bytes=args.chunk_bytes,
+        )
+    )
     if args.address_file:
         tmp = args.address_file.with_suffix(".tmp")
         tmp.write_text(coord.address)
@@ -168,11 +201,14 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
     _logging(args.verbose)
     if args.coordinator is None:
-        raise ConfigError("a server needs --coordinator tcp://HOST:PORT (or "
-                          "TRIMTAB_COORDINATOR, or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
+        raise ConfigError(
+            "a server needs --coordinator tcp://HOST:PORT (or "
+            "TRIMTAB_COORDINATOR, or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)"
+        )
     torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
-    Server(ServerConfig(coordinator=args.coordinator, job=args.job, host=args.host,
-                        port=args.port)).run()
+    Server(
+        ServerConfig(coordinator=args.coordinator, job=args.job, host=args.host, port=args.port)
+    ).run()
     return 0
 
 

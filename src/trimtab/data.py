@@ -58,8 +58,9 @@ class GlobalBatchSampler:
         self.epoch = 0
         self.batch_sizes = list(batch_sizes or equal_split(global_batch, size))
         if len(self.batch_sizes) != size or sum(self.batch_sizes) != global_batch:
-            raise ConfigError(f"batch_sizes {self.batch_sizes} must be {size} sizes summing "
-                              f"to {global_batch}")
+            raise ConfigError(
+                f"batch_sizes {self.batch_sizes} must be {size} sizes summing to {global_batch}"
+            )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -72,8 +73,11 @@ class GlobalBatchSampler:
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.num_samples, generator=g).tolist()
         for step in range(len(self)):
-            batch = order[step * self.global_batch:(step + 1) * self.global_batch]
-            sizes = (self.batch_sizes if len(batch) == self.global_batch
-                     else equal_split(len(batch), self.size))
-            start = sum(sizes[:self.rank])
-            yield batch[start:start + sizes[self.rank]]
+            batch = order[step * self.global_batch : (step + 1) * self.global_batch]
+            sizes = (
+                self.batch_sizes
+                if len(batch) == self.global_batch
+                else equal_split(len(batch), self.size)
+            )
+            start = sum(sizes[: self.rank])
+            yield batch[start : start + sizes[self.rank]]

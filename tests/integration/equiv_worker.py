@@ -10,10 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-import trimtab  # noqa: E402
-from tests.equivalence_job import Setup, train_worker  # noqa: E402
+import trimtab
+from tests.equivalence_job import Setup, train_worker
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 trimtab.init()

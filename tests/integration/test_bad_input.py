@@ -30,9 +30,24 @@ def job(tmp_path: Path) -> Iterator[tuple[str, str]]:
     job_id = uuid.uuid4().hex[:8]
     address_file = tmp_path / "coord"
     base = [sys.executable, "-m", "trimtab"]
-    procs = [subprocess.Popen([*base, "coordinator", "--workers", "2", "--servers", "1",
-                               "--job", job_id, "--chunk-bytes", "128",
-                               "--address-file", str(address_file)])]
+    procs = [
+        subprocess.Popen(
+            [
+                *base,
+                "coordinator",
+                "--workers",
+                "2",
+                "--servers",
+                "1",
+                "--job",
+                job_id,
+                "--chunk-bytes",
+                "128",
+                "--address-file",
+                str(address_file),
+            ]
+        )
+    ]
     deadline = time.monotonic() + 30
     while not address_file.exists():
         assert time.monotonic() < deadline, "coordinator did not start"
@@ -97,8 +112,19 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         c = ctx.chunks[0]
 
         def push(**over: object) -> dict:
-            h = {"j": job_id, "o": int(Data.PUSH), "i": 9, "c": c.id, "e": 1, "r": 0,
-                 "k": 1, "w": 4.0, "dt": "float32", "n": c.numel, **over}
+            h = {
+                "j": job_id,
+                "o": int(Data.PUSH),
+                "i": 9,
+                "c": c.id,
+                "e": 1,
+                "r": 0,
+                "k": 1,
+                "w": 4.0,
+                "dt": "float32",
+                "n": c.numel,
+                **over,
+            }
             frame = over.pop("frame", b"\0" * c.nbytes)  # type: ignore[arg-type]
             h.pop("frame", None)
             return raw_request(server, [encode(h), frame])  # type: ignore[list-item]
@@ -113,15 +139,32 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         replies["unknown worker"] = push(r=7)
         replies["wrong job"] = push(j="someone-else")
         replies["oversized header"] = raw_request(
-            server, [encode({"j": job_id, "o": int(Data.PUSH), "pad": "x" * MAX_HEADER_BYTES})])
+            server, [encode({"j": job_id, "o": int(Data.PUSH), "pad": "x" * MAX_HEADER_BYTES})]
+        )
         replies["garbage"] = raw_request(server, [b"\xc1\xc1 not msgpack"])
         replies["unknown op"] = raw_request(server, [encode({"j": job_id, "o": 999})])
-        replies["no tensor"] = raw_request(server, [encode(
-            {"j": job_id, "o": int(Data.PUSH), "c": c.id, "e": 1, "r": 0, "k": 1, "w": 1.0,
-             "dt": "float32", "n": c.numel})])
+        replies["no tensor"] = raw_request(
+            server,
+            [
+                encode(
+                    {
+                        "j": job_id,
+                        "o": int(Data.PUSH),
+                        "c": c.id,
+                        "e": 1,
+                        "r": 0,
+                        "k": 1,
+                        "w": 1.0,
+                        "dt": "float32",
+                        "n": c.numel,
+                    }
+                )
+            ],
+        )
         replies["coordinator garbage"] = raw_request(coordinator, [b"\x92\x01"])
         replies["coordinator unregistered"] = raw_request(
-            coordinator, [encode({"j": job_id, "o": int(Control.BARRIER), "name": "x"})])
+            coordinator, [encode({"j": job_id, "o": int(Control.BARRIER), "name": "x"})]
+        )
         after = ctx.server_stats()[0]
         assert after["versions"] == before["versions"], "bad input changed chunk versions"
         assert after["pushes"] == before["pushes"]
@@ -129,12 +172,15 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
 
     def worker(rank: int) -> None:
         try:
-            ctx = Context(WorkerConfig(coordinator=coordinator, job=job_id, rank=rank,
-                                       request_timeout_s=30))
+            ctx = Context(
+                WorkerConfig(coordinator=coordinator, job=job_id, rank=rank, request_timeout_s=30)
+            )
             model, xs = model_and_data()
             opt = trimtab.DistributedOptimizer(
                 torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                model.named_parameters(), context=ctx)
+                model.named_parameters(),
+                context=ctx,
+            )
             for step, x in enumerate(xs):
                 if step == 1 and rank == 0:
                     attack(ctx)  # worker 1 is meanwhile waiting on the servers
@@ -154,11 +200,19 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
     if errors:
         raise errors[0]
     expected_codes = {
-        "truncated": "bad_shape", "dtype": "bad_dtype", "bad dtype name": "bad_dtype",
-        "shape": "bad_shape", "unknown chunk": "unknown_chunk", "future clock": "bad_state",
-        "unknown worker": "bad_state", "wrong job": "wrong_job",
-        "oversized header": "too_large", "garbage": "malformed", "unknown op": "unknown_op",
-        "no tensor": "malformed", "coordinator garbage": "malformed",
+        "truncated": "bad_shape",
+        "dtype": "bad_dtype",
+        "bad dtype name": "bad_dtype",
+        "shape": "bad_shape",
+        "unknown chunk": "unknown_chunk",
+        "future clock": "bad_state",
+        "unknown worker": "bad_state",
+        "wrong job": "wrong_job",
+        "oversized header": "too_large",
+        "garbage": "malformed",
+        "unknown op": "unknown_op",
+        "no tensor": "malformed",
+        "coordinator garbage": "malformed",
         "coordinator unregistered": "bad_state",
     }
     for name, code in expected_codes.items():

@@ -30,8 +30,11 @@ CASES = [
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("optimizer", "sizes", "servers"), CASES,
-                         ids=[f"{o}-{len(b)}w{s}s-{'x'.join(map(str, b))}" for o, b, s in CASES])
+@pytest.mark.parametrize(
+    ("optimizer", "sizes", "servers"),
+    CASES,
+    ids=[f"{o}-{len(b)}w{s}s-{'x'.join(map(str, b))}" for o, b, s in CASES],
+)
 def test_bsp_over_tcp_matches_one_process(
     tmp_path: Path, optimizer: str, sizes: tuple[int, ...], servers: int
 ) -> None:

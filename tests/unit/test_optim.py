@@ -25,7 +25,7 @@ def test_chunks_match_whole_tensor(cls: type[torch.optim.Optimizer], kwargs: dic
     ref = cls([whole], **kwargs)
     hp = hyperparameters(ref.param_groups[0])
     values = whole.detach().clone()
-    chunks = [ChunkOptimizer(cls.__name__, values[i:i + 30], hp) for i in range(0, 100, 30)]
+    chunks = [ChunkOptimizer(cls.__name__, values[i : i + 30], hp) for i in range(0, 100, 30)]
     for step in range(6):
         grad = torch.randn(100)
         if step == 3:  # a scheduler changes the learning rate mid-run
@@ -35,7 +35,7 @@ def test_chunks_match_whole_tensor(cls: type[torch.optim.Optimizer], kwargs: dic
         whole.grad = grad.clone()
         ref.step()
         for i, c in zip(range(0, 100, 30), chunks, strict=True):
-            c.step(grad[i:i + 30].clone())
+            c.step(grad[i : i + 30].clone())
     torch.testing.assert_close(values, whole.detach(), rtol=0, atol=1e-6)
 
 

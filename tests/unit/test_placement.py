@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from trimtab import ConfigError
@@ -28,12 +30,15 @@ def test_chunks_cover_each_tensor_exactly_and_respect_the_limit() -> None:
         assert [c.offset for c in mine] == sorted(c.offset for c in mine)
         assert sum(c.numel for c in mine) == t.numel
         assert mine[0].offset == 0
-        for a, b in zip(mine, mine[1:], strict=False):
+        for a, b in itertools.pairwise(mine):
             assert a.offset + a.numel == b.offset
     assert [c.id for c in chunks] == list(range(len(chunks)))
     assert len([c for c in chunks if c.tensor == 3]) == 5  # 4097 elements: 5 chunks
-    assert max(c.numel for c in chunks if c.tensor == 3) - min(
-        c.numel for c in chunks if c.tensor == 3) <= 1  # even split
+    assert (
+        max(c.numel for c in chunks if c.tensor == 3)
+        - min(c.numel for c in chunks if c.tensor == 3)
+        <= 1
+    )  # even split
 
 
 def test_chunk_bytes_must_be_positive() -> None:

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import trimtab
+from tests.equivalence_job import Setup, max_difference, reference, train_worker
 from trimtab import ChunkMoved, Context, RemoteError, UsageError
 from trimtab._messages import Data
 from trimtab._worker import wait
-from tests.equivalence_job import Setup, max_difference, reference, train_worker
 
 
 @pytest.mark.parametrize(
@@ -31,8 +31,9 @@ def test_moved_and_unknown_chunks_are_answered(cluster_factory) -> None:
 
     def body(ctx: Context) -> None:
         model = torch.nn.Linear(20, 20)
-        trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     model.named_parameters(), context=ctx)
+        trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
         assert ctx.placement is not None
         chunk = 0
         wrong = ctx.placement.servers[1 - ctx.placement.owner(chunk)]
@@ -51,8 +52,9 @@ def test_zero_grad_between_backward_and_step_is_refused(cluster_factory) -> None
 
     def body(ctx: Context) -> None:
         model = torch.nn.Linear(4, 2)
-        opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                           model.named_parameters(), context=ctx)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
         model(torch.randn(3, 4)).sum().backward()
         with pytest.raises(UsageError, match="zero_grad"):
             opt.zero_grad()
@@ -70,8 +72,9 @@ def test_workers_declaring_different_models_get_a_clear_error(cluster_factory) -
     def body(ctx: Context) -> None:
         model = torch.nn.Linear(4, 2 + ctx.rank)
         with pytest.raises(RemoteError, match="declared different tensors"):
-            trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         model.named_parameters(), context=ctx)
+            trimtab.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+            )
 
     cluster.run_workers(body)
 
@@ -84,8 +87,7 @@ def test_unused_parameters_do_not_block_and_are_not_stepped(cluster_factory) -> 
         used, unused = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
         params = [*used.parameters(), *unused.parameters()]
         names = [(f"p{i}", p) for i, p in enumerate(params)]
-        opt = trimtab.DistributedOptimizer(torch.optim.Adam(params, lr=0.1), names,
-                                           context=ctx)
+        opt = trimtab.DistributedOptimizer(torch.optim.Adam(params, lr=0.1), names, context=ctx)
         before = unused.weight.detach().clone()
         for _ in range(3):
             opt.zero_grad()

@@ -14,8 +14,10 @@ from trimtab.data import GlobalBatchSampler, equal_split
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_each_sample_once_per_epoch(sizes: list[int] | None, drop_last: bool) -> None:
     n, batch, workers = 103, 16, 3
-    samplers = [GlobalBatchSampler(n, batch, r, workers, batch_sizes=sizes, seed=3,
-                                   drop_last=drop_last) for r in range(workers)]
+    samplers = [
+        GlobalBatchSampler(n, batch, r, workers, batch_sizes=sizes, seed=3, drop_last=drop_last)
+        for r in range(workers)
+    ]
     for epoch in range(2):
         seen: collections.Counter[int] = collections.Counter()
         steps = []

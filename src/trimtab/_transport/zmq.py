@@ -122,9 +122,7 @@ class ZmqTransport(Transport):
                         Envelope(in_peer(parts[0].bytes), [p.buffer for p in parts[1:]])
                     )
                 else:
-                    self._ready.append(
-                        Envelope(self._dealer_peer[sock], [p.buffer for p in parts])
-                    )
+                    self._ready.append(Envelope(self._dealer_peer[sock], [p.buffer for p in parts]))
         return self._ready.popleft() if self._ready else None
 
     def wake(self) -> None:

@@ -26,12 +26,12 @@ def main() -> None:
     args = parser.parse_args()
 
     trimtab.init()
-    params = [torch.nn.Parameter(torch.zeros(int(b) // 4))
-              for b in args.sizes.split(",")]
+    params = [torch.nn.Parameter(torch.zeros(int(b) // 4)) for b in args.sizes.split(",")]
     grads = [torch.full_like(p, 1e-3) for p in params]
     optimizer = trimtab.DistributedOptimizer(
         torch.optim.SGD(params, lr=0.1),
-        named_parameters=[(f"t{i}", p) for i, p in enumerate(params)])
+        named_parameters=[(f"t{i}", p) for i, p in enumerate(params)],
+    )
     times = []
     for step in range(args.warmup + args.steps):
         for p, g in zip(params, grads, strict=True):

@@ -38,26 +38,36 @@ def model_sizes(total_mib: int) -> list[int]:
     return sizes
 
 
-def run_trimtab(sizes: list[int], steps: int, chunk_bytes: int,
-                workers: int = 2, servers: int = 2) -> list[float]:
+def run_trimtab(
+    sizes: list[int], steps: int, chunk_bytes: int, workers: int = 2, servers: int = 2
+) -> list[float]:
     """Per-step seconds of trimtab on rank 0. Blocks; raises RuntimeError on failure."""
     found: list[float] = []
     log: list[str] = []
 
     def output(source: str, line: str) -> None:
         if line.startswith(RESULT):
-            found.extend(json.loads(line[len(RESULT):])["times"])
+            found.extend(json.loads(line[len(RESULT) :])["times"])
         else:
             log.append(f"[{source}] {line}")
 
-    command = [sys.executable, "-m", "trimtab.bench._datapath_worker",
-               "--sizes", ",".join(map(str, sizes)), "--steps", str(steps)]
-    config = LaunchConfig(workers=workers, servers=servers, chunk_bytes=chunk_bytes,
-                          placement="greedy")
+    command = [
+        sys.executable,
+        "-m",
+        "trimtab.bench._datapath_worker",
+        "--sizes",
+        ",".join(map(str, sizes)),
+        "--steps",
+        str(steps),
+    ]
+    config = LaunchConfig(
+        workers=workers, servers=servers, chunk_bytes=chunk_bytes, placement="greedy"
+    )
     status = Job(config, command, output=output).run()
     if status != 0 or not found:
-        raise RuntimeError(f"trimtab datapath job failed (status {status}):\n"
-                           + "\n".join(log[-30:]))
+        raise RuntimeError(
+            f"trimtab datapath job failed (status {status}):\n" + "\n".join(log[-30:])
+        )
     return found
 
 

@@ -34,8 +34,9 @@ def load_digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def make_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
-                         nn.Linear(64, 10))
+    return nn.Sequential(
+        nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,8 +56,9 @@ def main(argv: list[str] | None = None) -> None:
         named_parameters=model.named_parameters(),
     )
     trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
-    sampler = GlobalBatchSampler(len(x_train), args.batch_size, trimtab.rank(),
-                                 trimtab.size(), seed=7)
+    sampler = GlobalBatchSampler(
+        len(x_train), args.batch_size, trimtab.rank(), trimtab.size(), seed=7
+    )
     optimizer.batch_size = sampler.batch_sizes[trimtab.rank()]
     total = args.epochs * len(sampler)
     lead = trimtab.rank() == 0
@@ -70,23 +72,35 @@ def main(argv: list[str] | None = None) -> None:
         for idx in sampler:
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             steps += 1
             if lead and (steps % 10 == 0 or steps == total):
-                print(PROGRESS + json.dumps({"step": steps, "total": total,
-                                             "loss": round(loss.item(), 4)}), flush=True)
+                print(
+                    PROGRESS
+                    + json.dumps({"step": steps, "total": total, "loss": round(loss.item(), 4)}),
+                    flush=True,
+                )
     elapsed = time.perf_counter() - start
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     if lead:
-        print(RESULT + json.dumps({
-            "test_accuracy": round(accuracy, 4), "iterations": steps,
-            "samples_per_s": round(steps * args.batch_size / elapsed, 1),
-            "train_s": round(elapsed, 3), "final_loss": round(loss.item(), 4),
-            "workers": trimtab.size(), "epochs": args.epochs,
-            "global_batch": args.batch_size,
-        }), flush=True)
+        print(
+            RESULT
+            + json.dumps(
+                {
+                    "test_accuracy": round(accuracy, 4),
+                    "iterations": steps,
+                    "samples_per_s": round(steps * args.batch_size / elapsed, 1),
+                    "train_s": round(elapsed, 3),
+                    "final_loss": round(loss.item(), 4),
+                    "workers": trimtab.size(),
+                    "epochs": args.epochs,
+                    "global_batch": args.batch_size,
+                }
+            ),
+            flush=True,
+        )
     trimtab.shutdown()
 
 

@@ -1,0 +1,191 @@
+"""``trimtab run`` and ``trimtab train``: exit status, teardown, and no process left
+behind, whether the job succeeds, a worker or a server crashes, or the user hits Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import processes_of
+from trimtab._launcher import Job, LaunchConfig
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import os, sys, time, torch, trimtab
+    trimtab.init()
+    model = torch.nn.Linear(4, 2)
+    opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       model.named_parameters())
+    mode = sys.argv[1]
+    for step in range(10_000 if mode in ("hang", "server-dies") else 3):
+        if mode == "crash" and trimtab.rank() == 1 and step == 2:
+            raise SystemExit(3)
+        if mode == "hang" and step == 2:
+            print("READY", flush=True)
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+    print(f"rank {trimtab.rank()} of {trimtab.size()} done", flush=True)
+""")
+
+
+def run_job(tmp_path: Path, mode: str, **kw: object) -> tuple[int, list[str], LaunchConfig]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    lines: list[str] = []
+    config = LaunchConfig(workers=2, servers=2, **kw)  # type: ignore[arg-type]
+    job = Job(
+        config,
+        [sys.executable, str(script), mode],
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+    )
+    status = job.run()
+    return status, lines, config
+
+
+@pytest.mark.timeout(60)
+def test_successful_job_exits_zero_with_prefixed_output(tmp_path: Path) -> None:
+    status, lines, config = run_job(tmp_path, "ok")
+    assert status == 0, lines
+    assert "[worker 0] rank 0 of 2 done" in lines
+    assert "[worker 1] rank 1 of 2 done" in lines
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(60)
+def test_crashed_worker_ends_the_job_with_its_status(tmp_path: Path) -> None:
+    status, lines, config = run_job(tmp_path, "crash")
+    assert status == 3
+    assert any("worker 1 exited with status 3; stopping the job" in line for line in lines)
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(60)
+def test_crashed_server_ends_the_job(tmp_path: Path) -> None:
+    import threading
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    lines: list[str] = []
+    config = LaunchConfig(workers=2, servers=2)
+    job = Job(
+        config,
+        [sys.executable, str(script), "server-dies"],
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+    )
+
+    def kill_a_server() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            servers = [p for p in job._procs if p.source == "server 1"]
+            if servers and len(job._procs) == 5:
+                time.sleep(3)  # let training start
+                os.kill(servers[0].popen.pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_a_server)
+    killer.start()
+    status = job.run()
+    killer.join()
+    assert status == 1
+    assert any(
+        "server 1 exited with status -9 (killed by SIGKILL) while workers were running" in line
+        for line in lines
+    ), lines[-5:]
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trimtab",
+            "run",
+            "-w",
+            "2",
+            "-s",
+            "1",
+            "--",
+            sys.executable,
+            str(script),
+            "hang",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "READY" in line:
+            break
+    children = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert len(children) == 4  # coordinator, server, 2 workers
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 130
+    assert "interrupted; stopping every process of the job" in rest
+    time.sleep(0.5)
+    alive = [
+        pid
+        for pid in children
+        if Path(f"/proc/{pid}").exists()
+        and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    ]
+    assert alive == []
+
+
+def test_run_without_a_command_says_what_to_do() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trimtab", "run", "-w", "1", "-s", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "trimtab run -w 2 -s 2 -- python train.py" in proc.stderr
+
+
+def test_script_without_a_job_says_how_to_start_one(tmp_path: Path) -> None:
+    script = tmp_path / "alone.py"
+    script.write_text("import trimtab\ntrimtab.init()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIMTAB_", "DMLC_"))}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode != 0
+    assert "trimtab run --workers N" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_train_reaches_accuracy_and_prints_json_last() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trimtab", "train", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["test_accuracy"] >= 0.95
+    assert result["workers"] == 2 and result["servers"] == 2
+    assert result["iterations"] > 0 and result["samples_per_s"] > 0
+    pattern = "trimtab.examples.digits|trimtab (server|coordinator)"
+    leftovers = subprocess.run(
+        ["pgrep", "-af", pattern], capture_output=True, text=True, check=False
+    ).stdout
+    assert [line for line in leftovers.splitlines() if "pgrep" not in line] == []
