@@ -129,7 +129,13 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
             h.pop("frame", None)
             return raw_request(server, [encode(h), frame])  # type: ignore[list-item]
 
-        before = ctx.server_stats()[0]
+        # Wait until worker 1 has pushed all its chunks for step 1, so the counters are
+        # still while we attack.
+        settled = 3 * len(ctx.chunks)
+        deadline = time.monotonic() + 20
+        while (before := ctx.server_stats()[0])["pushes"] != settled:
+            assert time.monotonic() < deadline, f"pushes stuck at {before['pushes']}"
+            time.sleep(0.02)
         replies["truncated"] = push(frame=b"\0" * (c.nbytes - 3))
         replies["dtype"] = push(dt="float64")
         replies["bad dtype name"] = push(dt="int8")
