@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from trimtab._consistency import CONSISTENCY
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
 from trimtab._node import NodeLoop
@@ -31,7 +32,8 @@ class CoordinatorConfig:
         port: port to bind; 0 picks a free one.
         placement: initial placement policy (``hash``, ``mxnet``, ``greedy``).
         chunk_bytes: the largest chunk, in bytes.
-        consistency: consistency policy name (``bsp``).
+        consistency: consistency policy name (``bsp``, ``asp``, ``ssp``, ``saps``).
+        staleness: the bound of ``ssp`` (a worker may lead the slowest by this many clocks).
         heartbeat_s: how often nodes say they are alive.
         dead_after_s: a node silent this long is dead and the job is aborted.
     """
@@ -44,6 +46,7 @@ class CoordinatorConfig:
     placement: str = "greedy"
     chunk_bytes: int = 1 << 20
     consistency: str = "bsp"
+    staleness: int = 3
     heartbeat_s: float = 1.0
     dead_after_s: float = 30.0
 
@@ -56,6 +59,13 @@ class CoordinatorConfig:
             raise ConfigError(
                 f"unknown placement {self.placement!r}; choose one of {PLACEMENTS.names()}"
             )
+        if self.consistency not in CONSISTENCY.names():
+            raise ConfigError(
+                f"unknown consistency mode {self.consistency!r}; choose one of "
+                f"{CONSISTENCY.names()}"
+            )
+        if self.staleness < 0:
+            raise ConfigError(f"staleness must be >= 0, got {self.staleness}")
         if self.dead_after_s <= 2 * self.heartbeat_s:
             raise ConfigError("dead_after_s must be more than twice heartbeat_s")
 
@@ -329,6 +339,9 @@ class Coordinator:
             "opt": first[3],
             "workers": sorted(self._workers),
             "consistency": self.config.consistency,
+            "consistency_args": (
+                {"staleness": self.config.staleness} if self.config.consistency == "ssp" else {}
+            ),
         }
         log.info(
             "placed %d tensors in %d chunks over %d servers (%s)",

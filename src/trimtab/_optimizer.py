@@ -88,6 +88,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.state = optimizer.state
         self.defaults = optimizer.defaults
         self._passes = backward_passes_per_step
+        self._versions: dict[int, int] = {}  # chunk id -> version of the value we hold
         self._params = self._name_params(named_parameters)
         self._declare()
         self._clock = 0
@@ -247,7 +248,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         futs = []
         for c in self._chunks_of[p]:
             header = self._tensor_header(Data.PUSH, c)
-            header.update(r=self._ctx.rank, k=self._clock, w=self._batch_size)
+            header.update(
+                r=self._ctx.rank, k=self._clock, w=self._batch_size, v=self._versions.get(c.id, 0)
+            )
             if hp_changed is not None:
                 header["hp"] = hp_changed
             if flat is None:
@@ -283,9 +286,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_hp.clear()
         self._synchronized = True
 
-    @staticmethod
-    def _write(dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
+    def _write(self, dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
         h = reply.header
+        self._versions[c.id] = h["v"]
         src = tensor_from(reply.frames[0], h["dt"], h["n"])
         dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
 

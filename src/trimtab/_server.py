@@ -86,9 +86,23 @@ class _Chunk:
         self.weight_sum = 0.0
         self.any_grad = False
         self.arrived: set[int] = set()
-        self.waiting: list[tuple[Peer, int]] = []
+        self.waiting: list[_Waiter] = []
+        self.held: list[_Waiter] = []  # replies the consistency policy holds back
+        self.last_clock: dict[int, int] = {}
         self.pushes = 0
         self.dropped = 0
+        self.discounted = 0
+
+
+@dataclasses.dataclass
+class _Waiter:
+    """A push waiting for its reply."""
+
+    peer: Peer
+    rid: int
+    rank: int
+    clock_after: int
+    value: torch.Tensor | None = None
 
 
 class Server:
@@ -204,7 +218,11 @@ class Server:
         self._owners = tuple(header["owners"])
         self._epoch = header["epoch"]
         self._workers = set(header["workers"])
-        self._consistency = CONSISTENCY.create(header.get("consistency", "bsp"))
+        self._consistency = CONSISTENCY.create(
+            header.get("consistency", "bsp"),
+            workers=len(self._workers),
+            **header.get("consistency_args", {}),
+        )
         opt = header["opt"]
         self._mode = OptimizerMode(opt["mode"])
         self._chunks = {}
@@ -282,13 +300,15 @@ class Server:
         rank = field(header, "r", int)
         clock = field(header, "k", int)
         weight = field(header, "w", (int, float))
+        read = header.get("v", chunk.version)
         if rank not in self._workers:
             raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker {rank} is not in this job")
-        if clock != chunk.round:
-            raise ProtocolError(
-                ErrorCode.BAD_STATE.value,
-                f"push for clock {clock}, but chunk {chunk.spec.id} is at clock {chunk.round}",
-            )
+        if not isinstance(read, int) or isinstance(read, bool) or weight <= 0:
+            raise ProtocolError(ErrorCode.MALFORMED.value, "'v' must be an int, 'w' positive")
+        info = PushInfo(rank, clock, float(weight), read, chunk.version)
+        why = self._consistency.check(info, chunk.round, chunk.last_clock.get(rank))
+        if why is not None:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"chunk {chunk.spec.id}: {why}")
         if rank in chunk.arrived:
             raise ProtocolError(
                 ErrorCode.BAD_STATE.value,
@@ -303,13 +323,15 @@ class Server:
         # Everything is validated: from here on the chunk's state changes.
         if hp and chunk.optimizer is not None:
             chunk.optimizer.set_hparams(hp)
-        info = PushInfo(rank, clock, float(weight), header.get("v", chunk.version), chunk.version)
-        w = self._consistency.weight(info)
+        discount = self._consistency.discount(info)
         chunk.pushes += 1
-        if w is None:
+        if discount is None:
             chunk.dropped += 1
         else:
-            chunk.weight_sum += w
+            if discount < 1.0:
+                chunk.discounted += 1
+            w = float(weight) * discount
+            chunk.weight_sum += float(weight)
             if grad is not None:
                 if chunk.any_grad:
                     chunk.merge.add_(grad, alpha=w)
@@ -317,7 +339,8 @@ class Server:
                     torch.mul(grad, w, out=chunk.merge)  # first arrival: copy, scaled
                     chunk.any_grad = True
         chunk.arrived.add(rank)
-        chunk.waiting.append((peer, header["i"]))
+        chunk.last_clock[rank] = clock
+        chunk.waiting.append(_Waiter(peer, header["i"], rank, clock + 1))
         if self._consistency.ready(chunk.arrived, self._workers):
             self._update(chunk)
 
@@ -333,13 +356,34 @@ class Server:
             chunk.version += 1
         elif chunk.optimizer is not None:
             result = chunk.value  # no gradient anywhere: torch skips the step, so do we
-        for peer, rid in chunk.waiting:
-            self._send_value(peer, rid, chunk, result)
+        if self._consistency.synchronous:
+            # Zero-copy is safe under BSP: no worker pushes this chunk again (and so nothing
+            # overwrites this buffer) before it has received this message.
+            for waiter in chunk.waiting:
+                self._send_value(waiter.peer, waiter.rid, chunk, result)
+        else:
+            # Asynchronous: the buffer changes with the next push, so replies carry a copy.
+            snapshot = None if result is None else result.clone()
+            for waiter in chunk.waiting:
+                waiter.value = snapshot
+            chunk.held.extend(chunk.waiting)
+            self._release(chunk)
+        chunk.waiting = []
         chunk.arrived.clear()
-        chunk.waiting.clear()
         chunk.weight_sum = 0.0
         chunk.any_grad = False
         chunk.round += 1
+
+    def _release(self, chunk: _Chunk) -> None:
+        """Send the held replies the consistency policy lets go (SSP holds fast workers)."""
+        progress = {w: c + 1 for w, c in chunk.last_clock.items()}
+        keep = []
+        for waiter in chunk.held:
+            if self._consistency.may_release(waiter.clock_after, progress, self._workers):
+                self._send_value(waiter.peer, waiter.rid, chunk, waiter.value)
+            else:
+                keep.append(waiter)
+        chunk.held = keep
 
     def _send_value(self, peer: Peer, rid: int, chunk: _Chunk, t: torch.Tensor | None) -> None:
         header: Header = {
@@ -355,8 +399,6 @@ class Server:
             self._loop.send(peer, header)
             return
         header["dt"] = WIRE_DTYPES[t.dtype]
-        # Zero-copy: safe under BSP because no worker pushes this chunk again (and so
-        # nothing overwrites this buffer) before it has received this message.
         self._loop.send(peer, header, [as_bytes(t)])
 
     def stats(self) -> dict[str, Any]:
@@ -367,6 +409,8 @@ class Server:
             "versions": {str(c): ch.version for c, ch in self._chunks.items()},
             "pushes": sum(ch.pushes for ch in self._chunks.values()),
             "dropped": sum(ch.dropped for ch in self._chunks.values()),
+            "discounted": sum(ch.discounted for ch in self._chunks.values()),
+            "held": sum(len(ch.held) for ch in self._chunks.values()),
             "errors": self._loop.errors_sent,
         }
 
