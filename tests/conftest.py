@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trimtab import Context, Coordinator, CoordinatorConfig, Server, ServerConfig, WorkerConfig
+from trimtab._straggle import parse_stragglers
 from trimtab._transport import Fabric, Transport
 
 
@@ -18,8 +19,16 @@ class Cluster:
     """A coordinator and servers running as threads, on the in-process fabric (``inproc``)
     or on real loopback TCP sockets (``tcp``)."""
 
-    def __init__(self, workers: int, servers: int, transport: str, **coord: Any) -> None:
+    def __init__(
+        self,
+        workers: int,
+        servers: int,
+        transport: str,
+        stragglers: tuple[str, ...] = (),
+        **coord: Any,
+    ) -> None:
         self.job = uuid.uuid4().hex[:8]
+        self.stragglers = parse_stragglers(stragglers)
         self.workers = workers
         self.fabric = Fabric() if transport == "inproc" else None
         self.coordinator = Coordinator(
@@ -48,6 +57,7 @@ class Cluster:
                 request_timeout_s=30.0,
             ),
             transport=self._transport(bind=False),
+            stragglers=self.stragglers,
         )
 
     def run_workers(self, fn: Callable[[Context], Any], timeout_s: float = 60.0) -> list[Any]:
@@ -90,9 +100,13 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(
-        workers: int = 2, servers: int = 2, transport: str = "inproc", **coord: Any
+        workers: int = 2,
+        servers: int = 2,
+        transport: str = "inproc",
+        stragglers: tuple[str, ...] = (),
+        **coord: Any,
     ) -> Cluster:
-        c = Cluster(workers, servers, transport, **coord)
+        c = Cluster(workers, servers, transport, stragglers, **coord)
         made.append(c)
         return c
 

@@ -85,18 +85,26 @@ def reference(setup: Setup) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_worker(setup: Setup, rank: int, context: object = None) -> list[torch.Tensor]:
-    """Train as worker ``rank`` (the job is the default one unless ``context``)."""
+def train_worker(
+    setup: Setup, rank: int, context: object = None, sizes_out: list | None = None
+) -> list[torch.Tensor]:
+    """Train as worker ``rank`` (the job is the default one unless ``context``).
+
+    Each step's slice follows ``opt.batch_sizes`` when the job sets them (LB-BSP),
+    else ``setup.batch_sizes``; the sizes used are appended to ``sizes_out``."""
     import trimtab
 
     # Workers other than the root start from other values: the root's must win.
     model = make_model(42 if rank == 0 else 1000 + rank)
     inner = make_optimizer(setup.optimizer, model)
     opt = trimtab.DistributedOptimizer(inner, model.named_parameters(), context=context)  # type: ignore[arg-type]
-    start = sum(setup.batch_sizes[:rank])
-    end = start + setup.batch_sizes[rank]
-    opt.batch_size = setup.batch_sizes[rank]
     for step, (x, y) in enumerate(global_batches(setup.steps)):
+        sizes = opt.batch_sizes or list(setup.batch_sizes)
+        if sizes_out is not None:
+            sizes_out.append(tuple(sizes))
+        start = sum(sizes[:rank])
+        end = start + sizes[rank]
+        opt.batch_size = sizes[rank]
         if step == setup.lr_drop_at:
             for group in inner.param_groups:
                 group["lr"] *= 0.3

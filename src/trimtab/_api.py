@@ -15,6 +15,8 @@ import torch
 
 from trimtab._context import Context
 from trimtab._exceptions import ConfigError, UsageError
+from trimtab._straggle import ENV as STRAGGLER_ENV
+from trimtab._straggle import parse_stragglers
 from trimtab._worker import WorkerConfig
 
 _default: Context | None = None
@@ -67,7 +69,8 @@ def init(config: WorkerConfig | None = None) -> None:
     if _default is not None:
         return
     local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
-    _default = Context(config or config_from_env(), local_rank=local_rank)
+    stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
+    _default = Context(config or config_from_env(), local_rank=local_rank, stragglers=stragglers)
     atexit.register(shutdown)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +17,7 @@ import torch
 from trimtab._messages import Control, Data
 from trimtab._node import as_bytes
 from trimtab._placement import ChunkSpec, PlacementMap, TensorSpec, make_chunks
+from trimtab._straggle import StragglerSpec, WorkerStraggler
 from trimtab._transport import Transport
 from trimtab._worker import Reply, WorkerClient, WorkerConfig, wait
 
@@ -38,7 +39,12 @@ class Context:
     """
 
     def __init__(
-        self, config: WorkerConfig, *, local_rank: int = -1, transport: Transport | None = None
+        self,
+        config: WorkerConfig,
+        *,
+        local_rank: int = -1,
+        transport: Transport | None = None,
+        stragglers: Sequence[StragglerSpec] = (),
     ) -> None:
         self.config = config
         self.client = WorkerClient(config, transport)
@@ -48,6 +54,8 @@ class Context:
         self.tensors: list[TensorSpec] = []
         self.chunks: list[ChunkSpec] = []
         self.optimizers: list[DistributedOptimizer] = []
+        self.job: dict[str, Any] = {}  # consistency and batching modes, from the map
+        self.straggler = WorkerStraggler(stragglers, self.rank)
         self._bcast_seq = itertools.count()
         self._barrier_seq = itertools.count()
         log.debug("worker %d of %d joined", self.rank, self.size)
@@ -66,6 +74,7 @@ class Context:
 
     def close(self) -> None:
         """Leave the job (this worker is done). Never raises."""
+        self.straggler.close()
         self.client.close()
 
     def call(self, header: dict[str, Any], frames: Iterable[Any] = ()) -> Reply:
@@ -80,6 +89,10 @@ class Context:
             {"o": int(Control.DECLARE), "tensors": [t.to_wire() for t in tensors], "opt": opt}
         ).header
         self.tensors = tensors
+        self.job = {
+            "batching": reply.get("batching", "equal"),
+            "consistency": reply.get("consistency", "bsp"),
+        }
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])
         self.placement = PlacementMap(
             reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])

@@ -3,6 +3,7 @@ broadcast relay, and job teardown. One per job."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -10,7 +11,9 @@ import threading
 import time
 from typing import Any
 
+from trimtab._batching import BATCHING, BatchSizingPolicy, WorkerSample
 from trimtab._consistency import CONSISTENCY
+from trimtab._detection import DETECTORS, StragglerDetector
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
 from trimtab._node import NodeLoop
@@ -34,6 +37,8 @@ class CoordinatorConfig:
         chunk_bytes: the largest chunk, in bytes.
         consistency: consistency policy name (``bsp``, ``asp``, ``ssp``, ``saps``).
         staleness: the bound of ``ssp`` (a worker may lead the slowest by this many clocks).
+        batching: how each step's global batch is split (``equal``, ``lbbsp``,
+            ``lbbsp-gpu``); anything but ``equal`` needs ``bsp``.
         heartbeat_s: how often nodes say they are alive.
         dead_after_s: a node silent this long is dead and the job is aborted.
     """
@@ -47,6 +52,7 @@ class CoordinatorConfig:
     chunk_bytes: int = 1 << 20
     consistency: str = "bsp"
     staleness: int = 3
+    batching: str = "equal"
     heartbeat_s: float = 1.0
     dead_after_s: float = 30.0
 
@@ -63,6 +69,15 @@ class CoordinatorConfig:
             raise ConfigError(
                 f"unknown consistency mode {self.consistency!r}; choose one of "
                 f"{CONSISTENCY.names()}"
+            )
+        if self.batching not in BATCHING.names():
+            raise ConfigError(
+                f"unknown batching {self.batching!r}; choose one of {BATCHING.names()}"
+            )
+        if self.batching != "equal" and self.consistency != "bsp":
+            raise ConfigError(
+                f"--batching {self.batching} balances synchronous steps: use it with "
+                f"--mode bsp, not {self.consistency}"
             )
         if self.staleness < 0:
             raise ConfigError(f"staleness must be >= 0, got {self.staleness}")
@@ -105,6 +120,11 @@ class Coordinator:
         self._barriers: dict[str, list[tuple[Peer, int]]] = {}
         self._bcast: dict[str, tuple[Header, list[memoryview], int]] = {}
         self._bcast_waiting: dict[str, list[tuple[Peer, int]]] = {}
+        self._history: dict[int, collections.deque[WorkerSample]] = {}
+        self._clocks: dict[int, int] = {}
+        self._reports: dict[int, list[tuple[Peer, int, int, int]]] = {}
+        self._batching: BatchSizingPolicy = BATCHING.create(config.batching)
+        self._detector: StragglerDetector = DETECTORS.create("lag")
         self._stop = False
         self._abort: str | None = None
 
@@ -197,6 +217,8 @@ class Coordinator:
                 self._on_bcast_put(peer, header, frames[1:])
             elif op == Control.BCAST_GET:
                 self._on_bcast_get(peer, header)
+            elif op == Control.REPORT:
+                self._on_report(member, header)
             elif op == Control.DONE:
                 self._on_done(member, rid)
             elif op == Control.STATUS:
@@ -221,6 +243,7 @@ class Coordinator:
             "done": sorted(r for r, m in self._workers.items() if m.done),
             "epoch": self._map.epoch if self._map else 0,
             "owners": list(self._map.owners) if self._map else [],
+            "clocks": {str(r): c for r, c in self._clocks.items()},
         }
 
     # -- membership ----------------------------------------------------------------
@@ -338,6 +361,7 @@ class Coordinator:
             "servers": list(self._map.servers),
             "opt": first[3],
             "workers": sorted(self._workers),
+            "batching": self.config.batching,
             "consistency": self.config.consistency,
             "consistency_args": (
                 {"staleness": self.config.staleness} if self.config.consistency == "ssp" else {}
@@ -360,6 +384,40 @@ class Coordinator:
         for peer, rid, _, _ in self._declared.values():
             self._loop.send(peer, {**self._map_header, "i": rid})
         self._declared.clear()
+
+    # -- step reports: batch sizing and straggler detection ----------------------
+
+    def _on_report(self, member: _Member, header: Header) -> None:
+        if member.role is not Role.WORKER:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers report steps")
+        clock = field(header, "k", int)
+        sample = WorkerSample(
+            rank=member.rank,
+            batch=field(header, "b", int),
+            compute_s=float(field(header, "cs", (int, float))),
+            comm_s=float(field(header, "ms", (int, float))),
+            cpu_share=float(field(header, "cpu", (int, float))),
+        )
+        self._history.setdefault(member.rank, collections.deque(maxlen=50)).append(sample)
+        self._clocks[member.rank] = clock + 1
+        if self.config.batching == "equal":
+            reply: Header = {"o": int(Control.OK), "i": header["i"]}
+            if self.config.consistency == "saps":
+                lagging = self._detector.stragglers(self._clocks)
+                if member.rank in lagging:
+                    reply.update(refresh=True, lead=max(self._clocks.values()))
+            self._loop.send(member.peer, reply)
+            return
+        waiting = self._reports.setdefault(clock, [])
+        waiting.append((member.peer, header["i"], member.rank, sample.batch))
+        if len(waiting) < self.config.num_workers:
+            return
+        del self._reports[clock]
+        total = sum(b for _, _, _, b in waiting)
+        sizes = self._batching.batch_sizes({r: list(h) for r, h in self._history.items()}, total)
+        vector = [sizes[r] for r in range(self.config.num_workers)]
+        for peer, rid, _, _ in waiting:
+            self._loop.send(peer, {"o": int(Control.OK), "i": rid, "sizes": vector})
 
     # -- barriers and broadcast ----------------------------------------------------
 

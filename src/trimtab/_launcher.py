@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trimtab._exceptions import ConfigError
+from trimtab._straggle import ENV as STRAGGLER_ENV
+from trimtab._straggle import parse_stragglers
 
 #: Called with (source, line) for every line a process prints, e.g. ("worker 0", "...").
 OutputHandler = Callable[[str, str], None]
@@ -43,6 +45,10 @@ class LaunchConfig:
         servers: server processes.
         placement: initial placement policy.
         chunk_bytes: largest chunk, in bytes.
+        consistency: ``bsp``, ``asp``, ``ssp`` or ``saps``.
+        staleness: the bound of ``ssp``.
+        batching: ``equal``, ``lbbsp`` or ``lbbsp-gpu``.
+        stragglers: straggler specs (see ``trimtab._straggle``), injected for experiments.
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -57,6 +63,10 @@ class LaunchConfig:
     chunk_bytes: int = 1 << 20
     job: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
     host: str = "127.0.0.1"
+    consistency: str = "bsp"
+    staleness: int = 3
+    batching: str = "equal"
+    stragglers: tuple[str, ...] = ()
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
     verbose: bool = False
@@ -64,6 +74,9 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.servers < 1:
             raise ConfigError("--workers and --servers must be at least 1")
+        for spec in parse_stragglers(self.stragglers):  # refuse bad specs before starting
+            if spec.index >= self.workers:
+                raise ConfigError(f"straggler {spec}: there are only {self.workers} workers")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -170,6 +183,12 @@ class Job:
                     str(c.chunk_bytes),
                     "--job",
                     c.job,
+                    "--mode",
+                    c.consistency,
+                    "--staleness",
+                    str(c.staleness),
+                    "--batching",
+                    c.batching,
                     "--host",
                     c.host,
                     "--address-file",
@@ -219,6 +238,7 @@ class Job:
                     "TRIMTAB_LOCAL_SIZE": str(c.workers),
                     "TRIMTAB_NUM_WORKERS": str(c.workers),
                     "TRIMTAB_NUM_SERVERS": str(c.servers),
+                    STRAGGLER_ENV: ";".join(c.stragglers),
                     "DMLC_ROLE": "worker",
                     "DMLC_PS_ROOT_URI": host,
                     "DMLC_PS_ROOT_PORT": port,

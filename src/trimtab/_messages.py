@@ -47,6 +47,8 @@ class Control(enum.IntEnum):
     OK = 14  # generic success reply
     ERROR = 15  # {code, msg}
     STATUS = 16  # anyone -> coord; reply OK {members, epoch, clocks}
+    REPORT = 17  # worker -> coord {k, b, cs, ms, cpu}: a step's measurements;
+    #              reply OK {sizes?, refresh?, lead?} (under lbbsp once all workers reported)
 
 
 class Data(enum.IntEnum):

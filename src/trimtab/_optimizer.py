@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from trimtab._context import Context
 from trimtab._exceptions import ConfigError, UsageError
-from trimtab._messages import Data
+from trimtab._messages import Control, Data
 from trimtab._node import as_bytes, tensor_from, wire_dtype
 from trimtab._optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab._placement import ChunkSpec, TensorSpec
@@ -93,6 +94,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._declare()
         self._clock = 0
         self._batch_size = 1.0
+        #: Every worker's batch size for the coming step (LB-BSP changes it each step).
+        self.batch_sizes: list[int] | None = None
+        self.skipped = 0  # gradients not pushed because the coordinator said: refresh
+        self.last_compute_s = 0.0  # the last step's compute (emulated slowdown included)
+        self.last_comm_s = 0.0  # ... and its wait for the servers
+        self._directive: concurrent.futures.Future[Reply] | None = None
+        self._skipping = False
+        self._lead = 0
+        self._step_started = time.perf_counter()
+        self._cpu_started = time.process_time()
         self._counts: dict[torch.Tensor, int] = {}
         self._inflight: dict[torch.Tensor, list[concurrent.futures.Future[Reply]]] = {}
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
@@ -180,20 +191,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 wait(f, ctx.timeout_s)
         ctx.barrier()
         if ctx.rank != root_rank:
-            pulls = [
-                (
-                    p,
-                    c,
-                    ctx.client.request(
-                        ctx.server_of(c.id), {"o": int(Data.PULL), "c": c.id, "e": self._epoch}
-                    ),
-                )
-                for p in params
-                for c in self._chunks_of[p]
-            ]
-            with torch.no_grad():
-                for p, c, f in pulls:
-                    self._write(p.data, c, wait(f, ctx.timeout_s))
+            self._pull(params)
 
     @property
     def _epoch(self) -> int:
@@ -232,6 +230,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._push(p, p.grad)
 
     def _push(self, p: torch.Tensor, grad: torch.Tensor | None) -> None:
+        if not self._inflight and not self._skipping:
+            self._check_directive()
+        if self._skipping:
+            return
         group = self._group_of[p]
         if group not in self._step_hp:
             hp = hyperparameters(self.param_groups[group])
@@ -271,6 +273,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for p in self._chunks_of:
             if p not in self._inflight:
                 self._push(p, p.grad)
+        if self._skipping:
+            self._skip_ahead()
+            return
         with torch.no_grad():
             for p, futs in self._inflight.items():
                 for c, f in zip(self._chunks_of[p], futs, strict=True):
@@ -301,23 +306,117 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._skip_sync = False
 
+    def _check_directive(self) -> None:
+        """At a step's first push: did the coordinator tell us to refresh (SaPS)?"""
+        d = self._directive
+        if d is not None and d.done() and d.exception() is None:
+            header = d.result().header
+            if header.get("refresh"):
+                self._skipping = True
+                self._lead = int(header.get("lead", self._clock))
+            self._directive = None
+
+    def refresh(self) -> None:
+        """Replace the parameters with the servers' current values (server mode). Blocks.
+
+        Useful in asynchronous modes, e.g. before evaluating at the end of training."""
+        if self._inflight:
+            raise UsageError("refresh() between backward and step(); call step() first")
+        if self._mode is OptimizerMode.SUMMATION:
+            raise UsageError(
+                "refresh() needs server mode: in summation mode the workers, "
+                "not the servers, hold the parameters"
+            )
+        self._pull(list(self._chunks_of))
+
+    def _pull(self, params: list[torch.Tensor]) -> None:
+        ctx = self._ctx
+        pulls = [
+            (
+                p,
+                c,
+                ctx.client.request(
+                    ctx.server_of(c.id), {"o": int(Data.PULL), "c": c.id, "e": self._epoch}
+                ),
+            )
+            for p in params
+            for c in self._chunks_of[p]
+        ]
+        with torch.no_grad():
+            for p, c, f in pulls:
+                self._write(p.data, c, wait(f, ctx.timeout_s))
+
+    def _skip_ahead(self) -> None:
+        """Drop this step's (stale) gradients, fetch current values, jump the clock."""
+        ctx = self._ctx
+        self._inflight.clear()
+        if self._mode is OptimizerMode.SERVER:
+            self.refresh()
+        log.info(
+            "worker %d lagged: skipped its stale gradient, clock %d -> %d",
+            ctx.rank,
+            self._clock,
+            max(self._clock, self._lead - 1),
+        )
+        self.skipped += 1
+        self._clock = max(self._clock, self._lead - 1)
+        self._skipping = False
+        self._inflight.clear()
+        self._counts.clear()
+        self._step_hp.clear()
+        self._synchronized = True
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Finish the step: synchronize (unless done), apply the update, advance the
-        clock. Blocks; raises as :meth:`synchronize`."""
+        """Finish the step: synchronize (unless done), apply the update, report the
+        step's timings to the coordinator (and, under LB-BSP, learn every worker's next
+        batch size), advance the clock. Blocks; raises as :meth:`synchronize`."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        compute = time.perf_counter() - self._step_started
+        cpu = (time.process_time() - self._cpu_started) / max(compute, 1e-9)
+        straggler = self._ctx.straggler
+        if straggler:
+            straggler.on_step(self._clock)
+            factor = straggler.factor(self._clock)
+            if factor > 1.0:  # emulated slowness: real compute plus a proportional sleep
+                time.sleep((factor - 1.0) * compute)
+                compute *= factor
+        waited = time.perf_counter()
         if not self._synchronized and not self._skip_sync:
             self.synchronize()
         elif not self._synchronized:
             raise UsageError("skip_synchronize() without synchronize() first")
+        comm = time.perf_counter() - waited
         if self._mode is OptimizerMode.SUMMATION:
             self._inner.step()
         self._synchronized = False
+        self.last_compute_s, self.last_comm_s = compute, comm
+        self._report(compute, comm, cpu)
         self._clock += 1
+        self._step_started = time.perf_counter()
+        self._cpu_started = time.process_time()
         return loss
+
+    def _report(self, compute: float, comm: float, cpu: float) -> None:
+        fut = self._ctx.client.control(
+            {
+                "o": int(Control.REPORT),
+                "k": self._clock,
+                "b": int(self._batch_size),
+                "cs": compute,
+                "ms": comm,
+                "cpu": min(cpu, 1.0),
+            }
+        )
+        if self._ctx.job.get("batching", "equal") == "equal":
+            self._directive = fut  # read at the next step's first push, never waited for
+            return
+        sizes = wait(fut, self._ctx.timeout_s).header["sizes"]
+        self.batch_sizes = list(sizes)
+        self._batch_size = float(sizes[self._ctx.rank])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients. Raises :class:`UsageError` between backward and step."""

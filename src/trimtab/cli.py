@@ -15,6 +15,8 @@ from pathlib import Path
 
 from trimtab._exceptions import ConfigError, JobAborted, TrimtabError
 from trimtab._launcher import Job, LaunchConfig
+from trimtab._batching import BATCHING
+from trimtab._consistency import CONSISTENCY
 from trimtab._placement import PLACEMENTS
 
 
@@ -36,6 +38,26 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--chunk-bytes", type=int, default=1 << 20, help="largest chunk in bytes (1 MiB)"
+    )
+    p.add_argument(
+        "--mode",
+        default="bsp",
+        choices=CONSISTENCY.names(),
+        help="consistency: bsp (default), asp, ssp (with --staleness), saps",
+    )
+    p.add_argument("--staleness", type=int, default=3, help="the bound of --mode ssp (3)")
+    p.add_argument(
+        "--batching",
+        default="equal",
+        choices=BATCHING.names(),
+        help="split of the global batch: equal (default) or lbbsp (LB-BSP)",
+    )
+    p.add_argument(
+        "--straggler",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a straggler, e.g. worker:2:slowdown=3@0- (repeatable)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="roles log at INFO level")
 
@@ -80,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     coord.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
     coord.add_argument("--placement", default="greedy", choices=PLACEMENTS.names())
     coord.add_argument("--chunk-bytes", type=int, default=1 << 20)
+    coord.add_argument("--mode", default="bsp", choices=CONSISTENCY.names())
+    coord.add_argument("--staleness", type=int, default=3)
+    coord.add_argument("--batching", default="equal", choices=BATCHING.names())
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
     coord.add_argument("--verbose", "-v", action="store_true")
 
@@ -156,6 +181,10 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         servers=args.servers,
         placement=args.placement,
         chunk_bytes=args.chunk_bytes,
+        consistency=args.mode,
+        staleness=args.staleness,
+        batching=args.batching,
+        stragglers=tuple(args.straggler),
         verbose=args.verbose,
     )
 
@@ -182,6 +211,9 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
             port=args.port,
             placement=args.placement,
             chunk_bytes=args.chunk_bytes,
+            consistency=args.mode,
+            staleness=args.staleness,
+            batching=args.batching,
         )
     )
     if args.address_file:

@@ -1,5 +1,9 @@
 """Splitting each global batch among workers.
 
+:class:`BalancedSampler` follows the batch sizes the job chooses at every step (LB-BSP
+gives faster workers more of the global batch), reading them from the
+:class:`~trimtab.DistributedOptimizer`.
+
 :class:`GlobalBatchSampler` walks an epoch in global batches of ``B`` samples (a fresh
 permutation per epoch, the same on every worker) and gives each worker its own
 contiguous slice of every global batch, so that the workers together see each sample of
@@ -10,6 +14,7 @@ the epoch exactly once. It is a batch sampler: pass it to a ``DataLoader`` as
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import torch
 
@@ -81,3 +86,84 @@ class GlobalBatchSampler:
             )
             start = sum(sizes[: self.rank])
             yield batch[start : start + sizes[self.rank]]
+
+
+class _Sized(Protocol):
+    batch_sizes: list[int] | None
+    batch_size: float
+
+
+class BalancedSampler:
+    """A batch sampler that gives this worker, at every step, its share of the global
+    batch as the job decided it (``optimizer.batch_sizes``, which LB-BSP updates at each
+    step boundary). Over an epoch the workers use every sample exactly once, whatever
+    the sizes. It also sets ``optimizer.batch_size`` to each batch it yields, so the
+    gradient is weighted by the samples it really came from.
+
+    Use it with ``DataLoader(dataset, batch_sampler=sampler)`` and ``num_workers=0`` (or
+    iterate it yourself): the next step's sizes are known only when ``step()`` returns.
+
+    Args:
+        num_samples: dataset length.
+        global_batch: samples per step over all workers (fixed).
+        optimizer: the :class:`~trimtab.DistributedOptimizer` (anything with
+            ``batch_sizes`` and ``batch_size``).
+        rank: this worker's rank.
+        size: number of workers.
+        seed: permutation seed; :meth:`set_epoch` picks the epoch's order.
+        drop_last: drop a final, partial global batch.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch: int,
+        optimizer: _Sized,
+        rank: int,
+        size: int,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        if not 0 <= rank < size:
+            raise ConfigError(f"rank {rank} is outside 0..{size - 1}")
+        if global_batch < size or global_batch > num_samples:
+            raise ConfigError(
+                f"global batch {global_batch} must be between {size} workers "
+                f"and {num_samples} samples"
+            )
+        self.num_samples = num_samples
+        self.global_batch = global_batch
+        self.optimizer = optimizer
+        self.rank = rank
+        self.size = size
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        if optimizer.batch_sizes is None:
+            optimizer.batch_sizes = equal_split(global_batch, size)
+        optimizer.batch_size = optimizer.batch_sizes[rank]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.num_samples, self.global_batch)
+        return full + (0 if self.drop_last or rest == 0 else 1)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_samples, generator=g).tolist()
+        for step in range(len(self)):
+            batch = order[step * self.global_batch : (step + 1) * self.global_batch]
+            sizes = self.optimizer.batch_sizes
+            if len(batch) < self.global_batch or sizes is None:
+                sizes = equal_split(len(batch), self.size)
+            elif len(sizes) != self.size or sum(sizes) != self.global_batch:
+                raise ConfigError(
+                    f"batch sizes {sizes} do not split the global batch "
+                    f"{self.global_batch} among {self.size} workers"
+                )
+            start = sum(sizes[: self.rank])
+            mine = batch[start : start + sizes[self.rank]]
+            self.optimizer.batch_size = max(1, len(mine))
+            yield mine

@@ -101,11 +101,11 @@ def test_ssp_bounds_how_far_the_fast_worker_leads(cluster_factory) -> None:
     assert done == {0: 15, 1: 15}
 
 
-def test_saps_counts_dropped_and_discounted(cluster_factory) -> None:
+def test_saps_discounts_drops_and_makes_the_straggler_skip_ahead(cluster_factory) -> None:
     cluster = cluster_factory(workers=3, servers=1, consistency="saps", chunk_bytes=64)
     stats: list = []
 
-    def body(ctx: Context) -> None:
+    def body(ctx: Context) -> int:
         model = torch.nn.Linear(4, 1)
         opt = trimtab.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(), context=ctx
@@ -120,8 +120,11 @@ def test_saps_counts_dropped_and_discounted(cluster_factory) -> None:
         ctx.barrier()
         if ctx.rank == 0:
             stats.extend(ctx.server_stats())
+        return opt.skipped
 
-    cluster.run_workers(body)
+    skipped = cluster.run_workers(body)
     total = stats[0]
     assert total["dropped"] + total["discounted"] >= 2
-    assert total["pushes"] == (40 + 40 + 3) * 2  # weight and bias chunks
+    # The coordinator saw worker 2 lag and told it to refresh instead of pushing.
+    assert skipped[0] == skipped[1] == 0 and skipped[2] >= 1
+    assert total["pushes"] == (40 + 40 + 3 - skipped[2]) * 2  # weight and bias chunks

@@ -97,3 +97,27 @@ def test_unused_parameters_do_not_block_and_are_not_stepped(cluster_factory) -> 
 
     for before, after in cluster.run_workers(body):
         assert torch.equal(before, after)
+
+
+def test_lbbsp_changes_batch_sizes_every_step_and_stays_equivalent(cluster_factory) -> None:
+    """Invariant 1 with LB-BSP: sizes follow measured speeds (worker 1 emulated 3x slower);
+    the update is still the one-process step over the global batch."""
+    setup = Setup("sgd", (8, 8, 8))
+    cluster = cluster_factory(
+        workers=3,
+        servers=2,
+        chunk_bytes=256,
+        batching="lbbsp",
+        stragglers=("worker:1:slowdown=3@0-",),
+    )
+    used: dict[int, list] = {0: [], 1: [], 2: []}
+    results = cluster.run_workers(lambda ctx: train_worker(setup, ctx.rank, ctx, used[ctx.rank]))
+    expected = reference(setup)
+    for got in results:
+        assert max_difference(got, expected) < 1e-5
+    sizes = used[0]
+    assert used[1] == sizes and used[2] == sizes  # every worker split the same way
+    assert all(sum(s) == 24 for s in sizes)
+    assert len(set(sizes)) >= 2  # the sizes moved
+    late = sizes[-5:]
+    assert all(s[1] < s[0] and s[1] < s[2] for s in late), late  # the slow worker got less
