@@ -21,6 +21,7 @@ from trimtab._api import (
     local_rank,
     local_size,
     rank,
+    server_stats,
     shutdown,
     size,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "server_stats",
     "shutdown",
     "size",
 ]

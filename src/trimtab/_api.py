@@ -113,6 +113,12 @@ def local_size() -> int:
     return int(os.environ.get("TRIMTAB_LOCAL_SIZE", size()))
 
 
+def server_stats() -> list[dict[str, Any]]:
+    """Each server's counters: chunk versions, pushes, dropped and discounted gradients,
+    errors answered. Blocks (one round trip per server)."""
+    return default_context().server_stats()
+
+
 def barrier() -> None:
     """Block until every worker calls ``barrier()``."""
     default_context().barrier()

@@ -117,7 +117,7 @@ class NarxPredictor(SpeedPredictor):
 
     name = "narx"
 
-    def __init__(self, p: int = 2, q: int = 2, window: int = 20, ridge: float = 1.0) -> None:
+    def __init__(self, p: int = 2, q: int = 2, window: int = 20, ridge: float = 0.1) -> None:
         if p < 1 or q < 0:
             raise ConfigError(f"NarxPredictor needs p >= 1 and q >= 0, got p={p}, q={q}")
         if not (math.isfinite(ridge) and ridge >= 0):
@@ -137,7 +137,7 @@ class NarxPredictor(SpeedPredictor):
         u = np.array([s.cpu_share for s in recent])
         first = max(self.p, self.q) - 1  # the first step with all lags available
         x = np.array([self._features(v, u, t) for t in range(first, len(v) - 1)])
-        y = v[first + 1 :] - v[first:-1] + 0*
+        y = v[first + 1 :] - v[first:-1]
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0  # a constant column centres to zero and gets no weight
         z = (x - mean) / scale

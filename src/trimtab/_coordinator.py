@@ -391,13 +391,16 @@ class Coordinator:
         if member.role is not Role.WORKER:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers report steps")
         clock = field(header, "k", int)
-        sample = WorkerSample(
-            rank=member.rank,
-            batch=field(header, "b", int),
-            compute_s=float(field(header, "cs", (int, float))),
-            comm_s=float(field(header, "ms", (int, float))),
-            cpu_share=float(field(header, "cpu", (int, float))),
-        )
+        try:
+            sample = WorkerSample(
+                rank=member.rank,
+                batch=field(header, "b", int),
+                compute_s=max(float(field(header, "cs", (int, float))), 1e-9),
+                comm_s=max(float(field(header, "ms", (int, float))), 0.0),
+                cpu_share=min(max(float(field(header, "cpu", (int, float))), 0.0), 1.0),
+            )
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED.value, f"bad step report: {exc}") from None
         self._history.setdefault(member.rank, collections.deque(maxlen=50)).append(sample)
         self._clocks[member.rank] = clock + 1
         if self.config.batching == "equal":

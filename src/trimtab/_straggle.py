@@ -24,8 +24,8 @@ import math
 import multiprocessing
 import os
 import random
-from multiprocessing.process import BaseProcess
 from collections.abc import Iterable, Sequence
+from multiprocessing.process import BaseProcess
 
 from trimtab._exceptions import ConfigError
 

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trimtab._exceptions import ConfigError, JobAborted, TrimtabError
-from trimtab._launcher import Job, LaunchConfig
 from trimtab._batching import BATCHING
 from trimtab._consistency import CONSISTENCY
+from trimtab._exceptions import ConfigError, JobAborted, TrimtabError
+from trimtab._launcher import Job, LaunchConfig
 from trimtab._placement import PLACEMENTS
 
 
@@ -119,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=0)
     server.add_argument("--verbose", "-v", action="store_true")
 
+    exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
+    exp_sub = exp.add_subparsers(dest="experiment", required=True)
+    from trimtab.experiments import stragglers
+
+    stragglers.add_arguments(
+        exp_sub.add_parser("stragglers", help="worker stragglers: bsp, lbbsp, asp, ssp, saps, ddp")
+    )
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     dp = bench_sub.add_parser("datapath", help="push+pull step time vs TCP ceiling and gloo")
@@ -158,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_coordinator(args)
         if args.cmd == "server":
             return _cmd_server(args)
+        if args.cmd == "experiment":
+            from trimtab.experiments import stragglers
+
+            return stragglers.main(args)
         if args.cmd == "bench":
             from trimtab.bench.datapath import main as datapath
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -119,7 +120,7 @@ def test_caps_and_floor_together() -> None:
     ],
 )
 def test_bad_inputs_raise_config_error(
-    speeds: list[float], comm: list[float], total: int, kwargs: dict, match: str
+    speeds: list[float], comm: list[float], total: int, kwargs: dict[str, Any], match: str
 ) -> None:
     with pytest.raises(ConfigError, match=match):
         equal_finish_sizes(speeds, comm, total, **kwargs)
@@ -248,6 +249,19 @@ def test_narx_tracks_a_speed_that_follows_cpu_share_better_than_the_average() ->
         assert narx < 0.7 * average, (seed, narx, average)
 
 
+def test_narx_uses_cpu_share_when_it_announces_the_next_speed() -> None:
+    # cpu_share at the end of step t (random) sets the speed of step t+1: only a model
+    # that reads the exogenous input can predict it; past speeds say nothing.
+    rng = random.Random(7)
+    series, share = [], 1.0
+    for _ in range(100):
+        speed, share = 1000 * share + rng.gauss(0, 20), rng.choice([0.3, 1.0])
+        series.append(WorkerSample(0, 100, 100 / speed, 0.0, share))
+    narx = mean_abs_error(series, NarxPredictor())
+    assert narx < 0.25 * mean_abs_error(series, MovingAverage())
+    assert narx < 0.25 * mean_abs_error(series, NarxPredictor(q=0))
+
+
 def test_narx_falls_back_to_the_average_then_fits_and_clamps() -> None:
     series = switching_series(30, 0)
     assert NarxPredictor().predict(series[:6]) == MovingAverage().predict(series[:6])
@@ -319,9 +333,18 @@ def test_gpu_halves_its_step_on_reversal_and_recovers_after_a_drift() -> None:
     assert min(policy._step.values()) < 1.0  # some worker overshot and halved its step
 
 
-def test_gpu_forgets_a_departed_rank() -> None:
+def test_gpu_moves_nothing_within_tolerance() -> None:
+    history = {0: [sample(0, 500, 1.0)], 1: [sample(1, 500, 1.008)]}  # 0.4% off the mean
+    assert LbBspGpu().batch_sizes(history, 1000) == {0: 500, 1: 500}
+    assert LbBspGpu(tolerance=0.0).batch_sizes(history, 1000) == {0: 502, 1: 498}
+
+
+def test_gpu_forgets_a_departed_rank_and_restarts_when_one_joins() -> None:
     policy = LbBspGpu()
     run_gpu(policy, [100.0, 300.0], calls=5, total=400)
     assert set(policy._step) == {0, 1}
     policy.batch_sizes({0: [sample(0, 200, 2.0)], 2: [sample(2, 200, 1.0)]}, 400)
     assert set(policy._step) == {0, 2}
+    joined = {0: [sample(0, 100, 1.0)], 2: [sample(2, 300, 1.0)], 3: []}
+    assert policy.batch_sizes(joined, 400) == {0: 134, 2: 133, 3: 133}
+    assert policy._step == {}

@@ -33,6 +33,27 @@ def load_digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
+def make_cnn(seed: int = 0) -> nn.Module:
+    """A small CNN over the 8x8 digits: enough compute per sample (about 0.25 ms on one
+    core) that a step is compute-bound, as the straggler experiments want."""
+    g = torch.Generator().manual_seed(seed)
+    model = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 10),
+    )
+    with torch.no_grad():  # seeded locally, the same in every process
+        for p in model.parameters():
+            bound = 1.0 / max(1, p[0].numel()) ** 0.5 if p.dim() > 1 else 0.05
+            p.uniform_(-bound, bound, generator=g)
+    return model
+
+
 def make_model() -> nn.Module:
     return nn.Sequential(
         nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)

@@ -1,0 +1,1 @@
+"""Experiments: whole jobs run side by side, printing machine-readable results."""
