@@ -64,7 +64,7 @@ def main() -> None:
             t0 = time.perf_counter()
             optimizer.zero_grad()
             with model.no_sync():
-                nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+                nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()  # type: ignore[no-untyped-call]
             time.sleep(args.sample_ms * len(idx) / 1000)  # emulated part of the compute
             compute = time.perf_counter() - t0
             straggler.on_step(steps)

@@ -58,7 +58,7 @@ def main() -> None:
         for idx in sampler:
             t0 = time.perf_counter()
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+            nn.functional.cross_entropy(model(x_train[idx]), y_train[idx]).backward()  # type: ignore[no-untyped-call]
             time.sleep(args.sample_ms * len(idx) / 1000)  # emulated part of the compute
             optimizer.step()
             step_times.append(time.perf_counter() - t0)

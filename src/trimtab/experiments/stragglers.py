@@ -6,8 +6,10 @@ plus a proportional sleep). On a small machine the 4 workers' real compute alone
 saturates the cores, and a straggler's sleep then frees CPU for the others, which hides
 the very effect under study; ``--sample-ms`` (default 1 ms) adds an emulated compute of
 that many milliseconds per sample to every worker (a sleep, said beside the figures),
-so the job is compute-bound per worker rather than CPU-bound as a whole. Runs, one after the other in one invocation: ``bsp``,
-``lbbsp`` (bsp with LB-BSP batch sizes), ``asp``, ``ssp`` (staleness 3), ``saps``, and
+so the job is compute-bound per worker rather than CPU-bound as a whole.
+
+Runs, one after the other in one invocation: ``bsp``, ``lbbsp`` (bsp with LB-BSP batch
+sizes), ``asp``, ``ssp`` (staleness 3), ``saps``, and
 ``ddp`` (torch.distributed gloo allreduce data parallel, same model, batches, optimizer).
 
 Reported per run: ``step_s`` (median step time seen by worker 0, never the straggler),
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -37,6 +40,14 @@ from trimtab.experiments._stragglers_worker import RESULT
 WORKERS = 4
 SERVERS = 2
 MODES = ("bsp", "lbbsp", "asp", "ssp", "saps", "ddp")
+#: The LaunchConfig settings of each trimtab mode (ddp runs outside trimtab).
+MODE_SETTINGS: dict[str, dict[str, Any]] = {
+    "bsp": {},
+    "lbbsp": {"batching": "lbbsp"},
+    "asp": {"consistency": "asp"},
+    "ssp": {"consistency": "ssp", "staleness": 3},
+    "saps": {"consistency": "saps"},
+}
 SCENARIOS: dict[str, Callable[[float, int], list[str]]] = {
     "static": lambda k, steps: [f"worker:3:slowdown={k:g}@0-"],
     "transient": lambda k, steps: [f"worker:3:slowdown={k:g}@{steps // 3}-{2 * steps // 3}"],
@@ -47,13 +58,7 @@ SCENARIOS: dict[str, Callable[[float, int], list[str]]] = {
 def _trimtab_run(
     mode: str, stragglers: list[str], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
-    settings: dict[str, Any] = {
-        "bsp": {},
-        "lbbsp": {"batching": "lbbsp"},
-        "asp": {"consistency": "asp"},
-        "ssp": {"consistency": "ssp", "staleness": 3},
-        "saps": {"consistency": "saps"},
-    }[mode]
+    settings = MODE_SETTINGS[mode]
     config = LaunchConfig(
         workers=WORKERS, servers=SERVERS, stragglers=tuple(stragglers), **settings
     )
@@ -115,7 +120,7 @@ def _ddp_run(stragglers: list[str], args: argparse.Namespace) -> list[dict[str, 
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
         )
         for r in range(WORKERS)
     ]
@@ -123,8 +128,9 @@ def _ddp_run(stragglers: list[str], args: argparse.Namespace) -> list[dict[str, 
     outputs: list[list[str]] = [[] for _ in procs]
 
     def read(i: int) -> None:
-        assert procs[i].stdout is not None
-        for line in procs[i].stdout:
+        stream = procs[i].stdout
+        assert stream is not None
+        for line in stream:
             if line.startswith(RESULT):
                 results.append(json.loads(line[len(RESULT) :]))
             else:
@@ -143,7 +149,9 @@ def _ddp_run(stragglers: list[str], args: argparse.Namespace) -> list[dict[str, 
         for t in readers:
             t.join(timeout=5)
     if any(p.returncode for p in procs) or len(results) != WORKERS:
-        raise RuntimeError("ddp run failed:\n" + "\n".join(sum(outputs, [])[-30:]))
+        raise RuntimeError(
+            "ddp run failed:\n" + "\n".join([ln for out in outputs for ln in out][-30:])
+        )
     return results
 
 
@@ -167,7 +175,7 @@ def summarise(results: list[dict[str, Any]], target: float) -> dict[str, Any]:
 
 def ideal_step_s(results: list[dict[str, Any]], batch: int) -> float:
     """B / sum of the workers' median speeds (samples/s)."""
-    return batch / sum(statistics.median(r["speeds"]) for r in results)
+    return float(batch / sum(statistics.median(r["speeds"]) for r in results))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -203,10 +211,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def plot(out: dict[str, Any], path: str) -> None:
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install matplotlib") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
