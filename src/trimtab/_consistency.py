@@ -5,7 +5,8 @@ counts (a staleness discount, or a drop), when the gradients it holds for a chun
 an update, and when a worker's reply may be released (SSP holds fast workers back).
 
 - ``bsp``: an update per clock, once every active worker's gradient is in.
-- ``asp``: every push is applied on arrival; nobody waits.
+- ``asp``: every push is applied on arrival, weighted by its worker's share of the global
+  batch (b_i / sum of b_j), so that N pushes move the model as one BSP step; nobody waits.
 - ``ssp``: as asp, but a worker that finished clock c gets its reply only once the
   slowest worker has pushed clock c - staleness (Petuum's bounded staleness, by waiting).
 - ``saps``: as asp, but a gradient computed from a value ``tau`` versions old counts

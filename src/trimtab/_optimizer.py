@@ -384,6 +384,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if factor > 1.0:  # emulated slowness: real compute plus a proportional sleep
                 time.sleep((factor - 1.0) * compute)
                 compute *= factor
+        # Report before waiting for the servers, so that under LB-BSP the next sizes
+        # arrive while we wait anyway (the wait it reports is the previous step's).
+        report = self._report(compute, self.last_comm_s, cpu)
         waited = time.perf_counter()
         if not self._synchronized and not self._skip_sync:
             self.synchronize()
@@ -394,29 +397,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._inner.step()
         self._synchronized = False
         self.last_compute_s, self.last_comm_s = compute, comm
-        self._report(compute, comm, cpu)
+        if report is not None:  # LB-BSP: every worker's batch size for the next step
+            sizes = wait(report, self._ctx.timeout_s).header["sizes"]
+            self.batch_sizes = list(sizes)
+            self._batch_size = float(sizes[self._ctx.rank])
         self._clock += 1
         self._step_started = time.perf_counter()
         self._cpu_started = time.process_time()
         return loss
 
-    def _report(self, compute: float, comm: float, cpu: float) -> None:
-        fut = self._ctx.client.control(
-            {
-                "o": int(Control.REPORT),
-                "k": self._clock,
-                "b": int(self._batch_size),
-                "cs": compute,
-                "ms": comm,
-                "cpu": min(cpu, 1.0),
-            }
-        )
+    def _report(
+        self, compute: float, comm: float, cpu: float
+    ) -> concurrent.futures.Future[Reply] | None:
+        """Send this step's measurements; return the future to wait on under LB-BSP."""
+        fut = self._ctx.client.control({
+            "o": int(Control.REPORT), "k": self._clock, "b": int(self._batch_size),
+            "cs": compute, "ms": comm, "cpu": min(cpu, 1.0),
+        })
         if self._ctx.job.get("batching", "equal") == "equal":
             self._directive = fut  # read at the next step's first push, never waited for
-            return
-        sizes = wait(fut, self._ctx.timeout_s).header["sizes"]
-        self.batch_sizes = list(sizes)
-        self._batch_size = float(sizes[self._ctx.rank])
+            return None
+        return fut
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients. Raises :class:`UsageError` between backward and step."""

@@ -89,6 +89,7 @@ class _Chunk:
         self.waiting: list[_Waiter] = []
         self.held: list[_Waiter] = []  # replies the consistency policy holds back
         self.last_clock: dict[int, int] = {}
+        self.last_weight: dict[int, float] = {}
         self.pushes = 0
         self.dropped = 0
         self.discounted = 0
@@ -331,7 +332,15 @@ class Server:
             if discount < 1.0:
                 chunk.discounted += 1
             w = float(weight) * discount
-            chunk.weight_sum += float(weight)
+            if self._consistency.synchronous:
+                chunk.weight_sum += float(weight)
+            else:
+                # Each push is an update of its own: it counts its worker's share of the
+                # global batch (b_i / sum of the latest b_j), so N pushes move the model
+                # as far as one synchronous step would.
+                chunk.last_weight[rank] = float(weight)
+                chunk.weight_sum = sum(chunk.last_weight.get(r, float(weight))
+                                       for r in self._workers)
             if grad is not None:
                 if chunk.any_grad:
                     chunk.merge.add_(grad, alpha=w)

@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from trimtab._exceptions import (
     ChunkMoved,
@@ -229,6 +229,3 @@ class WorkerClient:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(JobAborted(why))
-
-    def info(self) -> dict[str, Any]:
-        return {"rank": self.rank, "num_workers": self.num_workers, "num_servers": self.num_servers}

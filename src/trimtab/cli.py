@@ -6,7 +6,6 @@ Flags and environment variables are read here and only here.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -254,7 +253,3 @@ def _cmd_server(args: argparse.Namespace) -> int:
         ServerConfig(coordinator=args.coordinator, job=args.job, host=args.host, port=args.port)
     ).run()
     return 0
-
-
-def print_json(obj: object) -> None:
-    print(json.dumps(obj), flush=True)

@@ -18,6 +18,8 @@ from tests.equivalence_job import Setup, train_worker
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 trimtab.init()
 setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
-params = train_worker(setup, trimtab.rank())
+used: list[tuple[int, ...]] = []
+params = train_worker(setup, trimtab.rank(), sizes_out=used)
 torch.save(params, out / f"rank{trimtab.rank()}.pt")
+torch.save(used, out / f"sizes{trimtab.rank()}.pt")
 trimtab.shutdown()

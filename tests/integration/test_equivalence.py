@@ -48,3 +48,24 @@ def test_bsp_over_tcp_matches_one_process(
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
     assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(120)
+def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) -> None:
+    """LB-BSP picks every step's split from measured speeds (worker 2 emulated 4x
+    slower); the parameters still match one process over the same global batches."""
+    lines: list[str] = []
+    config = LaunchConfig(workers=3, servers=2, chunk_bytes=512, batching="lbbsp",
+                          stragglers=("worker:2:slowdown=4@0-",))
+    command = [sys.executable, str(SCRIPT), "adam", "8,8,8", str(tmp_path)]
+    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
+    assert status == 0, "\n".join(lines[-40:])
+    expected = reference(Setup("adam", (8, 8, 8)))
+    sizes = torch.load(tmp_path / "sizes0.pt")
+    for rank in range(3):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+        assert torch.load(tmp_path / f"sizes{rank}.pt") == sizes
+    assert all(sum(s) == 24 for s in sizes)
+    assert len(set(sizes)) >= 3, sizes
+    assert sizes[-1][2] < 8, sizes  # the straggler ends with less than an equal share

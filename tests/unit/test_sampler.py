@@ -44,3 +44,48 @@ def test_epochs_differ_and_bad_sizes_are_refused() -> None:
         GlobalBatchSampler(50, 10, 0, 2, batch_sizes=[3, 3])
     with pytest.raises(ConfigError):
         GlobalBatchSampler(50, 10, 2, 2)
+
+
+class _Opt:
+    """Stands in for DistributedOptimizer: the job changes ``batch_sizes`` every step."""
+
+    def __init__(self) -> None:
+        self.batch_sizes: list[int] | None = None
+        self.batch_size = 0.0
+
+
+def test_balanced_sampler_uses_each_sample_once_while_sizes_change_every_step() -> None:
+    import random
+
+    from trimtab.data import BalancedSampler
+
+    n, batch, workers = 500, 40, 3
+    opts = [_Opt() for _ in range(workers)]
+    samplers = [BalancedSampler(n, batch, opts[r], r, workers, seed=5) for r in range(workers)]
+    assert opts[0].batch_sizes == [14, 13, 13]  # equal split until the job says otherwise
+    rng = random.Random(0)
+    seen: collections.Counter[int] = collections.Counter()
+    iters = [iter(s) for s in samplers]
+    distinct = set()
+    for _ in range(len(samplers[0])):
+        cut = sorted(rng.sample(range(1, batch), workers - 1))
+        sizes = [b - a for a, b in zip([0, *cut], [*cut, batch], strict=True)]
+        distinct.add(tuple(sizes))
+        for opt in opts:
+            opt.batch_sizes = sizes  # what LB-BSP's reply sets at the step boundary
+        for r, it in enumerate(iters):
+            mine = next(it)
+            assert len(mine) == sizes[r] == opts[r].batch_size
+            seen.update(mine)
+    assert len(distinct) > 10
+    assert all(c == 1 for c in seen.values()) and len(seen) == 12 * batch
+
+
+def test_balanced_sampler_refuses_sizes_that_do_not_split_the_batch() -> None:
+    from trimtab.data import BalancedSampler
+
+    opt = _Opt()
+    sampler = BalancedSampler(100, 10, opt, 0, 2)
+    opt.batch_sizes = [3, 3]
+    with pytest.raises(ConfigError, match="do not split"):
+        next(iter(sampler))

@@ -1,0 +1,64 @@
+"""Straggler specs, slowdown schedules, and lag-based straggler detection."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimtab import ConfigError
+from trimtab._detection import DETECTORS
+from trimtab._straggle import StragglerSpec, WorkerStraggler, parse_stragglers
+
+
+def test_parse_static_transient_and_drift() -> None:
+    specs = parse_stragglers(
+        ["worker:2:slowdown=3@0-", "worker:1:slowdown=4@20-60;worker:3:drift=0.3"]
+    )
+    assert specs == [
+        StragglerSpec("worker", 2, "slowdown", 3.0, 0, None),
+        StragglerSpec("worker", 1, "slowdown", 4.0, 20, 60),
+        StragglerSpec("worker", 3, "drift", 0.3, 0, None),
+    ]
+    assert str(specs[1]) == "worker:1:slowdown=4@20-60"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("worker:2:slowdown", "expected ROLE:INDEX"),
+        ("worker:x:slowdown=3", "expected ROLE:INDEX"),
+        ("worker:2:slowdown=0.5", ">= 1"),
+        ("worker:2:warp=3", "worker kinds"),
+        ("worker:2:slowdown=3@9-4", "END > START"),
+        ("node:2:slowdown=3", "ROLE is worker or server"),
+        ("server:1:bandwidth=25MB/s@20-80", "not implemented yet"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_stragglers(text)
+
+
+def test_schedule_applies_only_to_its_worker_and_steps() -> None:
+    specs = parse_stragglers("worker:1:slowdown=4@2-4")
+    mine, other = WorkerStraggler(specs, 1), WorkerStraggler(specs, 0)
+    assert [mine.factor(c) for c in range(6)] == [1, 1, 4, 4, 1, 1]
+    assert not other and other.factor(3) == 1.0
+
+
+def test_drift_is_a_bounded_reproducible_random_walk() -> None:
+    specs = parse_stragglers("worker:0:drift=0.5")
+    a = [WorkerStraggler(specs, 0).factor(c) for c in range(1)]
+    walk = WorkerStraggler(specs, 0)
+    factors = [walk.factor(c) for c in range(200)]
+    again = WorkerStraggler(specs, 0)
+    assert [again.factor(c) for c in range(200)] == factors  # seeded by rank
+    assert all(1.0 <= f <= WorkerStraggler.MAX_DRIFT for f in factors)
+    assert len({round(f, 6) for f in factors}) > 20 and a[0] == factors[0]
+
+
+def test_lag_detector_needs_a_lasting_outlier() -> None:
+    det = DETECTORS.create("lag")  # min_lag 3, k 2, patience 2
+    assert det.stragglers({0: 10, 1: 10, 2: 9, 3: 5}) == set()  # first time: not yet
+    assert det.stragglers({0: 11, 1: 11, 2: 10, 3: 5}) == {3}
+    assert det.stragglers({0: 12, 1: 12, 2: 11, 3: 11}) == set()  # caught up
+    assert det.stragglers({0: 5, 1: 4, 2: 3, 3: 2}) == set()  # all within min_lag
