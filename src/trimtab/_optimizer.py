@@ -104,6 +104,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._lead = 0
         self._step_started = time.perf_counter()
         self._cpu_started = time.process_time()
+        self._pending_report: tuple[int, int, float, float, float] | None = None
+        self._report_future: concurrent.futures.Future[Reply] | None = None
         self._counts: dict[torch.Tensor, int] = {}
         self._inflight: dict[torch.Tensor, list[concurrent.futures.Future[Reply]]] = {}
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
@@ -232,6 +234,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push(self, p: torch.Tensor, grad: torch.Tensor | None) -> None:
         if not self._inflight and not self._skipping:
             self._check_directive()
+        if self._pending_report is not None:
+            # The previous step's timings leave with this step's first gradient, so the
+            # coordinator hears from every worker when their gradients are ready (the
+            # synchronisation point of BSP anyway), not later.
+            self._report_future = self._report(*self._pending_report)
+            self._pending_report = None
         if self._skipping:
             return
         group = self._group_of[p]
@@ -384,9 +392,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if factor > 1.0:  # emulated slowness: real compute plus a proportional sleep
                 time.sleep((factor - 1.0) * compute)
                 compute *= factor
-        # Report before waiting for the servers, so that under LB-BSP the next sizes
-        # arrive while we wait anyway (the wait it reports is the previous step's).
-        report = self._report(compute, self.last_comm_s, cpu)
         waited = time.perf_counter()
         if not self._synchronized and not self._skip_sync:
             self.synchronize()
@@ -397,7 +402,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._inner.step()
         self._synchronized = False
         self.last_compute_s, self.last_comm_s = compute, comm
-        if report is not None:  # LB-BSP: every worker's batch size for the next step
+        self._pending_report = (self._clock, int(self._batch_size), compute, comm, cpu)
+        report, self._report_future = self._report_future, None
+        if report is not None:
+            # LB-BSP: the sizes for the next step, from every worker's previous-step
+            # timings (the policy is one step behind, as the paper's semi-dynamic scheme).
             sizes = wait(report, self._ctx.timeout_s).header["sizes"]
             self.batch_sizes = list(sizes)
             self._batch_size = float(sizes[self._ctx.rank])
@@ -407,13 +416,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _report(
-        self, compute: float, comm: float, cpu: float
+        self, clock: int, batch: int, compute: float, comm: float, cpu: float
     ) -> concurrent.futures.Future[Reply] | None:
-        """Send this step's measurements; return the future to wait on under LB-BSP."""
-        fut = self._ctx.client.control({
-            "o": int(Control.REPORT), "k": self._clock, "b": int(self._batch_size),
-            "cs": compute, "ms": comm, "cpu": min(cpu, 1.0),
-        })
+        """Send step ``clock``'s measurements; return the future to wait on under LB-BSP."""
+        fut = self._ctx.client.control(
+            {
+                "o": int(Control.REPORT),
+                "k": clock,
+                "b": batch,
+                "cs": compute,
+                "ms": comm,
+                "cpu": min(cpu, 1.0),
+            }
+        )
         if self._ctx.job.get("batching", "equal") == "equal":
             self._directive = fut  # read at the next step's first push, never waited for
             return None

@@ -339,8 +339,9 @@ class Server:
                 # global batch (b_i / sum of the latest b_j), so N pushes move the model
                 # as far as one synchronous step would.
                 chunk.last_weight[rank] = float(weight)
-                chunk.weight_sum = sum(chunk.last_weight.get(r, float(weight))
-                                       for r in self._workers)
+                chunk.weight_sum = sum(
+                    chunk.last_weight.get(r, float(weight)) for r in self._workers
+                )
             if grad is not None:
                 if chunk.any_grad:
                     chunk.merge.add_(grad, alpha=w)

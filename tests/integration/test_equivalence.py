@@ -55,8 +55,13 @@ def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) ->
     """LB-BSP picks every step's split from measured speeds (worker 2 emulated 4x
     slower); the parameters still match one process over the same global batches."""
     lines: list[str] = []
-    config = LaunchConfig(workers=3, servers=2, chunk_bytes=512, batching="lbbsp",
-                          stragglers=("worker:2:slowdown=4@0-",))
+    config = LaunchConfig(
+        workers=3,
+        servers=2,
+        chunk_bytes=512,
+        batching="lbbsp",
+        stragglers=("worker:2:slowdown=4@0-",),
+    )
     command = [sys.executable, str(SCRIPT), "adam", "8,8,8", str(tmp_path)]
     status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
     assert status == 0, "\n".join(lines[-40:])

@@ -348,3 +348,21 @@ def test_gpu_forgets_a_departed_rank_and_restarts_when_one_joins() -> None:
     joined = {0: [sample(0, 100, 1.0)], 2: [sample(2, 300, 1.0)], 3: []}
     assert policy.batch_sizes(joined, 400) == {0: 134, 2: 133, 3: 133}
     assert policy._step == {}
+
+
+def test_lbbsp_keeps_sizes_while_predicted_finish_times_agree() -> None:
+    from trimtab._batching import BATCHING, WorkerSample
+
+    policy = BATCHING.create("lbbsp", predictor="average")
+
+    def hist(batches: list[int], speeds: list[float]) -> dict[int, list[WorkerSample]]:
+        return {
+            r: [WorkerSample(r, b, b / v, 0.01, 1.0)] * 3
+            for r, (b, v) in enumerate(zip(batches, speeds, strict=True))
+        }
+
+    # 3% apart: within the 5% tolerance, the odd split stays
+    assert policy.batch_sizes(hist([33, 31], [1030.0, 1000.0]), 64) == {0: 33, 1: 31}
+    # 2x apart: re-split toward equal finish times
+    moved = policy.batch_sizes(hist([32, 32], [2000.0, 1000.0]), 64)
+    assert moved[0] > 40 and sum(moved.values()) == 64
