@@ -271,8 +271,8 @@ class LbBsp(BatchSizingPolicy):
         min_batch: every worker's least size (>= 1).
         caps: largest size by rank (e.g. what fits in memory); absent ranks are uncapped.
         tolerance: keep the current sizes while their predicted finish times are within
-            this fraction of each other: re-splitting on noise costs more than it saves
-            (measured: without it, a job with no straggler ran 38% slower under lbbsp).
+            this fraction of each other, so that noise in the measurements does not
+            reshuffle the split every step.
 
     Raises:
         ConfigError: from the constructor for an unknown predictor, ``comm_window < 1``
