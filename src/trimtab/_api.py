@@ -15,6 +15,7 @@ import torch
 
 from trimtab._context import Context
 from trimtab._exceptions import ConfigError, UsageError
+from trimtab._messages import Control
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 from trimtab._worker import WorkerConfig
@@ -117,6 +118,13 @@ def server_stats() -> list[dict[str, Any]]:
     """Each server's counters: chunk versions, pushes, dropped and discounted gradients,
     errors answered. Blocks (one round trip per server)."""
     return default_context().server_stats()
+
+
+def job_status() -> dict[str, Any]:
+    """The coordinator's view of the job: members, placement epoch and owners, worker
+    clocks, migrations done, bytes moved, measured server speeds. Blocks (one round
+    trip); raises :class:`~trimtab.JobAborted` if the job is over."""
+    return dict(default_context().call({"o": int(Control.STATUS)}).header)
 
 
 def barrier() -> None:

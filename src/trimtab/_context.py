@@ -56,6 +56,8 @@ class Context:
         self.optimizers: list[DistributedOptimizer] = []
         self.job: dict[str, Any] = {}  # consistency and batching modes, from the map
         self.straggler = WorkerStraggler(stragglers, self.rank)
+        self._prev: tuple[int, ...] = ()
+        self._cuts: dict[int, int] = {}
         self._bcast_seq = itertools.count()
         self._barrier_seq = itertools.count()
         log.debug("worker %d of %d joined", self.rank, self.size)
@@ -99,9 +101,27 @@ class Context:
         )
         return self.placement
 
-    def server_of(self, chunk: int) -> str:
+    def server_of(self, chunk: int, clock: int | None = None) -> str:
+        """The address of the server that owns ``chunk`` (for the push of step ``clock``:
+        a chunk that is moving belongs to its previous owner before its cut)."""
         assert self.placement is not None
+        cut = self._cuts.get(chunk)
+        if clock is not None and cut is not None and clock < cut:
+            return self.placement.servers[self._prev[chunk]]
         return self.placement.servers[self.placement.owners[chunk]]
+
+    def refresh_map(self, epoch: int) -> None:
+        """Fetch the placement map of at least ``epoch`` from the coordinator. Blocks
+        until the coordinator has published it."""
+        if self.placement is not None and self.placement.epoch >= epoch:
+            return
+        reply = self.call({"o": int(Control.MAP_GET), "e": epoch}).header
+        self.placement = PlacementMap(
+            reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
+        )
+        self._prev = tuple(reply["prev"])
+        self._cuts = {int(c): int(k) for c, k in reply["cuts"].items()}
+        log.debug("worker %d: placement epoch %d", self.rank, self.placement.epoch)
 
     def barrier(self, name: str | None = None) -> None:
         """Block until every worker reached the barrier of the same name."""

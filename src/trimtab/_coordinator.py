@@ -18,6 +18,7 @@ from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
 from trimtab._node import NodeLoop
 from trimtab._placement import PLACEMENTS, PlacementMap, TensorSpec, make_chunks
+from trimtab._psld import PsldController, SpeedEstimator, chunk_costs
 from trimtab._transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.coordinator")
@@ -41,6 +42,8 @@ class CoordinatorConfig:
             ``lbbsp-gpu``); anything but ``equal`` needs ``bsp``.
         heartbeat_s: how often nodes say they are alive.
         dead_after_s: a node silent this long is dead and the job is aborted.
+        rebalance_every: every this many steps, move every chunk to the next server
+            (a forced migration, for tests and demonstrations; 0 = never). Needs bsp.
     """
 
     num_workers: int
@@ -55,6 +58,7 @@ class CoordinatorConfig:
     batching: str = "equal"
     heartbeat_s: float = 1.0
     dead_after_s: float = 30.0
+    rebalance_every: int = 0
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.num_servers < 1:
@@ -81,8 +85,26 @@ class CoordinatorConfig:
             )
         if self.staleness < 0:
             raise ConfigError(f"staleness must be >= 0, got {self.staleness}")
+        if self.rebalance_every < 0:
+            raise ConfigError(f"rebalance_every must be >= 0, got {self.rebalance_every}")
+        if (self.rebalance_every or self.placement == "psld") and self.consistency != "bsp":
+            raise ConfigError(
+                "live migration (--placement psld, rebalancing) hands chunks over at a "
+                f"synchronous step boundary: use it with --mode bsp, not {self.consistency}"
+            )
         if self.dead_after_s <= 2 * self.heartbeat_s:
             raise ConfigError("dead_after_s must be more than twice heartbeat_s")
+
+
+@dataclasses.dataclass
+class _Migration:
+    """A migration in flight: servers still to acknowledge, chunks still moving."""
+
+    epoch: int
+    owners: tuple[int, ...]
+    acks: set[int]
+    cuts: dict[int, int]
+    moving: set[int]
 
 
 class Role(str, enum.Enum):
@@ -127,6 +149,17 @@ class Coordinator:
         self._detector: StragglerDetector = DETECTORS.create("lag")
         self._stop = False
         self._abort: str | None = None
+        # Migration: at most one in flight; workers fetch the published map (MAP_GET).
+        self._sizes: list[int] = []
+        self._migrating: _Migration | None = None
+        self._published: Header = {}
+        self._map_waiters: list[tuple[Peer, int, int]] = []
+        self._last_rebalance = 0
+        self._speeds = SpeedEstimator()
+        self._psld = PsldController() if config.placement == "psld" else None
+        self._step_times: dict[int, float] = {}
+        self.migrations = 0
+        self.bytes_moved = 0
 
     @property
     def address(self) -> str:
@@ -223,6 +256,20 @@ class Coordinator:
                 self._on_done(member, rid)
             elif op == Control.STATUS:
                 self._loop.send(peer, {"o": int(Control.OK), "i": rid, **self.status()})
+            elif op == Control.MIGRATE_ACK:
+                self._on_migrate_ack(member, header)
+            elif op == Control.HANDED:
+                self._on_handed(member, header)
+            elif op == Control.MAP_GET:
+                self._map_waiters.append((peer, rid, field(header, "e", int)))
+                self._answer_map_waiters()
+            elif op == Control.LOAD:
+                if member.role is Role.SERVER:
+                    self._speeds.observe(
+                        member.rank,
+                        float(field(header, "busy", (int, float))),
+                        float(field(header, "bytes", (int, float))),
+                    )
             else:
                 raise ProtocolError(
                     ErrorCode.UNKNOWN_OP.value,
@@ -244,6 +291,9 @@ class Coordinator:
             "epoch": self._map.epoch if self._map else 0,
             "owners": list(self._map.owners) if self._map else [],
             "clocks": {str(r): c for r, c in self._clocks.items()},
+            "migrations": self.migrations,
+            "bytes_moved": self.bytes_moved,
+            "speeds": [self._speeds.speed(m.rank) for m in self._servers],
         }
 
     # -- membership ----------------------------------------------------------------
@@ -349,6 +399,7 @@ class Coordinator:
                 return
         specs = [TensorSpec.from_wire(t) for t in first[2]]
         chunks = make_chunks(specs, self.config.chunk_bytes)
+        self._sizes = [c.nbytes for c in chunks]
         policy = PLACEMENTS.create(self.config.placement)
         owners = policy.place(specs, chunks, len(self._servers))
         self._map = PlacementMap(1, tuple(owners), tuple(m.addr for m in self._servers))
@@ -403,8 +454,15 @@ class Coordinator:
             raise ProtocolError(ErrorCode.MALFORMED.value, f"bad step report: {exc}") from None
         self._history.setdefault(member.rank, collections.deque(maxlen=50)).append(sample)
         self._clocks[member.rank] = clock + 1
+        self._step_times[clock] = max(
+            self._step_times.get(clock, 0.0), sample.compute_s + sample.comm_s
+        )
+        if self._psld is not None:
+            self._psld.observe_step(clock, sample.compute_s + sample.comm_s)
+        self._maybe_rebalance()
+        epoch = self._published.get("epoch", 0)
         if self.config.batching == "equal":
-            reply: Header = {"o": int(Control.OK), "i": header["i"]}
+            reply: Header = {"o": int(Control.OK), "i": header["i"], "epoch": epoch}
             if self.config.consistency == "saps":
                 lagging = self._detector.stragglers(self._clocks)
                 if member.rank in lagging:
@@ -420,7 +478,123 @@ class Coordinator:
         sizes = self._batching.batch_sizes({r: list(h) for r, h in self._history.items()}, total)
         vector = [sizes[r] for r in range(self.config.num_workers)]
         for peer, rid, _, _ in waiting:
-            self._loop.send(peer, {"o": int(Control.OK), "i": rid, "sizes": vector})
+            self._loop.send(peer, {"o": int(Control.OK), "i": rid, "sizes": vector, "epoch": epoch})
+
+    # -- live migration --------------------------------------------------------------
+
+    def _maybe_rebalance(self) -> None:
+        """At a step boundary (every worker reported the step): ask the policy."""
+        if self._map is None or self._migrating is not None or not self._clocks:
+            return
+        if len(self._clocks) < self.config.num_workers:
+            return
+        clock = min(self._clocks.values())
+        if clock <= self._last_rebalance:
+            return
+        new: tuple[int, ...] | None = None
+        every = self.config.rebalance_every
+        if every and clock - self._last_rebalance >= every:
+            n = len(self._servers)
+            new = tuple((o + 1) % n for o in self._map.owners)
+        elif self._psld is not None:
+            costs = chunk_costs(self._sizes, self.config.num_workers)
+            speeds = self._speeds.speeds(len(self._servers))
+            new = self._psld.decide(clock, costs, self._map.owners, speeds)
+        if new is not None and new != self._map.owners:
+            self._last_rebalance = clock
+            self.migrate(new)
+
+    def migrate(self, owners: tuple[int, ...]) -> None:
+        """Start moving chunks to ``owners``: every server learns the new map and says
+        from which clock each chunk it gives away is its new owner's. Loop thread only.
+        Raises :class:`ConfigError` if a migration is in flight or no map exists yet."""
+        if self._map is None or self._map_header is None:
+            raise ConfigError("no placement yet: tensors are not declared")
+        if self._migrating is not None:
+            raise ConfigError(f"migration to epoch {self._migrating.epoch} still in flight")
+        if len(owners) != len(self._map.owners) or not all(
+            0 <= o < len(self._servers) for o in owners
+        ):
+            raise ConfigError("a new map must name a live server for every chunk")
+        epoch = self._map.epoch + 1
+        moving = {
+            c for c, (a, b) in enumerate(zip(self._map.owners, owners, strict=True)) if a != b
+        }
+        self._migrating = _Migration(
+            epoch, tuple(owners), {m.rank for m in self._servers}, {}, moving
+        )
+        log.info(
+            "migration to epoch %d: %d chunks (%d bytes) move",
+            epoch,
+            len(moving),
+            sum(self._sizes[c] for c in moving),
+        )
+        header = {
+            **self._map_header,
+            "o": int(Control.MIGRATE),
+            "i": 0,
+            "epoch": epoch,
+            "owners": list(owners),
+            "servers": [m.addr for m in self._servers],
+        }
+        for server in self._servers:
+            self._loop.send(server.peer, header)
+
+    def _on_migrate_ack(self, member: _Member, header: Header) -> None:
+        mig = self._migrating
+        if mig is None or field(header, "epoch", int) != mig.epoch:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "no such migration in flight")
+        for cid, cut in field(header, "cuts", dict).items():
+            mig.cuts[int(cid)] = int(cut)
+        mig.acks.discard(member.rank)
+        if mig.acks or self._map is None:
+            return
+        previous = self._map.owners
+        self._map = PlacementMap(mig.epoch, mig.owners, tuple(m.addr for m in self._servers))
+        self._published = {
+            "epoch": mig.epoch,
+            "owners": list(mig.owners),
+            "servers": list(self._map.servers),
+            "prev": list(previous),
+            "cuts": {str(c): k for c, k in mig.cuts.items()},
+        }
+        self._answer_map_waiters()
+        self._finish_migration_if_done()
+
+    def _on_handed(self, member: _Member, header: Header) -> None:
+        mig = self._migrating
+        if mig is None:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "no migration in flight")
+        for cid in field(header, "c", list):
+            if cid in mig.moving:
+                mig.moving.discard(cid)
+                self.bytes_moved += self._sizes[cid]
+        self._finish_migration_if_done()
+
+    def _finish_migration_if_done(self) -> None:
+        mig = self._migrating
+        if mig is None or mig.acks or mig.moving:
+            return
+        self.migrations += 1
+        self._migrating = None
+        log.info("migration to epoch %d done (%d so far)", mig.epoch, self.migrations)
+
+    def _answer_map_waiters(self) -> None:
+        published = self._published.get("epoch", self._map.epoch if self._map else 0)
+        keep = []
+        for peer, rid, epoch in self._map_waiters:
+            if epoch > published:
+                keep.append((peer, rid, epoch))
+                continue
+            body = self._published or {
+                "epoch": published,
+                "owners": list(self._map.owners) if self._map else [],
+                "servers": list(self._map.servers) if self._map else [],
+                "prev": [],
+                "cuts": {},
+            }
+            self._loop.send(peer, {"o": int(Control.MAP), "i": rid, **body})
+        self._map_waiters = keep
 
     # -- barriers and broadcast ----------------------------------------------------
 

@@ -49,6 +49,8 @@ class LaunchConfig:
         staleness: the bound of ``ssp``.
         batching: ``equal``, ``lbbsp`` or ``lbbsp-gpu``.
         stragglers: straggler specs (see ``trimtab._straggle``), injected for experiments.
+        rebalance_every: force a migration of every chunk every this many steps (0 =
+            never; for tests and demonstrations of live migration; needs bsp).
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -67,6 +69,7 @@ class LaunchConfig:
     staleness: int = 3
     batching: str = "equal"
     stragglers: tuple[str, ...] = ()
+    rebalance_every: int = 0
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
     verbose: bool = False
@@ -75,8 +78,14 @@ class LaunchConfig:
         if self.workers < 1 or self.servers < 1:
             raise ConfigError("--workers and --servers must be at least 1")
         for spec in parse_stragglers(self.stragglers):  # refuse bad specs before starting
-            if spec.index >= self.workers:
-                raise ConfigError(f"straggler {spec}: there are only {self.workers} workers")
+            count = self.workers if spec.role == "worker" else self.servers
+            if spec.index >= count:
+                raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
+        if (self.rebalance_every or self.placement == "psld") and self.consistency != "bsp":
+            raise ConfigError(
+                "live migration (--placement psld, --rebalance-every) hands chunks over at "
+                f"a synchronous step boundary: use it with --mode bsp, not {self.consistency}"
+            )
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -189,6 +198,8 @@ class Job:
                     str(c.staleness),
                     "--batching",
                     c.batching,
+                    "--rebalance-every",
+                    str(c.rebalance_every),
                     "--host",
                     c.host,
                     "--address-file",
@@ -208,6 +219,7 @@ class Job:
                     raise ConfigError(f"the coordinator was not ready in {c.startup_timeout_s}s")
                 time.sleep(0.02)
             self.coordinator_address = address_file.read_text().strip()
+        env[STRAGGLER_ENV] = ";".join(c.stragglers)
         for s in range(c.servers):
             self._spawn(
                 f"server {s}",

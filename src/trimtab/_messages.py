@@ -49,6 +49,13 @@ class Control(enum.IntEnum):
     STATUS = 16  # anyone -> coord; reply OK {members, epoch, clocks}
     REPORT = 17  # worker -> coord {k, b, cs, ms, cpu}: a step's measurements;
     #              reply OK {sizes?, refresh?, lead?} (under lbbsp once all workers reported)
+    MIGRATE = 18  # coord -> server {epoch, owners, servers, prev, + MAP fields}: a new map
+    MIGRATE_ACK = 19  # server -> coord {epoch, cuts}: the clock from which each chunk it
+    #                   gives away belongs to its new owner
+    HANDED = 20  # server -> coord {epoch, c}: these chunks reached their new owners
+    MAP_GET = 21  # worker -> coord {e}; reply MAP {epoch, owners, servers, prev, cuts}
+    #               once a map of at least epoch e is published
+    LOAD = 22  # server -> coord {busy, bytes, n}: cumulative busy seconds, bytes handled
 
 
 class Data(enum.IntEnum):
@@ -62,6 +69,7 @@ class Data(enum.IntEnum):
     ACK = 69
     ERROR = 70  # {code, msg}
     STATS = 71  # anyone -> server; reply ACK {chunks, versions, pushes}
+    HANDOVER = 72  # server -> server {c, v, k, e, hp, st} + value + state tensors; reply ACK
 
 
 class ErrorCode(str, enum.Enum):

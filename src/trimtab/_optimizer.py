@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trimtab._context import Context
-from trimtab._exceptions import ConfigError, UsageError
+from trimtab._exceptions import ChunkMoved, ConfigError, RemoteError, UsageError
 from trimtab._messages import Control, Data
 from trimtab._node import as_bytes, tensor_from, wire_dtype
 from trimtab._optim import OptimizerMode, choose_mode, hyperparameters
@@ -27,6 +27,11 @@ from trimtab._placement import ChunkSpec, TensorSpec
 from trimtab._worker import Reply, wait
 
 log = logging.getLogger("trimtab")
+
+#: A request whose chunk moved this many times in a row gives up.
+_MAX_MOVES = 8
+
+_Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any]]
 _said_mode: set[str] = set()
 
 
@@ -107,7 +112,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._pending_report: tuple[int, int, float, float, float] | None = None
         self._report_future: concurrent.futures.Future[Reply] | None = None
         self._counts: dict[torch.Tensor, int] = {}
-        self._inflight: dict[torch.Tensor, list[concurrent.futures.Future[Reply]]] = {}
+        self._inflight: dict[torch.Tensor, list[_Sent]] = {}
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
@@ -180,17 +185,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         ctx = self._ctx
         if ctx.rank == root_rank:
-            futs = [
-                ctx.client.request(
-                    ctx.server_of(c.id),
-                    self._tensor_header(Data.INIT, c),
-                    [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])],
-                )
-                for p in params
-                for c in self._chunks_of[p]
-            ]
-            for f in futs:
-                wait(f, ctx.timeout_s)
+            sent = []
+            for p in params:
+                for c in self._chunks_of[p]:
+                    header = self._tensor_header(Data.INIT, c)
+                    frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
+                    fut = ctx.client.request(ctx.server_of(c.id), header, frames)
+                    sent.append((fut, c, header, frames))
+            for fut, c, header, frames in sent:
+                self._await(fut, c, header, frames, None)
         ctx.barrier()
         if ctx.rank != root_rank:
             self._pull(params)
@@ -268,7 +271,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 frames = []
             else:
                 frames = [as_bytes(flat[c.offset : c.offset + c.numel])]
-            futs.append(self._ctx.client.request(self._ctx.server_of(c.id), header, frames))
+            to = self._ctx.server_of(c.id, self._clock)
+            futs.append((self._ctx.client.request(to, header, frames), header, frames))
         self._inflight[p] = futs
 
     def synchronize(self) -> None:
@@ -286,8 +290,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         with torch.no_grad():
             for p, futs in self._inflight.items():
-                for c, f in zip(self._chunks_of[p], futs, strict=True):
-                    reply = wait(f, self._ctx.timeout_s)
+                for c, (f, header, frames) in zip(self._chunks_of[p], futs, strict=True):
+                    reply = self._await(f, c, header, frames, self._clock)
                     if self._mode is OptimizerMode.SERVER:
                         self._write(p.data, c, reply)
                     elif not reply.header.get("z"):
@@ -298,6 +302,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._counts.clear()
         self._step_hp.clear()
         self._synchronized = True
+
+    def _await(
+        self,
+        fut: concurrent.futures.Future[Reply],
+        c: ChunkSpec,
+        header: dict[str, Any],
+        frames: list[Any],
+        clock: int | None,
+    ) -> Reply:
+        """Wait for a chunk request's reply; if the chunk moved, fetch the new map and
+        send the request again to the new owner. Blocks; raises as :func:`wait`, and
+        :class:`RemoteError` if the chunk keeps moving."""
+        ctx = self._ctx
+        for _ in range(_MAX_MOVES):
+            try:
+                return wait(fut, ctx.timeout_s)
+            except ChunkMoved as moved:
+                ctx.refresh_map(moved.epoch)
+                header["e"] = self._epoch
+                fut = ctx.client.request(ctx.server_of(c.id, clock), header, frames)
+        raise RemoteError(
+            "moved", f"chunk {c.id} moved {_MAX_MOVES} times during one request; giving up"
+        )
 
     def _write(self, dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
         h = reply.header
@@ -319,6 +346,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         d = self._directive
         if d is not None and d.done() and d.exception() is None:
             header = d.result().header
+            self._ctx.refresh_map(int(header.get("epoch", 0)))
             if header.get("refresh"):
                 self._skipping = True
                 self._lead = int(header.get("lead", self._clock))
@@ -339,20 +367,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _pull(self, params: list[torch.Tensor]) -> None:
         ctx = self._ctx
-        pulls = [
-            (
-                p,
-                c,
-                ctx.client.request(
-                    ctx.server_of(c.id), {"o": int(Data.PULL), "c": c.id, "e": self._epoch}
-                ),
-            )
-            for p in params
-            for c in self._chunks_of[p]
-        ]
+        pulls = []
+        for p in params:
+            for c in self._chunks_of[p]:
+                header: dict[str, Any] = {"o": int(Data.PULL), "c": c.id, "e": self._epoch}
+                pulls.append((p, c, header, ctx.client.request(ctx.server_of(c.id), header)))
         with torch.no_grad():
-            for p, c, f in pulls:
-                self._write(p.data, c, wait(f, ctx.timeout_s))
+            for p, c, header, f in pulls:
+                self._write(p.data, c, self._await(f, c, header, [], None))
 
     def _skip_ahead(self) -> None:
         """Drop this step's (stale) gradients, fetch current values, jump the clock."""
@@ -407,7 +429,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if report is not None:
             # LB-BSP: the sizes for the next step, from every worker's previous-step
             # timings (the policy is one step behind, as the paper's semi-dynamic scheme).
-            sizes = wait(report, self._ctx.timeout_s).header["sizes"]
+            header = wait(report, self._ctx.timeout_s).header
+            self._ctx.refresh_map(int(header.get("epoch", 0)))
+            sizes = header["sizes"]
             self.batch_sizes = list(sizes)
             self._batch_size = float(sizes[self._ctx.rank])
         self._clock += 1

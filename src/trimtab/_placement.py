@@ -201,3 +201,9 @@ class GreedyPlacement(PlacementPolicy):
             owners[c.id] = server
             load[server] += c.nbytes
         return owners
+
+
+@PLACEMENTS.register("psld")
+class PsldPlacement(GreedyPlacement):
+    """Starts as ``greedy``; then the coordinator moves chunks live from the servers'
+    measured speeds (see :mod:`trimtab._psld`)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,9 +23,11 @@ from trimtab._node import (
     NodeLoop,
     as_bytes,
     check_tensor_frames,
+    tensor_from,
 )
-from trimtab._optim import ChunkOptimizer, OptimizerMode
+from trimtab._optim import ChunkOptimizer, OptimizerMode, hyperparameters
 from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
+from trimtab._straggle import ServerStraggler, StragglerSpec
 from trimtab._transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
@@ -42,6 +45,7 @@ class ServerConfig:
         heartbeat_s: seconds between heartbeats to the coordinator.
         coordinator_timeout_s: exit if the coordinator is silent this long.
         max_frame_bytes: a frame over this closes the sender's connection.
+        stragglers: straggler specs; those naming this server's index slow it down.
     """
 
     coordinator: str
@@ -51,6 +55,7 @@ class ServerConfig:
     heartbeat_s: float = 1.0
     coordinator_timeout_s: float = 30.0
     max_frame_bytes: int = 64 << 20
+    stragglers: tuple[StragglerSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.coordinator.startswith(("tcp://", "inproc://")):
@@ -133,6 +138,24 @@ class Server:
         self._consistency: ConsistencyPolicy = CONSISTENCY.create("bsp")
         self._stop = False
         self._abort: str | None = None
+        self._tensors: list[TensorSpec] = []
+        self._specs: list[ChunkSpec] = []
+        self._opt: dict[str, Any] = {}
+        # Migration: chunks leaving (id -> (cut clock, new owner)), chunks arriving (id ->
+        # requests that came before the chunk did), handovers sent and not yet acked.
+        self._outgoing: dict[int, tuple[int, int]] = {}
+        self._incoming: dict[int, list[tuple[Peer, list[memoryview]]]] = {}
+        self._handing: dict[int, int] = {}  # request id -> chunk id
+        self._handover_rids = 0
+        self._early: list[tuple[Peer, list[memoryview]]] = []
+        self._servers: tuple[str, ...] = ()
+        self._straggler = ServerStraggler(config.stragglers, -1)
+        self._step = 0
+        self._busy_s = 0.0
+        self._bytes = 0
+        self._requests = 0
+        self.moved_in = 0
+        self.moved_out = 0
 
     @property
     def address(self) -> str:
@@ -169,6 +192,8 @@ class Server:
                 env = self._transport.recv(self.config.heartbeat_s)
                 if self._heartbeat.due():
                     self._loop.send(self._coord, self._heartbeat.header())
+                    if self.state is ServerState.SERVING:
+                        self._report_load()
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
                         self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
@@ -178,9 +203,17 @@ class Server:
                     self._heartbeat.heard()
                     self._on_control(env.frames)
                 else:
+                    started = time.perf_counter()
+                    nbytes = sum(len(f) for f in env.frames)
+                    if self._straggler:
+                        self._straggler.on_bytes(nbytes, self._step)
                     self._on_data(env.peer, env.frames)
+                    self._busy_s += time.perf_counter() - started
+                    self._bytes += nbytes
+                    self._requests += 1
         finally:
             self.state = ServerState.STOPPED
+            self._straggler.close()
             self._transport.close()
         if self._abort is not None:
             raise JobAborted(f"server {self.index}: {self._abort}")
@@ -197,12 +230,24 @@ class Server:
         if op == Control.REGISTERED:
             self.index = header["rank"]
             self.state = ServerState.SERVING
+            self._straggler = ServerStraggler(self.config.stragglers, self.index)
             log.info("server %d serving at %s", self.index, self.address)
         elif op == Control.MAP:
             self._apply_map(header)
             self._loop.send(
                 self._coord, {"o": int(Control.MAP_ACK), "i": header["i"], "epoch": self._epoch}
             )
+        elif op == Control.MIGRATE:
+            cuts = self._apply_migrate(header)
+            self._loop.send(
+                self._coord,
+                {"o": int(Control.MIGRATE_ACK), "i": 0, "epoch": self._epoch, "cuts": cuts},
+            )
+            for cid in list(self._outgoing):
+                self._maybe_hand_over(cid)
+            early, self._early = self._early, []
+            for peer, frames in early:
+                self._on_data(peer, frames)
         elif op == Control.SHUTDOWN:
             log.info("server %d: job finished, shutting down", self.index)
             self._stop = True
@@ -213,33 +258,170 @@ class Server:
             self._abort = f"coordinator refused us: {header.get('msg')}"
             self._stop = True
 
-    def _apply_map(self, header: Header) -> None:
-        tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
-        chunks = make_chunks(tensors, header["chunk_bytes"])
-        self._owners = tuple(header["owners"])
-        self._epoch = header["epoch"]
+    def _learn_job(self, header: Header) -> None:
+        """What every map carries about the job: tensors, optimizer, workers, mode."""
+        self._tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
+        self._specs = make_chunks(self._tensors, header["chunk_bytes"])
         self._workers = set(header["workers"])
+        self._servers = tuple(header["servers"])
         self._consistency = CONSISTENCY.create(
             header.get("consistency", "bsp"),
             workers=len(self._workers),
             **header.get("consistency_args", {}),
         )
-        opt = header["opt"]
-        self._mode = OptimizerMode(opt["mode"])
-        self._chunks = {}
-        for spec in chunks:
-            if self._owners[spec.id] != self.index:
-                continue
-            hp = opt["groups"][tensors[spec.tensor].group]
-            server_opt = (opt["cls"], hp) if self._mode is OptimizerMode.SERVER else None
-            self._chunks[spec.id] = _Chunk(spec, server_opt)
+        self._opt = header["opt"]
+        self._mode = OptimizerMode(self._opt["mode"])
+
+    def _new_chunk(self, spec: ChunkSpec) -> _Chunk:
+        hp = self._opt["groups"][self._tensors[spec.tensor].group]
+        server_opt = (self._opt["cls"], hp) if self._mode is OptimizerMode.SERVER else None
+        return _Chunk(spec, server_opt)
+
+    def _apply_map(self, header: Header) -> None:
+        self._learn_job(header)
+        self._owners = tuple(header["owners"])
+        self._epoch = header["epoch"]
+        self._chunks = {
+            spec.id: self._new_chunk(spec)
+            for spec in self._specs
+            if self._owners[spec.id] == self.index
+        }
         log.info(
             "server %d owns %d of %d chunks (epoch %d, %s mode)",
             self.index,
             len(self._chunks),
-            len(chunks),
+            len(self._specs),
             self._epoch,
             self._mode.value,
+        )
+
+    # -- migration -----------------------------------------------------------------
+
+    def _apply_migrate(self, header: Header) -> dict[str, int]:
+        """Take a new map: decide, for each chunk leaving, the clock from which it is
+        its new owner's (the round in progress if no push for it arrived yet, else the
+        next), and expect the chunks arriving. Returns the cuts, by chunk id."""
+        if not self._specs:
+            self._learn_job(header)  # a server that joined after the job started
+        self._servers = tuple(header["servers"])
+        owners = tuple(header["owners"])
+        cuts: dict[str, int] = {}
+        for cid, chunk in self._chunks.items():
+            if owners[cid] == self.index or cid in self._outgoing:
+                continue
+            cut = chunk.round + (1 if chunk.arrived else 0)
+            self._outgoing[cid] = (cut, owners[cid])
+            cuts[str(cid)] = cut
+        for cid, owner in enumerate(owners):
+            if owner == self.index and cid not in self._chunks:
+                self._incoming.setdefault(cid, [])
+        self._owners = owners
+        self._epoch = header["epoch"]
+        log.info(
+            "server %d: map epoch %d, %d chunks leaving, %d arriving",
+            self.index,
+            self._epoch,
+            len(cuts),
+            len(self._incoming),
+        )
+        return cuts
+
+    def _maybe_hand_over(self, cid: int) -> None:
+        """Send a leaving chunk to its new owner once every round before its cut is
+        applied and answered: value, optimizer state, version and round go together."""
+        cut, owner = self._outgoing[cid]
+        chunk = self._chunks.get(cid)
+        if chunk is None or chunk.round < cut or chunk.arrived or chunk.waiting or chunk.held:
+            return
+        header: Header = {
+            "o": int(Data.HANDOVER),
+            "c": cid,
+            "v": chunk.version,
+            "k": chunk.round,
+            "e": self._epoch,
+            "dt": WIRE_DTYPES[chunk.value.dtype],
+            "n": chunk.spec.numel,
+        }
+        frames: list[Any] = [as_bytes(chunk.value)]
+        header["p"] = [chunk.pushes, chunk.dropped, chunk.discounted]
+        if chunk.optimizer is not None:
+            group = chunk.optimizer.optimizer.param_groups[0]
+            header["hp"] = hyperparameters(group)
+            state = chunk.optimizer.optimizer.state.get(chunk.optimizer.param, {})
+            meta: dict[str, Any] = {}
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    t = value.detach().contiguous()
+                    meta[key] = ["t", WIRE_DTYPES[t.dtype], list(t.shape)]
+                    frames.append(as_bytes(t.view(-1)) if t.numel() else b"")
+                else:
+                    meta[key] = ["v", value]
+            header["st"] = meta
+        self._handover_rids += 1
+        rid = self._handover_rids
+        header["i"] = rid
+        self._handing[rid] = cid
+        del self._chunks[cid]  # from here on requests for it get MOVED
+        self._loop.send(self._transport.connect(self._servers[owner]), header, frames)
+
+    def _on_handover(self, peer: Peer, header: Header, frames: Sequence[memoryview]) -> None:
+        cid = field(header, "c", int)
+        if cid not in self._incoming:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"chunk {cid} handed to server {self.index}, which does not expect it",
+            )
+        spec = self._specs[cid]
+        value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
+        chunk = self._new_chunk(spec)
+        chunk.value.copy_(value)
+        chunk.version = field(header, "v", int)
+        chunk.round = field(header, "k", int)
+        chunk.pushes, chunk.dropped, chunk.discounted = (int(x) for x in field(header, "p", list))
+        if chunk.optimizer is not None:
+            hp = header.get("hp")
+            if isinstance(hp, dict):
+                chunk.optimizer.set_hparams(hp)
+            state: dict[str, Any] = {}
+            rest = list(frames[1:])
+            for key, (kind, *info) in field(header, "st", dict).items():
+                if kind == "t":
+                    dtype, shape = info
+                    numel = 1
+                    for d in shape:
+                        numel *= d
+                    t = tensor_from(rest.pop(0), dtype, numel) if numel else torch.empty(0)
+                    state[key] = t.clone().view(shape)
+                else:
+                    state[key] = info[0]
+            if state:
+                chunk.optimizer.optimizer.state[chunk.optimizer.param] = state
+        self._chunks[cid] = chunk
+        queued = self._incoming.pop(cid)
+        self.moved_in += 1
+        self._loop.send(peer, {"o": int(Data.ACK), "i": header["i"]})
+        for qpeer, qframes in queued:
+            self._on_data(qpeer, qframes)
+
+    def _on_handed(self, rid: int) -> None:
+        cid = self._handing.pop(rid)
+        self._outgoing.pop(cid, None)
+        self.moved_out += 1
+        self._loop.send(
+            self._coord, {"o": int(Control.HANDED), "i": 0, "epoch": self._epoch, "c": [cid]}
+        )
+
+    def _report_load(self) -> None:
+        self._loop.send(
+            self._coord,
+            {
+                "o": int(Control.LOAD),
+                "i": 0,
+                "busy": self._busy_s,
+                "bytes": self._bytes,
+                "n": self._requests,
+                "step": self._step,
+            },
         )
 
     # -- data plane ----------------------------------------------------------------
@@ -250,7 +432,24 @@ class Server:
             header = decode(frames[0], self.config.job)
             rid = header["i"]
             op = header["o"]
-            if op == Data.PUSH:
+            if op in (Data.ACK, Data.ERROR) and rid in self._handing:
+                if op == Data.ERROR:  # the new owner refused: nothing can fix that here
+                    self._abort = f"handover of chunk {self._handing[rid]} refused: {header}"
+                    self._stop = True
+                    return
+                self._on_handed(rid)
+                return
+            cid = header.get("c")
+            if op != Data.HANDOVER and isinstance(cid, int) and cid in self._incoming:
+                # The chunk is on its way here: answer once it arrived.
+                self._incoming[cid].append((peer, frames))
+                return
+            if op == Data.HANDOVER and header.get("e", 0) > self._epoch:
+                # The old owner learned of the new map before we did: wait for it.
+                self._early.append((peer, frames))
+            elif op == Data.HANDOVER:
+                self._on_handover(peer, header, frames[1:])
+            elif op == Data.PUSH:
                 self._on_push(peer, header, frames[1:])
             elif op == Data.PULL:
                 chunk = self._owned(header)
@@ -300,6 +499,9 @@ class Server:
         chunk = self._owned(header)
         rank = field(header, "r", int)
         clock = field(header, "k", int)
+        leaving = self._outgoing.get(chunk.spec.id)
+        if leaving is not None and clock >= leaving[0]:
+            raise _Moved(chunk.spec.id, leaving[1], self._epoch)
         weight = field(header, "w", (int, float))
         read = header.get("v", chunk.version)
         if rank not in self._workers:
@@ -383,6 +585,12 @@ class Server:
         chunk.weight_sum = 0.0
         chunk.any_grad = False
         chunk.round += 1
+        if chunk.round > self._step:
+            self._step = chunk.round
+            if self._straggler:
+                self._straggler.on_step(self._step)
+        if chunk.spec.id in self._outgoing:
+            self._maybe_hand_over(chunk.spec.id)
 
     def _release(self, chunk: _Chunk) -> None:
         """Send the held replies the consistency policy lets go (SSP holds fast workers)."""
@@ -409,6 +617,8 @@ class Server:
             self._loop.send(peer, header)
             return
         header["dt"] = WIRE_DTYPES[t.dtype]
+        if self._straggler:
+            self._straggler.on_bytes(t.numel() * t.element_size(), self._step)
         self._loop.send(peer, header, [as_bytes(t)])
 
     def stats(self) -> dict[str, Any]:
@@ -422,6 +632,10 @@ class Server:
             "discounted": sum(ch.discounted for ch in self._chunks.values()),
             "held": sum(len(ch.held) for ch in self._chunks.values()),
             "errors": self._loop.errors_sent,
+            "moved_in": self.moved_in,
+            "moved_out": self.moved_out,
+            "busy_s": self._busy_s,
+            "bytes": self._bytes,
         }
 
 

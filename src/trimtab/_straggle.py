@@ -10,10 +10,16 @@ experiments as ``--straggler SPEC`` (repeatable, or several SPECs joined by ``;`
     worker:3:drift=0.3          worker 3's slowdown is a random walk (log-steps of sd 0.3,
                                 between 1x and 8x), seeded by its rank
     worker:0:cpu=1@10-          a busy process competes with worker 0 for its core
+    server:1:bandwidth=25MB/s@20-80
+                                server 1 moves at most 25 MB/s (a token bucket over what
+                                it receives and sends) from step 20 to step 79
+    server:0:delay=4ms/MB       server 0 spends 4 ms more per MB it handles
+    server:2:cpu=1              a busy process competes with server 2 for its core
 
 A slowdown of K is real compute plus a sleep of (K - 1) x the compute time of the step:
-the work stays real, its speed is what is emulated. Server stragglers
-(``server:1:bandwidth=25MB/s``) belong to PSLD and are refused here until it lands.
+the work stays real, its speed is what is emulated. A server's step is the highest
+clock it has completed on any chunk it owns. Units: bandwidth in B/s, KB/s, MB/s, GB/s
+(powers of 1000) or KiB/s, MiB/s, GiB/s; delay in s/MB, ms/MB or us/MB.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import math
 import multiprocessing
 import os
 import random
+import time
 from collections.abc import Iterable, Sequence
 from multiprocessing.process import BaseProcess
 
@@ -75,20 +82,14 @@ def _parse_one(text: str) -> StragglerSpec:
         raise ConfigError(usage)
     role, index_text, setting = parts
     kind, _, value_text = setting.partition("=")
-    if role == "server":
-        if kind not in SERVER_KINDS:
-            raise ConfigError(f"{usage}; server kinds are {SERVER_KINDS}")
-        raise ConfigError(
-            f"straggler {text!r}: server stragglers come with PSLD rebalancing (issue 4) "
-            "and are not implemented yet; worker stragglers are"
-        )
-    if role != "worker":
+    if role not in ("worker", "server"):
         raise ConfigError(f"{usage}; ROLE is worker or server")
-    if kind not in WORKER_KINDS:
-        raise ConfigError(f"{usage}; worker kinds are {WORKER_KINDS}")
+    kinds = WORKER_KINDS if role == "worker" else SERVER_KINDS
+    if kind not in kinds:
+        raise ConfigError(f"{usage}; {role} kinds are {kinds}")
     try:
         index = int(index_text)
-        value = float(value_text)
+        value = _value(kind, value_text)
         start, end = 0, None
         if when:
             first, dash, last = when.partition("-")
@@ -96,15 +97,40 @@ def _parse_one(text: str) -> StragglerSpec:
                 raise ValueError(when)
             start = int(first)
             end = int(last) if last else None
-    except ValueError:
-        raise ConfigError(usage) from None
+    except ValueError as exc:
+        raise ConfigError(f"{usage} ({exc})") from None
     if index < 0 or start < 0 or (end is not None and end <= start):
         raise ConfigError(f"{usage}; index and steps must be >= 0 and END > START")
     if kind == "slowdown" and value < 1:
         raise ConfigError(f"straggler {text!r}: a slowdown is >= 1 (3 = three times slower)")
-    if kind in ("drift", "cpu") and value <= 0:
+    if kind in ("drift", "cpu", "bandwidth", "delay") and value <= 0:
         raise ConfigError(f"straggler {text!r}: {kind} must be positive")
     return StragglerSpec(role, index, kind, value, start, end)
+
+
+_RATE_UNITS = {
+    "b/s": 1.0,
+    "kb/s": 1e3,
+    "mb/s": 1e6,
+    "gb/s": 1e9,
+    "kib/s": 1024.0,
+    "mib/s": 1024.0**2,
+    "gib/s": 1024.0**3,
+}
+_DELAY_UNITS = {"s/mb": 1e-6, "ms/mb": 1e-9, "us/mb": 1e-12}
+
+
+def _value(kind: str, text: str) -> float:
+    """A spec's value in base units: bytes/s for bandwidth, seconds/byte for delay.
+    Raises ValueError on a malformed number or an unknown unit."""
+    units = _RATE_UNITS if kind == "bandwidth" else _DELAY_UNITS if kind == "delay" else None
+    if units is None:
+        return float(text)
+    lowered = text.strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if lowered.endswith(unit):
+            return float(lowered[: -len(unit)]) * units[unit]
+    raise ValueError(f"{text!r} needs a unit: one of {sorted(units)}")
 
 
 def _burn() -> None:  # pragma: no cover - runs in the competing process
@@ -178,3 +204,49 @@ class WorkerStraggler:
         if self._affinity is not None:
             os.sched_setaffinity(0, self._affinity)
             self._affinity = None
+
+
+class ServerStraggler:
+    """The slowdown schedule of one server. Not thread-safe; the server's loop uses it.
+
+    :meth:`on_bytes` blocks for as long as the schedule says handling ``nbytes`` at
+    step ``step`` takes beyond the real work: a token bucket for ``bandwidth`` (bursts
+    of up to 20 ms of traffic pass at once) plus ``delay`` seconds per byte.
+    :meth:`on_step` starts and stops competing processes; :meth:`close` stops them.
+    """
+
+    BURST_S = 0.02
+
+    def __init__(self, specs: Sequence[StragglerSpec], index: int) -> None:
+        self.specs = [s for s in specs if s.role == "server" and s.index == index]
+        self._free_at = 0.0
+        self._cpu = WorkerStraggler(
+            [dataclasses.replace(s, role="worker") for s in self.specs if s.kind == "cpu"],
+            index,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    def on_bytes(self, nbytes: int, step: int) -> None:
+        """Sleep as long as a slower server would take for ``nbytes`` more. Blocks."""
+        rate = min(
+            (s.value for s in self.specs if s.kind == "bandwidth" and s.active(step)),
+            default=None,
+        )
+        delay = sum(s.value for s in self.specs if s.kind == "delay" and s.active(step))
+        now = time.monotonic()
+        pause = nbytes * delay
+        if rate is not None:
+            self._free_at = max(now, self._free_at) + nbytes / rate
+            pause += max(0.0, self._free_at - now - self.BURST_S)
+        if pause > 0:
+            time.sleep(pause)
+
+    def on_step(self, step: int) -> None:
+        """Start or stop competing CPU processes for ``step``."""
+        self._cpu.on_step(step)
+
+    def close(self) -> None:
+        """Stop competing processes."""
+        self._cpu.close()

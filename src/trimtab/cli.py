@@ -58,6 +58,13 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="inject a straggler, e.g. worker:2:slowdown=3@0- (repeatable)",
     )
+    p.add_argument(
+        "--rebalance-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="force a live migration of every chunk every N steps (testing; bsp only)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="roles log at INFO level")
 
 
@@ -104,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     coord.add_argument("--mode", default="bsp", choices=CONSISTENCY.names())
     coord.add_argument("--staleness", type=int, default=3)
     coord.add_argument("--batching", default="equal", choices=BATCHING.names())
+    coord.add_argument("--rebalance-every", type=int, default=0)
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
     coord.add_argument("--verbose", "-v", action="store_true")
 
@@ -116,6 +124,13 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
     server.add_argument("--host", default=os.environ.get("DMLC_NODE_HOST", "127.0.0.1"))
     server.add_argument("--port", type=int, default=0)
+    server.add_argument(
+        "--straggler",
+        action="append",
+        default=[os.environ.get("TRIMTAB_STRAGGLERS", "")],
+        metavar="SPEC",
+        help="server straggler specs (those naming this server's index apply)",
+    )
     server.add_argument("--verbose", "-v", action="store_true")
 
     exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
@@ -196,6 +211,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         staleness=args.staleness,
         batching=args.batching,
         stragglers=tuple(args.straggler),
+        rebalance_every=args.rebalance_every,
         verbose=args.verbose,
     )
 
@@ -225,6 +241,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
             consistency=args.mode,
             staleness=args.staleness,
             batching=args.batching,
+            rebalance_every=args.rebalance_every,
         )
     )
     if args.address_file:
@@ -249,7 +266,15 @@ def _cmd_server(args: argparse.Namespace) -> int:
             "TRIMTAB_COORDINATOR, or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)"
         )
     torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
+    from trimtab._straggle import parse_stragglers
+
     Server(
-        ServerConfig(coordinator=args.coordinator, job=args.job, host=args.host, port=args.port)
+        ServerConfig(
+            coordinator=args.coordinator,
+            job=args.job,
+            host=args.host,
+            port=args.port,
+            stragglers=tuple(parse_stragglers(args.straggler)),
+        )
     ).run()
     return 0

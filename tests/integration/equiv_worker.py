@@ -5,6 +5,7 @@ Usage: equiv_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -22,4 +23,8 @@ used: list[tuple[int, ...]] = []
 params = train_worker(setup, trimtab.rank(), sizes_out=used)
 torch.save(params, out / f"rank{trimtab.rank()}.pt")
 torch.save(used, out / f"sizes{trimtab.rank()}.pt")
+trimtab.barrier()  # every worker's last step is applied everywhere
+if trimtab.rank() == 0:
+    stats = {"servers": trimtab.server_stats(), "job": trimtab.job_status()}
+    (out / "stats.json").write_text(json.dumps(stats))
 trimtab.shutdown()

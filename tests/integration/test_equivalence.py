@@ -3,6 +3,7 @@ parameters of one process running the same optimizer over the same global batche
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -74,3 +75,48 @@ def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) ->
     assert all(sum(s) == 24 for s in sizes)
     assert len(set(sizes)) >= 3, sizes
     assert sizes[-1][2] < 8, sizes  # the straggler ends with less than an equal share
+
+
+MIGRATION_CASES = [
+    ("sgd", (5, 19), 2),
+    ("adam", (2, 20, 2), 3),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("optimizer", "sizes", "servers"),
+    MIGRATION_CASES,
+    ids=[f"{o}-{len(b)}w{s}s" for o, b, s in MIGRATION_CASES],
+)
+def test_bsp_with_live_migrations_matches_one_process(
+    tmp_path: Path, optimizer: str, sizes: tuple[int, ...], servers: int
+) -> None:
+    """Every 3 steps every chunk moves to the next server (value, optimizer state and
+    version handed over live); the parameters still match one process, and every
+    pushed gradient was applied exactly once."""
+    lines: list[str] = []
+    config = LaunchConfig(workers=len(sizes), servers=servers, chunk_bytes=512, rebalance_every=3)
+    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
+    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
+    assert status == 0, "\n".join(lines[-40:])
+    setup = Setup(optimizer, sizes)
+    expected = reference(setup)
+    for rank in range(len(sizes)):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    job, servers_stats = stats["job"], stats["servers"]
+    chunks = len(job["owners"])
+    assert job["migrations"] >= setup.steps // 3 - 1, job
+    # Every chunk moved at least once, and ended where the last map says.
+    assert sum(s["moved_in"] for s in servers_stats) >= chunks
+    versions = {int(c): v for s in servers_stats for c, v in s["versions"].items()}
+    assert sorted(versions) == list(range(chunks))  # each chunk owned by exactly one server
+    for s in servers_stats:
+        for c in s["versions"]:
+            assert job["owners"][int(c)] == s["index"]
+    # Exactly once: one update per step per chunk, one push per worker per step per chunk.
+    assert set(versions.values()) == {setup.steps}
+    assert sum(s["pushes"] for s in servers_stats) == chunks * len(sizes) * setup.steps
+    assert processes_of(config.job) == []

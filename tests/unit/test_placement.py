@@ -90,7 +90,7 @@ def test_registry_refuses_unknown_and_duplicate_names() -> None:
     reg.register("a")(object)
     with pytest.raises(ConfigError, match="already registered"):
         reg.register("a")(object)
-    assert PLACEMENTS.names() == ["greedy", "hash", "mxnet"]
+    assert PLACEMENTS.names() == ["greedy", "hash", "mxnet", "psld"]
 
 
 def test_tensor_spec_rejects_bad_declarations() -> None:

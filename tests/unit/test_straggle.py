@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trimtab import ConfigError
 from trimtab._detection import DETECTORS
-from trimtab._straggle import StragglerSpec, WorkerStraggler, parse_stragglers
+from trimtab._straggle import (
+    ServerStraggler,
+    StragglerSpec,
+    WorkerStraggler,
+    parse_stragglers,
+)
 
 
 def test_parse_static_transient_and_drift() -> None:
@@ -21,6 +28,35 @@ def test_parse_static_transient_and_drift() -> None:
     assert str(specs[1]) == "worker:1:slowdown=4@20-60"
 
 
+def test_parse_server_kinds_in_base_units() -> None:
+    specs = parse_stragglers(
+        "server:1:bandwidth=25MB/s@20-80;server:0:delay=4ms/MB;server:2:bandwidth=1MiB/s"
+    )
+    assert specs[0] == StragglerSpec("server", 1, "bandwidth", 25e6, 20, 80)
+    assert specs[1].kind == "delay" and specs[1].value == pytest.approx(4e-9)
+    assert specs[2].value == 1024.0**2
+
+
+def test_server_bandwidth_cap_paces_traffic_only_when_active() -> None:
+    throttle = ServerStraggler(parse_stragglers("server:0:bandwidth=10MB/s@5-"), 0)
+    assert throttle and not ServerStraggler(parse_stragglers("server:0:delay=1s/MB"), 1)
+    start = time.monotonic()
+    for _ in range(10):
+        throttle.on_bytes(100_000, step=0)  # before the window: free
+    assert time.monotonic() - start < 0.05
+    start = time.monotonic()
+    for _ in range(10):
+        throttle.on_bytes(100_000, step=5)  # 1 MB at 10 MB/s: 0.1 s, less one burst
+    assert 0.07 <= time.monotonic() - start < 0.5
+
+
+def test_server_delay_is_per_byte() -> None:
+    throttle = ServerStraggler(parse_stragglers("server:0:delay=100ms/MB"), 0)
+    start = time.monotonic()
+    throttle.on_bytes(500_000, step=0)
+    assert 0.05 <= time.monotonic() - start < 0.3
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [
@@ -30,7 +66,10 @@ def test_parse_static_transient_and_drift() -> None:
         ("worker:2:warp=3", "worker kinds"),
         ("worker:2:slowdown=3@9-4", "END > START"),
         ("node:2:slowdown=3", "ROLE is worker or server"),
-        ("server:1:bandwidth=25MB/s@20-80", "not implemented yet"),
+        ("server:1:bandwidth=25", "needs a unit"),
+        ("server:1:bandwidth=25furlongs/s", "needs a unit"),
+        ("server:1:slowdown=3", "server kinds"),
+        ("server:0:delay=-1ms/MB", "must be positive"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(text: str, says: str) -> None:

@@ -1,0 +1,272 @@
+"""PSLD: parameter-server load balancing from measured server speeds (pure policies).
+
+The coordinator feeds a :class:`PsldController` what the servers report (cumulative busy
+seconds and bytes handled, see :class:`SpeedEstimator`) and what the workers report
+(step times), and asks it at step boundaries whether to move chunks. The controller's
+decisions come from :func:`rebalance`, a pure function of chunk sizes, owners and
+speeds:
+
+* **exploitation**: the predicted time of a server is the bytes it handles per step over
+  its measured speed; chunks move, best fit first, from the server predicted slowest to
+  the one where they finish soonest, while that lowers the slowest server's time;
+* **cost-awareness**: a plan is kept only if the time it saves over the next
+  ``horizon`` steps beats the time its migration takes (the moved bytes at the speeds of
+  the two servers involved);
+* **rollback**: after a plan is applied the controller compares the measured step time
+  over the next ``window`` steps with the one before; a plan that made things worse by
+  more than ``tolerance`` is undone.
+
+Nothing here does I/O or keeps time; every input is an argument, so the same code runs
+in the coordinator, in unit tests and in a simulator.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+
+
+def server_times(
+    sizes: Sequence[int], owners: Sequence[int], speeds: Sequence[float]
+) -> list[float]:
+    """Predicted seconds each server needs per step for the bytes it owns."""
+    load = [0.0] * len(speeds)
+    for size, owner in zip(sizes, owners, strict=True):
+        load[owner] += size
+    return [b / max(v, 1e-12) for b, v in zip(load, speeds, strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A proposed placement and what it is predicted to do.
+
+    Attributes:
+        owners: the new owner of every chunk.
+        moved_bytes: bytes that change servers.
+        before_s / after_s: the slowest server's predicted time per step, now and after.
+        cost_s: predicted time the migration itself takes.
+    """
+
+    owners: tuple[int, ...]
+    moved_bytes: int
+    before_s: float
+    after_s: float
+    cost_s: float
+
+    @property
+    def gain_s(self) -> float:
+        """Predicted seconds saved per step."""
+        return self.before_s - self.after_s
+
+
+def rebalance(
+    sizes: Sequence[int],
+    owners: Sequence[int],
+    speeds: Sequence[float],
+    *,
+    active: Sequence[bool] | None = None,
+    max_moves: int | None = None,
+) -> Plan:
+    """Best-fit moves from the slowest server to where each chunk finishes soonest.
+
+    ``sizes[c]`` is what chunk ``c`` costs its server per step (bytes), ``speeds[s]``
+    server ``s``'s measured bytes per second. Servers with ``active[s]`` False (being
+    drained) receive nothing and give away everything. Pure; never raises for valid
+    input; returns a plan with no moves when nothing helps.
+    """
+    n = len(speeds)
+    active = [True] * n if active is None else list(active)
+    new = list(owners)
+    load = [0.0] * n
+    for size, owner in zip(sizes, new, strict=True):
+        load[owner] += size
+
+    def t(s: int) -> float:
+        return load[s] / max(speeds[s], 1e-12)
+
+    targets = [s for s in range(n) if active[s]]
+    if not targets:
+        raise ValueError("rebalance needs at least one active server")
+    # Draining servers first: everything they own must go.
+    for c, owner in enumerate(new):
+        if not active[owner]:
+            dest = min(targets, key=lambda s: (load[s] + sizes[c]) / max(speeds[s], 1e-12))
+            load[owner] -= sizes[c]
+            load[dest] += sizes[c]
+            new[c] = dest
+    before = max(server_times(sizes, owners, speeds))
+    moves = 0
+    while max_moves is None or moves < max_moves:
+        worst = max(targets, key=t)
+        current = max(t(s) for s in range(n))
+        best: tuple[float, int, int] | None = None
+        for c in (c for c, o in enumerate(new) if o == worst):
+            for dest in targets:
+                if dest == worst:
+                    continue
+                after = max(
+                    (load[worst] - sizes[c]) / max(speeds[worst], 1e-12),
+                    (load[dest] + sizes[c]) / max(speeds[dest], 1e-12),
+                    *(t(s) for s in range(n) if s not in (worst, dest)),
+                )
+                if after < current * (1 - 1e-9) and (best is None or after < best[0]):
+                    best = (after, c, dest)
+        if best is None:
+            break
+        _, c, dest = best
+        load[worst] -= sizes[c]
+        load[dest] += sizes[c]
+        new[c] = dest
+        moves += 1
+    moved = [c for c in range(len(new)) if new[c] != owners[c]]
+    cost = sum(
+        sizes[c] / max(speeds[owners[c]], 1e-12) + sizes[c] / max(speeds[new[c]], 1e-12)
+        for c in moved
+    )
+    return Plan(
+        owners=tuple(new),
+        moved_bytes=sum(sizes[c] for c in moved),
+        before_s=before,
+        after_s=max(server_times(sizes, new, speeds)),
+        cost_s=cost,
+    )
+
+
+class SpeedEstimator:
+    """Each server's effective speed (bytes per busy second), from cumulative reports.
+
+    A server reports its total busy seconds and bytes handled; the estimator turns
+    successive reports into window speeds and keeps the median of the last ``keep``
+    windows (one wild window, a pause or a burst, does not move it). Windows with less
+    than ``min_busy_s`` of work are ignored. Not thread-safe.
+    """
+
+    def __init__(self, keep: int = 5, min_busy_s: float = 0.02) -> None:
+        self.keep = keep
+        self.min_busy_s = min_busy_s
+        self._last: dict[int, tuple[float, float]] = {}
+        self._windows: dict[int, collections.deque[float]] = {}
+
+    def observe(self, server: int, busy_s: float, nbytes: float) -> None:
+        """Take server ``server``'s cumulative counters."""
+        last = self._last.get(server)
+        if last is None or busy_s < last[0]:
+            self._last[server] = (busy_s, nbytes)
+            return
+        dbusy, dbytes = busy_s - last[0], nbytes - last[1]
+        if dbusy < self.min_busy_s or dbytes <= 0:
+            return
+        self._last[server] = (busy_s, nbytes)
+        self._windows.setdefault(server, collections.deque(maxlen=self.keep)).append(dbytes / dbusy)
+
+    def speed(self, server: int) -> float | None:
+        """The current estimate, or None before any full window."""
+        w = self._windows.get(server)
+        return statistics.median(w) if w else None
+
+    def speeds(self, servers: int) -> list[float] | None:
+        """Estimates for servers ``0..servers-1``; a server not yet measured gets the
+        median of the others. None while no server is measured."""
+        known = {s: v for s in range(servers) if (v := self.speed(s)) is not None}
+        if not known:
+            return None
+        fill = statistics.median(known.values())
+        return [known.get(s, fill) for s in range(servers)]
+
+    def forget(self, server: int) -> None:
+        """Drop a server's history (it left, or its load changed shape)."""
+        self._windows.pop(server, None)
+        self._last.pop(server, None)
+
+
+@dataclasses.dataclass
+class _Trial:
+    previous: tuple[int, ...]
+    step_before: float
+    started: int
+
+
+class PsldController:
+    """When to move what. Not thread-safe; the coordinator's loop calls it.
+
+    Args:
+        interval: steps between decisions.
+        horizon: steps over which a plan's gain must repay its migration cost.
+        window: steps of measured step time compared before and after a plan.
+        tolerance: a plan that makes the step this much slower is rolled back.
+        min_gain: plans saving less than this fraction of the step are not worth it.
+    """
+
+    def __init__(
+        self,
+        interval: int = 5,
+        horizon: int = 50,
+        window: int = 5,
+        tolerance: float = 0.05,
+        min_gain: float = 0.05,
+    ) -> None:
+        self.interval = interval
+        self.horizon = horizon
+        self.window = window
+        self.tolerance = tolerance
+        self.min_gain = min_gain
+        self._steps: dict[int, float] = {}
+        self._last_decision = 0
+        self._trial: _Trial | None = None
+        self.rollbacks = 0
+
+    def observe_step(self, clock: int, step_s: float) -> None:
+        """Record the step time of clock ``clock`` (the slowest worker's, ideally)."""
+        self._steps[clock] = max(step_s, self._steps.get(clock, 0.0))
+        for old in [k for k in self._steps if k < clock - 4 * self.window - self.interval]:
+            del self._steps[old]
+
+    def _median_step(self, start: int, end: int) -> float | None:
+        xs = [v for k, v in self._steps.items() if start <= k < end]
+        return statistics.median(xs) if len(xs) >= max(1, (end - start) // 2) else None
+
+    def decide(
+        self,
+        clock: int,
+        sizes: Sequence[int],
+        owners: Sequence[int],
+        speeds: Sequence[float] | None,
+        *,
+        active: Sequence[bool] | None = None,
+    ) -> tuple[int, ...] | None:
+        """The new owners to migrate to at ``clock``, or None to stay. Pure given the
+        observations so far."""
+        if self._trial is not None:
+            trial = self._trial
+            if clock < trial.started + self.window:
+                return None
+            after = self._median_step(trial.started + 1, clock + 1)
+            self._trial = None
+            self._last_decision = clock
+            if after is not None and after > trial.step_before * (1 + self.tolerance):
+                self.rollbacks += 1
+                return trial.previous
+            return None
+        if speeds is None or clock - self._last_decision < self.interval:
+            return None
+        self._last_decision = clock
+        plan = rebalance(sizes, owners, speeds, active=active)
+        draining = active is not None and not all(active)
+        if plan.owners == tuple(owners):
+            return None
+        if not draining and (
+            plan.gain_s < self.min_gain * plan.before_s or plan.gain_s * self.horizon <= plan.cost_s
+        ):
+            return None
+        before = self._median_step(clock - self.window, clock + 1)
+        if before is not None and not draining:
+            self._trial = _Trial(tuple(owners), before, clock)
+        return plan.owners
+
+
+def chunk_costs(sizes: Mapping[int, int] | Sequence[int], workers: int) -> list[int]:
+    """Bytes a chunk costs its server per step: every worker's push and reply."""
+    values = list(sizes.values()) if isinstance(sizes, Mapping) else list(sizes)
+    return [2 * workers * b for b in values]
