@@ -8,6 +8,7 @@ in one process over the whole global batches. Under BSP the parameters must agre
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -86,7 +87,11 @@ def reference(setup: Setup) -> list[torch.Tensor]:
 
 
 def train_worker(
-    setup: Setup, rank: int, context: object = None, sizes_out: list | None = None
+    setup: Setup,
+    rank: int,
+    context: object = None,
+    sizes_out: list | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[torch.Tensor]:
     """Train as worker ``rank`` (the job is the default one unless ``context``).
 
@@ -111,6 +116,8 @@ def train_worker(
         opt.zero_grad()
         loss_of(model, x[start:end], y[start:end]).backward()
         opt.step()
+        if on_step is not None:
+            on_step(step)
     return [p.detach().clone() for p in model.parameters()]
 
 

@@ -129,10 +129,12 @@ class Context:
         self.call({"o": int(Control.BARRIER), "name": label})
 
     def server_stats(self) -> list[dict[str, Any]]:
-        """Each server's counters (versions, pushes, errors). Blocks."""
+        """Each live server's counters (versions, pushes, errors). Blocks."""
         assert self.placement is not None
+        status = self.call({"o": int(Control.STATUS)}).header
         futs = [
-            self.client.request(addr, {"o": int(Data.STATS)}) for addr in self.placement.servers
+            self.client.request(status["servers"][s], {"o": int(Data.STATS)})
+            for s in status["live_servers"]
         ]
         return [wait(f, self.timeout_s).header for f in futs]
 

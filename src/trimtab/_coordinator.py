@@ -18,7 +18,7 @@ from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
 from trimtab._node import NodeLoop
 from trimtab._placement import PLACEMENTS, PlacementMap, TensorSpec, make_chunks
-from trimtab._psld import PsldController, SpeedEstimator, chunk_costs
+from trimtab._psld import PsldController, SpeedEstimator, chunk_costs, rebalance
 from trimtab._transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.coordinator")
@@ -44,6 +44,8 @@ class CoordinatorConfig:
         dead_after_s: a node silent this long is dead and the job is aborted.
         rebalance_every: every this many steps, move every chunk to the next server
             (a forced migration, for tests and demonstrations; 0 = never). Needs bsp.
+        max_servers: servers the job may grow to (``psld`` adds one when a server
+            straggles; ``trimtab scale`` asks for a count). Defaults to ``num_servers``.
     """
 
     num_workers: int
@@ -59,8 +61,15 @@ class CoordinatorConfig:
     heartbeat_s: float = 1.0
     dead_after_s: float = 30.0
     rebalance_every: int = 0
+    max_servers: int = 0
 
     def __post_init__(self) -> None:
+        if self.max_servers == 0:
+            object.__setattr__(self, "max_servers", self.num_servers)
+        if self.max_servers < self.num_servers:
+            raise ConfigError(
+                f"max_servers ({self.max_servers}) is below num_servers ({self.num_servers})"
+            )
         if self.num_workers < 1 or self.num_servers < 1:
             raise ConfigError("a job needs at least 1 worker and 1 server")
         if self.chunk_bytes < 64:
@@ -120,6 +129,9 @@ class _Member:
     addr: str = ""
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
     done: bool = False
+    draining: bool = False  # a server giving its chunks away before it retires
+    empty_at: int = 0  # the map epoch from which a draining server owns nothing
+    epoch: int = 0  # a worker's placement epoch (the last map it fetched)
 
 
 class Coordinator:
@@ -160,6 +172,7 @@ class Coordinator:
         self._step_times: dict[int, float] = {}
         self.migrations = 0
         self.bytes_moved = 0
+        self._target_servers = config.num_servers
 
     @property
     def address(self) -> str:
@@ -231,6 +244,13 @@ class Coordinator:
             if op == Control.REGISTER:
                 self._on_register(peer, header)
                 return
+            if member is None and op == Control.STATUS:  # tools need not register
+                self._loop.send(peer, {"o": int(Control.OK), "i": rid, **self.status()})
+                return
+            if op == Control.SCALE:
+                target = self.scale(field(header, "servers", int))
+                self._loop.send(peer, {"o": int(Control.OK), "i": rid, "target": target})
+                return
             if member is None:
                 if op == Control.HEARTBEAT:
                     return  # a node's first heartbeat can overtake its REGISTER
@@ -263,6 +283,7 @@ class Coordinator:
             elif op == Control.MAP_GET:
                 self._map_waiters.append((peer, rid, field(header, "e", int)))
                 self._answer_map_waiters()
+                self._retire_drained()
             elif op == Control.LOAD:
                 if member.role is Role.SERVER:
                     self._speeds.observe(
@@ -293,6 +314,10 @@ class Coordinator:
             "clocks": {str(r): c for r, c in self._clocks.items()},
             "migrations": self.migrations,
             "bytes_moved": self.bytes_moved,
+            "active_servers": [m.rank for m in self._active_servers()],
+            "live_servers": [m.rank for m in self._servers if not m.done],
+            "wanted_servers": self._wanted_servers(),
+            "migrating": self._migrating is not None,
             "speeds": [self._speeds.speed(m.rank) for m in self._servers],
         }
 
@@ -303,10 +328,16 @@ class Coordinator:
         if peer in self._members:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "this node is already registered")
         if role == Role.SERVER.value:
-            if len(self._servers) >= self.config.num_servers:
+            limit = self.config.num_servers if self._map is None else self._wanted_servers()
+            if len(self._servers) >= limit:
                 raise ProtocolError(
                     ErrorCode.BAD_STATE.value,
-                    f"the job already has its {self.config.num_servers} servers",
+                    f"the job already has its {limit} servers"
+                    + (
+                        f" (it may grow to {self.config.max_servers} when asked)"
+                        if self.config.max_servers > limit
+                        else ""
+                    ),
                 )
             member = _Member(Role.SERVER, len(self._servers), peer, field(header, "addr", str))
             self._servers.append(member)
@@ -339,6 +370,8 @@ class Coordinator:
                 "heartbeat_s": self.config.heartbeat_s,
             },
         )
+        if member.role is Role.SERVER and self._map is not None:
+            self._rebalance_membership()  # a server joined a running job: give it chunks
         self._maybe_place()
 
     def _on_done(self, member: _Member, rid: int) -> None:
@@ -349,7 +382,8 @@ class Coordinator:
         ):
             log.info("every worker is done; shutting the job down")
             for server in self._servers:
-                self._loop.send(server.peer, {"o": int(Control.SHUTDOWN), "i": 0})
+                if not server.done:
+                    self._loop.send(server.peer, {"o": int(Control.SHUTDOWN), "i": 0})
             self._stop = True
 
     # -- placement -----------------------------------------------------------------
@@ -434,6 +468,7 @@ class Coordinator:
             return
         for peer, rid, _, _ in self._declared.values():
             self._loop.send(peer, {**self._map_header, "i": rid})
+            self._members[peer].epoch = self._map_header["epoch"]
         self._declared.clear()
 
     # -- step reports: batch sizing and straggler detection ----------------------
@@ -493,16 +528,96 @@ class Coordinator:
             return
         new: tuple[int, ...] | None = None
         every = self.config.rebalance_every
+        active = self._active_mask()
         if every and clock - self._last_rebalance >= every:
-            n = len(self._servers)
-            new = tuple((o + 1) % n for o in self._map.owners)
+            live = [s for s, a in enumerate(active) if a]
+            new = tuple(live[(live.index(o) + 1) % len(live)] for o in self._map.owners)
         elif self._psld is not None:
             costs = chunk_costs(self._sizes, self.config.num_workers)
             speeds = self._speeds.speeds(len(self._servers))
-            new = self._psld.decide(clock, costs, self._map.owners, speeds)
+            new = self._psld.decide(clock, costs, self._map.owners, speeds, active=active)
+            grow = len(self._servers) < self.config.max_servers
+            wanted = len(self._active_servers()) + 1
+            if (
+                new is None
+                and grow
+                and self._target_servers < wanted
+                and self._psld.wants_server(speeds, active)
+            ):
+                self._target_servers = wanted
+                log.info("psld: a server straggles; asking for server %d", len(self._servers))
         if new is not None and new != self._map.owners:
             self._last_rebalance = clock
             self.migrate(new)
+
+    # -- elastic servers -------------------------------------------------------------
+
+    def _active_servers(self) -> list[_Member]:
+        return [m for m in self._servers if not m.done and not m.draining]
+
+    def _active_mask(self) -> list[bool]:
+        return [not m.done and not m.draining for m in self._servers]
+
+    def _wanted_servers(self) -> int:
+        """How many server processes the job wants started (the launcher polls it):
+        those registered plus those the target still lacks."""
+        lacking = max(0, self._target_servers - len(self._active_servers()))
+        return len(self._servers) + lacking
+
+    def scale(self, servers: int) -> int:
+        """Go to ``servers`` active servers (bounded by 1 and ``max_servers``): more are
+        asked of the launcher (``wanted_servers`` in :meth:`status`), fewer are drained
+        (their chunks move away, then they are told to exit). Returns the target.
+        Loop thread only; never blocks."""
+        target = min(max(1, servers), self.config.max_servers)
+        self._target_servers = target
+        active = self._active_servers()
+        if len(active) > target:
+            # The slowest measured go first; unmeasured ones count as fast.
+            speeds = self._speeds.speeds(len(self._servers)) or [1.0] * len(self._servers)
+            active.sort(key=lambda m: -speeds[m.rank])
+            for m in active[target:]:
+                m.draining = True
+                log.info("server %d drains: its chunks move away, then it exits", m.rank)
+            self._rebalance_membership()
+        return target
+
+    def _rebalance_membership(self) -> None:
+        """A server joined or is draining: move chunks onto (off) it now."""
+        if self._map is None or self._migrating is not None:
+            return  # retried when the migration in flight finishes
+        active = self._active_mask()
+        owners = self._map.owners
+        if not any(a for a in active):
+            return
+        n = len(self._servers)
+        speeds = self._speeds.speeds(n) or [1.0] * n
+        costs = chunk_costs(self._sizes, self.config.num_workers)
+        plan = rebalance(costs, owners, speeds, active=active)
+        if plan.owners != owners:
+            self.migrate(plan.owners)
+        else:
+            self._retire_drained()
+
+    def _retire_drained(self) -> None:
+        """Stop draining servers that own nothing, once every worker routes by a map in
+        which they own nothing (until then a late request may still reach them, and
+        they answer it *moved*)."""
+        if self._map is None:
+            return
+        owned = set(self._map.owners)
+        known = min(
+            (w.epoch for w in self._workers.values() if not w.done), default=self._map.epoch
+        )
+        for m in self._servers:
+            if not m.draining or m.done or m.rank in owned:
+                continue
+            if not m.empty_at:
+                m.empty_at = self._map.epoch
+            if known >= m.empty_at:
+                log.info("server %d owns nothing now: it retires", m.rank)
+                m.done = True
+                self._loop.send(m.peer, {"o": int(Control.SHUTDOWN), "i": 0})
 
     def migrate(self, owners: tuple[int, ...]) -> None:
         """Start moving chunks to ``owners``: every server learns the new map and says
@@ -520,9 +635,10 @@ class Coordinator:
         moving = {
             c for c, (a, b) in enumerate(zip(self._map.owners, owners, strict=True)) if a != b
         }
-        self._migrating = _Migration(
-            epoch, tuple(owners), {m.rank for m in self._servers}, {}, moving
-        )
+        live = [m for m in self._servers if not m.done]
+        if any(self._servers[o].done for o in owners):
+            raise ConfigError("a new map gives chunks to a retired server")
+        self._migrating = _Migration(epoch, tuple(owners), {m.rank for m in live}, {}, moving)
         log.info(
             "migration to epoch %d: %d chunks (%d bytes) move",
             epoch,
@@ -537,7 +653,7 @@ class Coordinator:
             "owners": list(owners),
             "servers": [m.addr for m in self._servers],
         }
-        for server in self._servers:
+        for server in live:
             self._loop.send(server.peer, header)
 
     def _on_migrate_ack(self, member: _Member, header: Header) -> None:
@@ -578,6 +694,11 @@ class Coordinator:
         self.migrations += 1
         self._migrating = None
         log.info("migration to epoch %d done (%d so far)", mig.epoch, self.migrations)
+        self._retire_drained()
+        if any(m.draining and not m.done for m in self._servers) or (
+            len(self._active_servers()) > len({*self._map.owners} if self._map else set())
+        ):
+            self._rebalance_membership()
 
     def _answer_map_waiters(self) -> None:
         published = self._published.get("epoch", self._map.epoch if self._map else 0)
@@ -594,6 +715,9 @@ class Coordinator:
                 "cuts": {},
             }
             self._loop.send(peer, {"o": int(Control.MAP), "i": rid, **body})
+            member = self._members.get(peer)
+            if member is not None:
+                member.epoch = max(member.epoch, int(body["epoch"]))
         self._map_waiters = keep
 
     # -- barriers and broadcast ----------------------------------------------------

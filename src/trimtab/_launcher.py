@@ -22,7 +22,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trimtab._exceptions import ConfigError
+from trimtab._exceptions import ConfigError, NodeTimeout, ProtocolError
+from trimtab._messages import Control, Header, decode, encode
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 
@@ -51,6 +52,8 @@ class LaunchConfig:
         stragglers: straggler specs (see ``trimtab._straggle``), injected for experiments.
         rebalance_every: force a migration of every chunk every this many steps (0 =
             never; for tests and demonstrations of live migration; needs bsp).
+        max_servers: servers the job may grow to (psld's scale-out, ``trimtab
+            scale``); the launcher starts them when the coordinator asks. 0 = ``servers``.
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -70,6 +73,7 @@ class LaunchConfig:
     batching: str = "equal"
     stragglers: tuple[str, ...] = ()
     rebalance_every: int = 0
+    max_servers: int = 0
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
     verbose: bool = False
@@ -77,8 +81,12 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.servers < 1:
             raise ConfigError("--workers and --servers must be at least 1")
+        if self.max_servers and self.max_servers < self.servers:
+            raise ConfigError(
+                f"--max-servers ({self.max_servers}) must be at least --servers ({self.servers})"
+            )
         for spec in parse_stragglers(self.stragglers):  # refuse bad specs before starting
-            count = self.workers if spec.role == "worker" else self.servers
+            count = self.workers if spec.role == "worker" else max(self.servers, self.max_servers)
             if spec.index >= count:
                 raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
         if (self.rebalance_every or self.placement == "psld") and self.consistency != "bsp":
@@ -200,6 +208,8 @@ class Job:
                     c.batching,
                     "--rebalance-every",
                     str(c.rebalance_every),
+                    "--max-servers",
+                    str(max(c.max_servers, c.servers)),
                     "--host",
                     c.host,
                     "--address-file",
@@ -219,22 +229,13 @@ class Job:
                     raise ConfigError(f"the coordinator was not ready in {c.startup_timeout_s}s")
                 time.sleep(0.02)
             self.coordinator_address = address_file.read_text().strip()
-        env[STRAGGLER_ENV] = ";".join(c.stragglers)
-        for s in range(c.servers):
-            self._spawn(
-                f"server {s}",
-                [
-                    *role,
-                    "server",
-                    "--coordinator",
-                    self.coordinator_address,
-                    "--job",
-                    c.job,
-                    "--host",
-                    c.host,
-                    *log_flags,
-                ],
-                env,
+        for _ in range(c.servers):
+            self._spawn_server()
+        if c.max_servers > c.servers:
+            self._say(
+                f"job {c.job}, coordinator {self.coordinator_address}; up to "
+                f"{c.max_servers} servers: trimtab scale --coordinator "
+                f"{self.coordinator_address} --job {c.job} --servers K"
             )
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
@@ -261,12 +262,56 @@ class Job:
             )
             self._spawn(f"worker {rank}", self.command, wenv)
 
+    def _spawn_server(self) -> None:
+        c = self.config
+        env = self._role_env()
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env[STRAGGLER_ENV] = ";".join(c.stragglers)
+        index = sum(p.source.startswith("server") for p in self._procs)
+        self._spawn(
+            f"server {index}",
+            [
+                sys.executable,
+                "-m",
+                "trimtab",
+                "server",
+                "--coordinator",
+                self.coordinator_address,
+                "--job",
+                c.job,
+                "--host",
+                c.host,
+                *(["--verbose"] if c.verbose else []),
+            ],
+            env,
+        )
+
+    def _grow(self) -> None:
+        """Start the servers the coordinator asks for (psld's scale-out, trimtab scale)."""
+        try:
+            status = ask_coordinator(
+                self.coordinator_address, self.config.job, {"o": int(Control.STATUS)}, 2.0
+            )
+        except NodeTimeout:
+            return  # busy or ending: the supervisor notices a dead coordinator anyway
+        started = sum(p.source.startswith("server") for p in self._procs)
+        wanted = min(int(status.get("wanted_servers", 0)), self.config.max_servers)
+        for _ in range(wanted - started):
+            self._say(f"the coordinator asks for another server: starting server {started}")
+            self._spawn_server()
+            started += 1
+
     # -- supervise -------------------------------------------------------------------
 
     def _supervise(self) -> int:
         workers = [p for p in self._procs if p.source.startswith("worker")]
-        others = [p for p in self._procs if not p.source.startswith("worker")]
+        elastic = self.config.max_servers > self.config.servers
+        next_poll = time.monotonic()
         while True:
+            others = [p for p in self._procs if not p.source.startswith("worker")]
+            if elastic and time.monotonic() >= next_poll:
+                self._grow()
+                next_poll = time.monotonic() + 0.5
             for p in workers:
                 code = p.popen.poll()
                 if code is not None and code != 0:
@@ -324,3 +369,28 @@ def _describe(code: int) -> str:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def ask_coordinator(address: str, job: str, header: Header, timeout_s: float) -> Header:
+    """Send one control request to a running job's coordinator and return the reply.
+
+    For tools (the launcher, ``trimtab scale``) that are not members of the job. Blocks
+    up to ``timeout_s``; raises :class:`NodeTimeout` if no reply came, and
+    :class:`ProtocolError` if the coordinator answered an error.
+    """
+    import zmq
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(encode({**header, "i": 1, "j": job}))
+        if not sock.poll(int(timeout_s * 1000)):
+            raise NodeTimeout(f"the coordinator at {address} did not answer in {timeout_s:g}s")
+        reply = decode(sock.recv(), job)
+    finally:
+        sock.close()
+    if reply["o"] == Control.ERROR:
+        raise ProtocolError(f"the coordinator refused: {reply.get('msg')}")
+    return reply

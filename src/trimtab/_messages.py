@@ -56,6 +56,7 @@ class Control(enum.IntEnum):
     MAP_GET = 21  # worker -> coord {e}; reply MAP {epoch, owners, servers, prev, cuts}
     #               once a map of at least epoch e is published
     LOAD = 22  # server -> coord {busy, bytes, n}: cumulative busy seconds, bytes handled
+    SCALE = 23  # tool -> coord {servers}: go to this many servers; reply OK {target}
 
 
 class Data(enum.IntEnum):

@@ -197,6 +197,7 @@ class PsldController:
         window: steps of measured step time compared before and after a plan.
         tolerance: a plan that makes the step this much slower is rolled back.
         min_gain: plans saving less than this fraction of the step are not worth it.
+        straggler_ratio: a server below this fraction of the median speed straggles.
     """
 
     def __init__(
@@ -206,7 +207,9 @@ class PsldController:
         window: int = 5,
         tolerance: float = 0.05,
         min_gain: float = 0.05,
+        straggler_ratio: float = 0.5,
     ) -> None:
+        self.straggler_ratio = straggler_ratio
         self.interval = interval
         self.horizon = horizon
         self.window = window
@@ -264,6 +267,16 @@ class PsldController:
         if before is not None and not draining:
             self._trial = _Trial(tuple(owners), before, clock)
         return plan.owners
+
+    def wants_server(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> bool:
+        """Scale out? True while an active server runs below ``straggler_ratio`` of the
+        median active speed: adding a server gives its share of the load somewhere."""
+        if speeds is None or self._trial is not None:
+            return False
+        live = [v for v, a in zip(speeds, active, strict=True) if a]
+        if len(live) < 2:
+            return False
+        return min(live) < self.straggler_ratio * statistics.median(live)
 
 
 def chunk_costs(sizes: Mapping[int, int] | Sequence[int], workers: int) -> list[int]:

@@ -32,6 +32,9 @@ from trimtab._transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
 
+#: Seconds between load reports (busy time, bytes) to the coordinator, for PSLD.
+LOAD_REPORT_S = 0.25
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
@@ -154,6 +157,7 @@ class Server:
         self._busy_s = 0.0
         self._bytes = 0
         self._requests = 0
+        self._load_due = 0.0
         self.moved_in = 0
         self.moved_out = 0
 
@@ -192,8 +196,8 @@ class Server:
                 env = self._transport.recv(self.config.heartbeat_s)
                 if self._heartbeat.due():
                     self._loop.send(self._coord, self._heartbeat.header())
-                    if self.state is ServerState.SERVING:
-                        self._report_load()
+                if self.state is ServerState.SERVING and time.monotonic() >= self._load_due:
+                    self._report_load()
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
                         self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
@@ -412,6 +416,7 @@ class Server:
         )
 
     def _report_load(self) -> None:
+        self._load_due = time.monotonic() + LOAD_REPORT_S
         self._loop.send(
             self._coord,
             {

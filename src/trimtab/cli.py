@@ -59,6 +59,13 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         help="inject a straggler, e.g. worker:2:slowdown=3@0- (repeatable)",
     )
     p.add_argument(
+        "--max-servers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="servers the job may grow to (psld scale-out, trimtab scale); default --servers",
+    )
+    p.add_argument(
         "--rebalance-every",
         type=int,
         default=0,
@@ -112,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     coord.add_argument("--staleness", type=int, default=3)
     coord.add_argument("--batching", default="equal", choices=BATCHING.names())
     coord.add_argument("--rebalance-every", type=int, default=0)
+    coord.add_argument("--max-servers", type=int, default=0)
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
     coord.add_argument("--verbose", "-v", action="store_true")
 
@@ -133,12 +141,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--verbose", "-v", action="store_true")
 
+    scale = sub.add_parser("scale", help="ask a running job to go to K servers")
+    scale.add_argument("--servers", type=int, required=True, help="the server count wanted")
+    scale.add_argument(
+        "--coordinator",
+        default=_coordinator_from_env(),
+        help="the job's coordinator, tcp://HOST:PORT (trimtab run prints it)",
+    )
+    scale.add_argument("--job", default=os.environ.get("TRIMTAB_JOB", "trimtab"))
+
     exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
     exp_sub = exp.add_subparsers(dest="experiment", required=True)
-    from trimtab.experiments import stragglers
+    from trimtab.experiments import psld, stragglers
 
     stragglers.add_arguments(
         exp_sub.add_parser("stragglers", help="worker stragglers: bsp, lbbsp, asp, ssp, saps, ddp")
+    )
+    psld.add_arguments(
+        exp_sub.add_parser(
+            "psld", help="server stragglers: hash, mxnet, greedy, psld placements side by side"
+        )
     )
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -180,10 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_coordinator(args)
         if args.cmd == "server":
             return _cmd_server(args)
+        if args.cmd == "scale":
+            return _cmd_scale(args)
         if args.cmd == "experiment":
-            from trimtab.experiments import stragglers
+            from trimtab.experiments import psld, stragglers
 
-            return stragglers.main(args)
+            return psld.main(args) if args.experiment == "psld" else stragglers.main(args)
         if args.cmd == "bench":
             from trimtab.bench.datapath import main as datapath
 
@@ -212,6 +236,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         batching=args.batching,
         stragglers=tuple(args.straggler),
         rebalance_every=args.rebalance_every,
+        max_servers=args.max_servers,
         verbose=args.verbose,
     )
 
@@ -223,6 +248,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise ConfigError("nothing to run; usage: trimtab run -w 2 -s 2 -- python train.py")
     return Job(launch_config(args), command).run()
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from trimtab._launcher import ask_coordinator
+    from trimtab._messages import Control
+
+    if args.coordinator is None:
+        raise ConfigError(
+            "which job? give --coordinator tcp://HOST:PORT and --job ID (trimtab run "
+            "prints both when started with --max-servers)"
+        )
+    reply = ask_coordinator(
+        args.coordinator, args.job, {"o": int(Control.SCALE), "servers": args.servers}, 10.0
+    )
+    print(f"trimtab: the job goes to {reply['target']} servers", flush=True)
+    return 0
 
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
@@ -242,6 +283,7 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
             staleness=args.staleness,
             batching=args.batching,
             rebalance_every=args.rebalance_every,
+            max_servers=args.max_servers,
         )
     )
     if args.address_file:

@@ -6,7 +6,9 @@ Usage: equiv_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -14,13 +16,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 import trimtab
+import trimtab._api
 from tests.equivalence_job import Setup, train_worker
+from trimtab._messages import Control
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 trimtab.init()
 setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
 used: list[tuple[int, ...]] = []
-params = train_worker(setup, trimtab.rank(), sizes_out=used)
+# EQUIV_SCALE="7:3,14:2": after step 7 rank 0 asks for 3 servers, after 14 for 2. For a
+# server to add, it waits until the new server has joined (the launcher starts it), so
+# that the change lands mid-run; the chunks then move while training goes on.
+plan = dict(
+    (int(a), int(b))
+    for a, b in (x.split(":") for x in os.environ.get("EQUIV_SCALE", "").split(",") if x)
+)
+
+
+def on_step(step: int) -> None:
+    if trimtab.rank() != 0 or step not in plan:
+        return
+    trimtab._api.default_context().call({"o": int(Control.SCALE), "servers": plan[step]})
+    deadline = time.monotonic() + 60
+    while len(trimtab.job_status()["active_servers"]) != plan[step]:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the job did not reach {plan[step]} servers")
+        time.sleep(0.05)
+
+
+params = train_worker(setup, trimtab.rank(), sizes_out=used, on_step=on_step)
 torch.save(params, out / f"rank{trimtab.rank()}.pt")
 torch.save(used, out / f"sizes{trimtab.rank()}.pt")
 trimtab.barrier()  # every worker's last step is applied everywhere

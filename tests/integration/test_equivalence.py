@@ -120,3 +120,39 @@ def test_bsp_with_live_migrations_matches_one_process(
     assert set(versions.values()) == {setup.steps}
     assert sum(s["pushes"] for s in servers_stats) == chunks * len(sizes) * setup.steps
     assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(180)
+def test_bsp_with_a_server_added_and_one_removed_matches_one_process(tmp_path: Path) -> None:
+    """Forced migrations every 4 steps; after step 6 the job grows to 3 servers (the
+    launcher starts one, chunks move onto it), after step 13 it shrinks to 2 (one
+    drains and exits). Same parameters as one process; each gradient applied once."""
+    lines: list[str] = []
+    config = LaunchConfig(workers=2, servers=2, max_servers=3, chunk_bytes=512, rebalance_every=4)
+    command = [sys.executable, str(SCRIPT), "adam", "7,17", str(tmp_path)]
+    job = Job(
+        config,
+        command,
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+        extra_env={"EQUIV_SCALE": "6:3,13:2"},
+    )
+    status = job.run()
+    assert status == 0, "\n".join(lines[-40:])
+    setup = Setup("adam", (7, 17))
+    expected = reference(setup)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    job_status, servers_stats = stats["job"], stats["servers"]
+    assert len(job_status["servers"]) == 3  # one joined
+    assert len(job_status["active_servers"]) == 2  # one left
+    left = (set(range(3)) - set(job_status["active_servers"])).pop()
+    assert left not in job_status["owners"]
+    assert any("starting server 2" in line for line in lines)
+    live = [s for s in servers_stats if s["index"] != left]
+    chunks = len(job_status["owners"])
+    versions = {int(c): v for s in live for c, v in s["versions"].items()}
+    assert sorted(versions) == list(range(chunks)) and set(versions.values()) == {setup.steps}
+    assert sum(s["pushes"] for s in live) == chunks * 2 * setup.steps
+    assert processes_of(config.job) == []
