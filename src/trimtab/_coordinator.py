@@ -168,7 +168,7 @@ class Coordinator:
         self._map_waiters: list[tuple[Peer, int, int]] = []
         self._last_rebalance = 0
         self._speeds = SpeedEstimator()
-        self._psld = PsldController() if config.placement == "psld" else None
+        self._psld = PsldController(interval=2) if config.placement == "psld" else None
         self._step_times: dict[int, float] = {}
         self.migrations = 0
         self.bytes_moved = 0
@@ -291,6 +291,10 @@ class Coordinator:
                         float(field(header, "busy", (int, float))),
                         float(field(header, "bytes", (int, float))),
                     )
+                    # The job's clock, so that a server owning nothing still knows the
+                    # step (its straggler schedule, for one, follows it).
+                    clock = min(self._clocks.values(), default=0)
+                    self._loop.send(peer, {"o": int(Control.OK), "i": 0, "k": clock})
             else:
                 raise ProtocolError(
                     ErrorCode.UNKNOWN_OP.value,
@@ -535,15 +539,13 @@ class Coordinator:
         elif self._psld is not None:
             costs = chunk_costs(self._sizes, self.config.num_workers)
             speeds = self._speeds.speeds(len(self._servers))
-            new = self._psld.decide(clock, costs, self._map.owners, speeds, active=active)
+            probe = frozenset(self._speeds.unknown(len(self._servers)))
+            new = self._psld.decide(
+                clock, costs, self._map.owners, speeds, active=active, probe=probe
+            )
             grow = len(self._servers) < self.config.max_servers
             wanted = len(self._active_servers()) + 1
-            if (
-                new is None
-                and grow
-                and self._target_servers < wanted
-                and self._psld.wants_server(speeds, active)
-            ):
+            if grow and self._target_servers < wanted and self._psld.wants_server(speeds, active):
                 self._target_servers = wanted
                 log.info("psld: a server straggles; asking for server %d", len(self._servers))
         if new is not None and new != self._map.owners:

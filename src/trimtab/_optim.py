@@ -119,3 +119,12 @@ class ChunkOptimizer:
 def _from_wire(value: Any) -> Any:
     # msgpack turns tuples (Adam's betas) into lists; torch wants tuples back.
     return tuple(value) if isinstance(value, list) else value
+
+
+def warm_up() -> None:
+    """Pay torch's one-time cost of a process's first optimizer step (lazy imports, about
+    1.5 s here) now, not in the middle of a training step or a migration. Blocks."""
+    param = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+    opt = torch.optim.SGD([param], lr=0.0, momentum=0.9, foreach=False)
+    param.grad = torch.zeros(1)
+    opt.step()

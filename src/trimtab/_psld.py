@@ -68,6 +68,7 @@ def rebalance(
     *,
     active: Sequence[bool] | None = None,
     max_moves: int | None = None,
+    probe: frozenset[int] = frozenset(),
 ) -> Plan:
     """Best-fit moves from the slowest server to where each chunk finishes soonest.
 
@@ -75,6 +76,8 @@ def rebalance(
     server ``s``'s measured bytes per second. Servers with ``active[s]`` False (being
     drained) receive nothing and give away everything. Pure; never raises for valid
     input; returns a plan with no moves when nothing helps.
+    Servers in ``probe`` (speed unknown: new, or idle for long) receive at most one
+    chunk: their speed is measured on it before they are trusted with more.
     """
     n = len(speeds)
     active = [True] * n if active is None else list(active)
@@ -97,25 +100,31 @@ def rebalance(
             load[dest] += sizes[c]
             new[c] = dest
     before = max(server_times(sizes, owners, speeds))
+    received = [0] * n
+    for o in new:
+        if o in probe:
+            received[o] += 1  # a probed server that owns something is measured already
     moves = 0
     while max_moves is None or moves < max_moves:
-        worst = max(targets, key=t)
-        current = max(t(s) for s in range(n))
+        # Lower the slowest server's time; the receiver must end below where the
+        # slowest was. Each move makes the sorted times smaller, so this ends.
+        worst = max(targets + [s for s in range(n) if not active[s]], key=t)
+        current = t(worst)
         best: tuple[float, int, int] | None = None
         for c in (c for c, o in enumerate(new) if o == worst):
             for dest in targets:
-                if dest == worst:
+                if dest == worst or (dest in probe and received[dest]):
                     continue
                 after = max(
                     (load[worst] - sizes[c]) / max(speeds[worst], 1e-12),
                     (load[dest] + sizes[c]) / max(speeds[dest], 1e-12),
-                    *(t(s) for s in range(n) if s not in (worst, dest)),
                 )
                 if after < current * (1 - 1e-9) and (best is None or after < best[0]):
                     best = (after, c, dest)
         if best is None:
             break
         _, c, dest = best
+        received[dest] += 1
         load[worst] -= sizes[c]
         load[dest] += sizes[c]
         new[c] = dest
@@ -143,11 +152,17 @@ class SpeedEstimator:
     than ``min_busy_s`` of work are ignored. Not thread-safe.
     """
 
-    def __init__(self, keep: int = 5, min_busy_s: float = 0.02) -> None:
+    def __init__(self, keep: int = 5, min_busy_s: float = 0.005, idle_reports: int = 12) -> None:
         self.keep = keep
         self.min_busy_s = min_busy_s
+        self.idle_reports = idle_reports
         self._last: dict[int, tuple[float, float]] = {}
         self._windows: dict[int, collections.deque[float]] = {}
+        self._idle: dict[int, int] = {}
+        # Per server: reports of idleness before its figure is dropped (doubles each
+        # time a server comes back as slow as it was), and the figure last dropped.
+        self._patience: dict[int, int] = {}
+        self._dropped: dict[int, float] = {}
 
     def observe(self, server: int, busy_s: float, nbytes: float) -> None:
         """Take server ``server``'s cumulative counters."""
@@ -157,14 +172,35 @@ class SpeedEstimator:
             return
         dbusy, dbytes = busy_s - last[0], nbytes - last[1]
         if dbusy < self.min_busy_s or dbytes <= 0:
+            # Too little work to judge. A server idle this long may have changed speed
+            # since it was measured: its old figure is dropped (it counts as unknown).
+            self._idle[server] = self._idle.get(server, 0) + 1
+            patience = self._patience.get(server, self.idle_reports)
+            if self._idle[server] >= patience and server in self._windows:
+                dropped = self.speed(server)
+                if dropped is not None:
+                    self._dropped[server] = dropped
+                del self._windows[server]
             return
+        self._idle[server] = 0
         self._last[server] = (busy_s, nbytes)
+        was = self._dropped.pop(server, None)
+        if was is not None:  # the first figure after a probe: is it still that slow?
+            base = self.idle_reports
+            slow = dbytes / dbusy < 1.5 * was
+            self._patience[server] = (
+                min(self._patience.get(server, base) * 2, 64 * base) if slow else base
+            )
         self._windows.setdefault(server, collections.deque(maxlen=self.keep)).append(dbytes / dbusy)
 
     def speed(self, server: int) -> float | None:
         """The current estimate, or None before any full window."""
         w = self._windows.get(server)
         return statistics.median(w) if w else None
+
+    def unknown(self, servers: int) -> set[int]:
+        """Servers without a current estimate (new, or idle for long)."""
+        return {s for s in range(servers) if self.speed(s) is None}
 
     def speeds(self, servers: int) -> list[float] | None:
         """Estimates for servers ``0..servers-1``; a server not yet measured gets the
@@ -206,7 +242,7 @@ class PsldController:
         horizon: int = 50,
         window: int = 5,
         tolerance: float = 0.05,
-        min_gain: float = 0.05,
+        min_gain: float = 0.1,
         straggler_ratio: float = 0.5,
     ) -> None:
         self.straggler_ratio = straggler_ratio
@@ -238,6 +274,7 @@ class PsldController:
         speeds: Sequence[float] | None,
         *,
         active: Sequence[bool] | None = None,
+        probe: frozenset[int] = frozenset(),
     ) -> tuple[int, ...] | None:
         """The new owners to migrate to at ``clock``, or None to stay. Pure given the
         observations so far."""
@@ -255,12 +292,18 @@ class PsldController:
         if speeds is None or clock - self._last_decision < self.interval:
             return None
         self._last_decision = clock
-        plan = rebalance(sizes, owners, speeds, active=active)
+        plan = rebalance(sizes, owners, speeds, active=active, probe=probe)
         draining = active is not None and not all(active)
         if plan.owners == tuple(owners):
             return None
-        if not draining and (
-            plan.gain_s < self.min_gain * plan.before_s or plan.gain_s * self.horizon <= plan.cost_s
+        probing = any(o in probe and o != was for o, was in zip(plan.owners, owners, strict=True))
+        if (
+            not draining
+            and not probing
+            and (
+                plan.gain_s < self.min_gain * plan.before_s
+                or plan.gain_s * self.horizon <= plan.cost_s
+            )
         ):
             return None
         before = self._median_step(clock - self.window, clock + 1)
@@ -271,7 +314,7 @@ class PsldController:
     def wants_server(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> bool:
         """Scale out? True while an active server runs below ``straggler_ratio`` of the
         median active speed: adding a server gives its share of the load somewhere."""
-        if speeds is None or self._trial is not None:
+        if speeds is None:
             return False
         live = [v for v, a in zip(speeds, active, strict=True) if a]
         if len(live) < 2:

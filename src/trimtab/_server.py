@@ -25,7 +25,7 @@ from trimtab._node import (
     check_tensor_frames,
     tensor_from,
 )
-from trimtab._optim import ChunkOptimizer, OptimizerMode, hyperparameters
+from trimtab._optim import ChunkOptimizer, OptimizerMode, hyperparameters, warm_up
 from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
 from trimtab._straggle import ServerStraggler, StragglerSpec
 from trimtab._transport import Peer, Transport, ZmqTransport
@@ -187,6 +187,7 @@ class Server:
 
     def run(self) -> None:
         """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""
+        warm_up()
         self._loop.send(
             self._coord,
             {"o": int(Control.REGISTER), "i": 1, "role": "server", "addr": self.address},
@@ -252,6 +253,11 @@ class Server:
             early, self._early = self._early, []
             for peer, frames in early:
                 self._on_data(peer, frames)
+        elif op == Control.OK and isinstance(header.get("k"), int):
+            if header["k"] > self._step:  # the job's clock, for a server with little to do
+                self._step = header["k"]
+                if self._straggler:
+                    self._straggler.on_step(self._step)
         elif op == Control.SHUTDOWN:
             log.info("server %d: job finished, shutting down", self.index)
             self._stop = True

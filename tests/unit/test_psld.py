@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from trimtab import ConfigError
+from trimtab._coordinator import CoordinatorConfig
+from trimtab._launcher import LaunchConfig
 from trimtab._psld import PsldController, SpeedEstimator, rebalance, server_times
 
 
@@ -86,3 +89,81 @@ def test_speed_estimator_takes_windows_and_ignores_one_outlier() -> None:
     assert est.speed(0) == pytest.approx(1e7)
     assert est.speeds(2) == [pytest.approx(1e7), pytest.approx(1e7)]  # unmeasured: median
     assert SpeedEstimator().speeds(2) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"placement": "psld", "consistency": "asp"}, "use it with --mode bsp"),
+        ({"rebalance_every": 3, "consistency": "saps"}, "use it with --mode bsp"),
+        ({"servers": 3, "max_servers": 2}, "at least --servers"),
+        ({"stragglers": ("server:4:bandwidth=1MB/s",)}, "only 2 servers"),
+    ],
+)
+def test_launch_config_refuses_what_migration_cannot_do(kwargs: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        LaunchConfig(**kwargs)
+
+
+def test_coordinator_config_checks_elastic_bounds() -> None:
+    assert CoordinatorConfig(2, 2, "j").max_servers == 2
+    with pytest.raises(ConfigError, match="below num_servers"):
+        CoordinatorConfig(2, 3, "j", max_servers=2)
+    with pytest.raises(ConfigError, match="use it with --mode bsp"):
+        CoordinatorConfig(2, 2, "j", placement="psld", consistency="ssp")
+
+
+def test_a_server_of_unknown_speed_is_probed_with_one_chunk() -> None:
+    sizes, owners = [100] * 6, [0, 0, 0, 1, 1, 1]
+    speeds = [100.0, 100.0, 100.0]  # server 2 unknown: filled with the median
+    full = rebalance(sizes, owners, speeds)
+    probed = rebalance(sizes, owners, speeds, probe=frozenset({2}))
+    assert full.owners.count(2) == 2 and probed.owners.count(2) == 1
+
+
+def test_an_idle_server_estimate_is_forgotten() -> None:
+    est = SpeedEstimator(keep=3, min_busy_s=0.01, idle_reports=3)
+    est.observe(1, 0.0, 0.0)
+    est.observe(1, 0.1, 1e6)
+    assert est.speed(1) == pytest.approx(1e7) and est.unknown(2) == {0}
+    for _ in range(3):
+        est.observe(1, 0.1, 1e6)  # no work since
+    assert est.speed(1) is None and est.unknown(2) == {0, 1}
+
+
+def test_controller_probes_an_unknown_server_even_without_predicted_gain() -> None:
+    sizes, owners = [100] * 6, [0, 0, 0, 1, 1, 1]
+    ctl = PsldController(interval=1)
+    # Server 2 measured slow: nothing to gain from giving it work.
+    assert ctl.decide(1, sizes, owners, [100.0, 100.0, 10.0]) is None
+    # Idle for long, its figure was dropped (filled with the median): one chunk probes
+    # it, though moving one chunk does not lower the slowest server's time.
+    new = ctl.decide(2, sizes, owners, [100.0, 100.0, 100.0], probe=frozenset({2}))
+    assert new is not None and new.count(2) == 1
+
+
+def test_a_server_found_slow_again_is_probed_less_often() -> None:
+    est = SpeedEstimator(keep=3, min_busy_s=0.01, idle_reports=2)
+    busy, nbytes = 0.0, 0.0
+    est.observe(0, busy, nbytes)
+
+    def work(speed: float) -> None:
+        nonlocal busy, nbytes
+        busy, nbytes = busy + 0.1, nbytes + 0.1 * speed
+        est.observe(0, busy, nbytes)
+
+    def idle_until_forgotten() -> int:
+        reports = 0
+        while est.speed(0) is not None:
+            est.observe(0, busy, nbytes)
+            reports += 1
+        return reports
+
+    work(1e6)
+    assert idle_until_forgotten() == 2
+    work(1e6)  # probed: as slow as before
+    assert idle_until_forgotten() == 4
+    work(1e6)
+    assert idle_until_forgotten() == 8
+    work(1e8)  # probed: fast now; patience back to its base
+    assert idle_until_forgotten() == 2

@@ -171,13 +171,13 @@ def plot(out: dict[str, Any], path: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", default="bandwidth", choices=("skew", "bandwidth", "moving"))
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--warmup", type=int, default=3, help="steps left out of the figures")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=1, help="steps left out of the figures (1)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
     p.add_argument(
         "--link", type=float, default=80e6, help="every server's emulated link, bytes/s (80e6)"
     )
-    p.add_argument("--move-every", type=int, default=20, help="moving: steps per straggler")
+    p.add_argument("--move-every", type=int, default=40, help="moving: steps per straggler")
     p.add_argument("--chunk-bytes", type=int, default=256 << 10)
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.add_argument("--plot", metavar="PNG", help="step-time plot (needs matplotlib)")
