@@ -165,11 +165,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    dp = bench_sub.add_parser("datapath", help="push+pull step time vs TCP ceiling and gloo")
-    dp.add_argument("--json", action="store_true")
-    dp.add_argument("--steps", type=int, default=20)
-    dp.add_argument("--model-mib", type=int, default=100)
-    dp.add_argument("--chunk-bytes", type=int, default=1 << 20)
+    from trimtab.bench import datapath
+
+    datapath.add_arguments(bench_sub.add_parser("datapath", help="push+pull step vs limits, peers"))
     return parser
 
 

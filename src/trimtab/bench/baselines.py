@@ -1,15 +1,17 @@
 """Physical and peer baselines for trimtab's datapath benchmark.
 
-Two figures are measured in the same run as the datapath benchmark so that
+Three figures are measured in the same run as the datapath benchmark so that
 trimtab's numbers can be read against them:
 
 * :func:`tcp_ceiling_gbps` -- what one raw TCP stream over loopback moves between
   two processes (the ceiling any socket-based datapath on this host works under);
 * :func:`gloo_allreduce_s` -- how long ``torch.distributed`` with the gloo backend
   takes to allreduce a given set of float32 tensors (the peer that trimtab is
-  compared against).
+  compared against);
+* :func:`zmq_rtt_per_s` -- raw pyzmq REQ/REP round trips of a small payload between
+  two processes (the ceiling for trimtab's small messages, which also ride ZeroMQ).
 
-Both spawn helper processes (``multiprocessing`` "spawn" context), bind and connect
+All spawn helper processes (``multiprocessing`` "spawn" context), bind and connect
 on 127.0.0.1 only, and never hang: every wait has a timeout, and helper processes
 that outlive it are terminated. Importing this module has no side effects; torch
 is only imported inside the functions that need it.
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["gloo_allreduce_s", "tcp_ceiling_gbps"]
+__all__ = ["gloo_allreduce_s", "tcp_ceiling_gbps", "zmq_rtt_per_s"]
 
 _HOST = "127.0.0.1"
 
@@ -531,3 +533,112 @@ def _run_gloo(
         # On failure the surviving ranks may be blocked in a collective: don't wait.
         _reap(procs, 10.0 if ok else 0.5)
     return times
+
+
+# --------------------------------------------------------------------------- zmq
+
+
+def _zmq_echo(
+    payload_bytes: int, round_trips: int, timeout_s: float, ports: MpQueue[int | str]
+) -> None:
+    """Spawned REP side: bind 127.0.0.1, report the port, echo ``round_trips`` messages."""
+    try:
+        import zmq
+
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+        port = sock.bind_to_random_port(f"tcp://{_HOST}")
+        ports.put(port)
+        for _ in range(round_trips):
+            msg = sock.recv()
+            if len(msg) != payload_bytes:
+                raise ValueError(f"got {len(msg)} bytes, expected {payload_bytes}")
+            sock.send(msg)
+        sock.close()
+        ctx.term()
+    except Exception:
+        ports.put(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def zmq_rtt_per_s(
+    payload_bytes: int = 1024,
+    round_trips: int = 5000,
+    *,
+    warmup: int = 200,
+    timeout_s: float = 10.0,
+) -> dict[str, float]:
+    """Raw pyzmq REQ/REP round trips per second between two processes over loopback.
+
+    A spawned process binds a REP socket on 127.0.0.1 (random port) and echoes every
+    message; this process connects a REQ socket and times ``round_trips`` round trips of
+    a ``payload_bytes`` message, each out and back (as a push carries a gradient and its
+    reply the updated value), after ``warmup`` untimed ones. Plain ``send``/``recv``
+    (pyzmq copies small messages anyway). Every reply is checked for size and content.
+
+    Blocks for the spawn (~0.2 s) plus the round trips (~0.1 ms each on a 2-core host:
+    about a second for the defaults).
+
+    Returns:
+        ``{"per_s": round trips per second, "rtt_s": mean round trip seconds,
+        "round_trips": round_trips}``.
+
+    Raises:
+        ValueError: if ``payload_bytes`` or ``round_trips`` is not positive, or
+            ``warmup`` is negative.
+        RuntimeError: if the echo process fails to start within 60 s, a reply takes over
+            ``timeout_s``, a reply is wrong, or the echo process exits non-zero. It is
+            always reaped (terminated if needed).
+    """
+    if payload_bytes <= 0 or round_trips <= 0 or warmup < 0:
+        raise ValueError(
+            "payload_bytes and round_trips must be positive and warmup non-negative: "
+            f"{payload_bytes}, {round_trips}, {warmup}"
+        )
+    import zmq
+
+    ctx = _ctx()
+    ports: MpQueue[int | str] = ctx.Queue()
+    proc = ctx.Process(
+        target=_zmq_echo,
+        args=(payload_bytes, warmup + round_trips, timeout_s, ports),
+        name="trimtab-zmq-echo",
+        daemon=True,
+    )
+    payload = bytes(range(256)) * (payload_bytes // 256) + b"\xa5" * (payload_bytes % 256)
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    proc.start()
+    try:
+        try:
+            port = ports.get(timeout=_STARTUP_S)
+        except queue.Empty:
+            raise RuntimeError("zmq round trips: the echo process never started") from None
+        if isinstance(port, str):
+            raise RuntimeError(f"zmq round trips: the echo process failed:\n{port}")
+        sock.connect(f"tcp://{_HOST}:{port}")
+        start = 0.0
+        for i in range(warmup + round_trips):
+            if i == warmup:
+                start = time.perf_counter()
+            sock.send(payload)
+            if sock.recv() != payload:
+                raise RuntimeError("zmq round trips: the echo came back changed")
+        seconds = time.perf_counter() - start
+    except zmq.Again:
+        raise RuntimeError(f"zmq round trips: no reply within {timeout_s:g}s") from None
+    finally:
+        sock.close()
+        zctx.term()
+        _reap([proc], 10.0)
+    if proc.exitcode != 0:
+        raise RuntimeError(f"zmq round trips: the echo process exited with code {proc.exitcode}")
+    return {
+        "per_s": round_trips / seconds,
+        "rtt_s": seconds / round_trips,
+        "round_trips": round_trips,
+    }

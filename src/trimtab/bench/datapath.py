@@ -4,9 +4,16 @@ In one run it measures, for the same bytes:
   * trimtab: 2 workers x 2 servers, each step pushes every tensor's gradient and
     receives the updated values (real processes, real sockets, the real optimizer path);
   * the loopback TCP ceiling: raw socket transfer between two processes;
-  * torch.distributed gloo allreduce of the same tensors with 2 processes.
+  * torch.distributed gloo allreduce of the same tensors with 2 processes;
+  * with ``--peers mxnet``, MXNet 1.9.1's ``dist_sync`` KVStore (2 workers x 2 servers,
+    push then pull, SGD on the servers), from a venv of its own made on first use;
+  * small messages: trimtab round trips of one 1 KiB tensor (1 worker, 1 server; a step
+    is a push and the wait for the updated value) against raw pyzmq REQ/REP round trips
+    of the same 1 KiB between two processes.
 ``floor_step_s`` = 4 x model bytes / ceiling: the bytes a PS step moves through loopback
 (2 workers each push and pull the model once).
+
+``--profile DIR`` runs only the trimtab job, under :mod:`trimtab.bench.profile`.
 """
 
 from __future__ import annotations
@@ -15,13 +22,18 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from trimtab._launcher import Job, LaunchConfig
 from trimtab.bench._datapath_worker import RESULT
-from trimtab.bench.baselines import gloo_allreduce_s, tcp_ceiling_gbps
+from trimtab.bench.baselines import gloo_allreduce_s, tcp_ceiling_gbps, zmq_rtt_per_s
 
 MIB = 1 << 20
+PEERS = ("mxnet",)
+#: The small-message figure: one tensor of 256 float32.
+SMALL_BYTES = 1024
 
 
 def model_sizes(total_mib: int) -> list[int]:
@@ -39,13 +51,28 @@ def model_sizes(total_mib: int) -> list[int]:
 
 
 def run_trimtab(
-    sizes: list[int], steps: int, chunk_bytes: int, workers: int = 2, servers: int = 2
+    sizes: list[int],
+    steps: int,
+    chunk_bytes: int,
+    workers: int = 2,
+    servers: int = 2,
+    *,
+    warmup: int = 3,
+    go_file: Path | None = None,
+    on_line: Callable[[str, str], None] | None = None,
 ) -> list[float]:
-    """Per-step seconds of trimtab on rank 0. Blocks; raises RuntimeError on failure."""
+    """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
+
+    ``go_file`` and ``on_line`` are the profiler's handshake (see
+    ``_datapath_worker.py``): every line the job prints is handed to ``on_line`` first.
+    Blocks for the job; raises RuntimeError on failure.
+    """
     found: list[float] = []
     log: list[str] = []
 
     def output(source: str, line: str) -> None:
+        if on_line is not None:
+            on_line(source, line)
         if line.startswith(RESULT):
             found.extend(json.loads(line[len(RESULT) :])["times"])
         else:
@@ -59,7 +86,11 @@ def run_trimtab(
         ",".join(map(str, sizes)),
         "--steps",
         str(steps),
+        "--warmup",
+        str(warmup),
     ]
+    if go_file is not None:
+        command += ["--go-file", str(go_file)]
     config = LaunchConfig(
         workers=workers, servers=servers, chunk_bytes=chunk_bytes, placement="greedy"
     )
@@ -71,11 +102,52 @@ def run_trimtab(
     return found
 
 
-def measure(steps: int, model_mib: int, chunk_bytes: int) -> dict[str, Any]:
-    """Run all three measurements, one after the other. Blocks (about a minute)."""
+def _mxnet(
+    sizes: list[int], steps: int, venv: Path, install: bool
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The MXNet peer's figures, or ``None`` and why it was skipped. Blocks; never raises
+    for a peer that cannot run (that is a skip, said on stderr)."""
+    from trimtab.bench.mxnet_peer import ToolUnavailable, mxnet_python, run_mxnet
+
+    try:
+        python, _ = mxnet_python(venv, install=install)
+    except ToolUnavailable as exc:
+        why = f"MXNet unavailable: {exc}"
+    else:
+        try:
+            return run_mxnet(python, sizes, steps), None
+        except RuntimeError as exc:
+            why = f"MXNet run failed: {exc}"
+    print(f"trimtab bench datapath: skipping the MXNet peer. {why}", file=sys.stderr, flush=True)
+    return None, why.splitlines()[0]
+
+
+def measure(
+    steps: int,
+    model_mib: int,
+    chunk_bytes: int,
+    *,
+    peers: tuple[str, ...] = (),
+    mxnet_venv: Path | None = None,
+    install: bool = True,
+    small_steps: int = 2000,
+) -> dict[str, Any]:
+    """Run every measurement, one after the other. Blocks (about a minute; the first
+    ``--peers mxnet`` run also downloads MXNet). Raises RuntimeError if trimtab or a
+    baseline fails; a peer that cannot run is skipped, with the reason in the result."""
     sizes = model_sizes(model_mib)
     total = sum(sizes)
+    mxnet: dict[str, Any] | None = None
+    mxnet_skipped: str | None = "not asked for (--peers mxnet)"
+    if "mxnet" in peers:
+        from trimtab.bench.mxnet_peer import default_venv
+
+        # The venv first, so that no install runs beside a measurement.
+        mxnet, mxnet_skipped = _mxnet(sizes, steps, mxnet_venv or default_venv(), install)
     times = run_trimtab(sizes, steps, chunk_bytes)
+    small = run_trimtab([SMALL_BYTES], small_steps, chunk_bytes, 1, 1, warmup=100)
+    small_ops = len(small) / sum(small)
+    zmq = zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100)
     ceiling = tcp_ceiling_gbps(total, repeats=5)
     gloo = gloo_allreduce_s([b // 4 for b in sizes], repeats=max(5, steps // 2))
     step_s = statistics.median(times)
@@ -95,14 +167,86 @@ def measure(steps: int, model_mib: int, chunk_bytes: int) -> dict[str, Any]:
         "gloo_allreduce_s": round(gloo["median_s"], 5),
         "step_over_floor": round(step_s / floor, 3),
         "step_over_gloo": round(step_s / gloo["median_s"], 3),
+        "mxnet_step_s": round(mxnet["median_s"], 5) if mxnet else None,
+        "mxnet_step_p90_s": round(mxnet["p90_s"], 5) if mxnet else None,
+        "step_over_mxnet": round(step_s / mxnet["median_s"], 3) if mxnet else None,
+        "mxnet_version": mxnet["version"] if mxnet else None,
+        "mxnet_bigarray_bound": mxnet["bigarray_bound"] if mxnet else None,
+        "mxnet_skipped": mxnet_skipped,
+        "small_bytes": SMALL_BYTES,
+        "small_steps": len(small),
+        "small_ops_per_s": round(small_ops, 1),
+        "zmq_rtt_per_s": round(zmq["per_s"], 1),
+        "small_over_zmq": round(small_ops / zmq["per_s"], 3),
     }
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``trimtab bench datapath``. Reads TRIMTAB_MXNET_VENV (the edge)."""
+    from trimtab.bench.mxnet_peer import default_venv
+
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (20)")
+    p.add_argument("--model-mib", type=int, default=100)
+    p.add_argument("--chunk-bytes", type=int, default=1 << 20)
+    p.add_argument(
+        "--peers",
+        default="",
+        help="comma-separated peers to run too: mxnet (MXNet 1.9.1 dist_sync KVStore)",
+    )
+    p.add_argument(
+        "--mxnet-venv",
+        type=Path,
+        default=default_venv(),
+        help="the MXNet venv, made on first use (TRIMTAB_MXNET_VENV; %(default)s)",
+    )
+    p.add_argument(
+        "--no-install",
+        action="store_true",
+        help="never install a peer or py-spy: skip what is not there",
+    )
+    p.add_argument("--small-steps", type=int, default=2000, help="1 KiB round trips timed (2000)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="profile the trimtab job's timed steps instead (py-spy + per-thread CPU)",
+    )
+
+
 def main(args: argparse.Namespace) -> int:
-    result = measure(args.steps, args.model_mib, args.chunk_bytes)
+    peers = tuple(p for p in args.peers.split(",") if p)
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        print(f"trimtab bench datapath: unknown peer(s) {unknown}; known: {PEERS}", file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.small_steps < 1:
+        print("trimtab bench datapath: --steps and --small-steps must be >= 1", file=sys.stderr)
+        return 2
+    if args.profile is not None:
+        from trimtab.bench.profile import profile_datapath, render
+
+        summary = profile_datapath(
+            args.profile,
+            model_sizes(args.model_mib),
+            args.steps,
+            args.chunk_bytes,
+            install=not args.no_install,
+        )
+        print(json.dumps(summary) if args.json else render(summary), flush=True)
+        return 0
+    result = measure(
+        args.steps,
+        args.model_mib,
+        args.chunk_bytes,
+        peers=peers,
+        mxnet_venv=args.mxnet_venv,
+        install=not args.no_install,
+        small_steps=args.small_steps,
+    )
     if args.json:
         print(json.dumps(result), flush=True)
     else:
         for key, value in result.items():
-            print(f"{key:>18}: {value}")
+            print(f"{key:>22}: {value}")
     return 0

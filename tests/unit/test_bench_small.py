@@ -1,0 +1,55 @@
+"""The small-message baseline (raw pyzmq REQ/REP round trips) and the datapath CLI's
+argument handling (a few seconds in all)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from trimtab.bench import baselines, datapath
+
+
+@pytest.mark.timeout(60)
+def test_zmq_round_trips_give_a_positive_rate() -> None:
+    r = baselines.zmq_rtt_per_s(1024, round_trips=300, warmup=20)
+    assert r["round_trips"] == 300
+    assert math.isfinite(r["per_s"]) and r["per_s"] > 0
+    assert r["rtt_s"] == pytest.approx(1 / r["per_s"])
+
+
+def test_zmq_round_trips_refuse_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        baselines.zmq_rtt_per_s(0)
+    with pytest.raises(ValueError):
+        baselines.zmq_rtt_per_s(1024, round_trips=0)
+    with pytest.raises(ValueError):
+        baselines.zmq_rtt_per_s(1024, warmup=-1)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    datapath.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_datapath_flags_and_their_defaults() -> None:
+    a = _args()
+    assert (a.steps, a.model_mib, a.chunk_bytes, a.small_steps) == (20, 100, 1 << 20, 2000)
+    assert a.peers == "" and a.profile is None and not a.no_install and not a.json
+    b = _args("--peers", "mxnet", "--mxnet-venv", "/tmp/mx", "--json", "--no-install")
+    assert b.peers == "mxnet" and str(b.mxnet_venv) == "/tmp/mx" and b.json and b.no_install
+
+
+def test_datapath_refuses_an_unknown_peer_before_running_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert datapath.main(_args("--peers", "mxnet,byteps")) == 2
+    assert "byteps" in capsys.readouterr().err
+
+
+def test_model_sizes_sum_to_the_model() -> None:
+    sizes = datapath.model_sizes(100)
+    assert sum(sizes) == 100 * datapath.MIB
+    assert max(sizes) == 25 * datapath.MIB and min(sizes) == datapath.MIB
