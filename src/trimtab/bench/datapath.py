@@ -212,6 +212,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="profile the trimtab job's timed steps instead (py-spy + per-thread CPU)",
     )
+    p.add_argument(
+        "--profile-small",
+        action="store_true",
+        help="with --profile: the 1 KiB round trips (1 worker, 1 server, --small-steps)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -226,12 +231,13 @@ def main(args: argparse.Namespace) -> int:
     if args.profile is not None:
         from trimtab.bench.profile import profile_datapath, render
 
+        if args.profile_small:
+            shape: dict[str, Any] = {"workers": 1, "servers": 1, "warmup": 100}
+            sizes, steps = [SMALL_BYTES], args.small_steps
+        else:
+            shape, sizes, steps = {}, model_sizes(args.model_mib), args.steps
         summary = profile_datapath(
-            args.profile,
-            model_sizes(args.model_mib),
-            args.steps,
-            args.chunk_bytes,
-            install=not args.no_install,
+            args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
         )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
         return 0

@@ -188,6 +188,7 @@ class _Window:
         self.after: dict[int, dict[int, tuple[str, float]]] = {}
         self.started = self.ended = 0.0
         self.machine_before = self.machine_after = (0.0, 0.0)
+        self.spy_cpu = 0.0
         self.error: str | None = None
 
     def on_line(self, source: str, line: str) -> None:
@@ -236,6 +237,7 @@ class _Window:
             while b"Sampling" not in logfile.read_bytes() and time.monotonic() < deadline:
                 time.sleep(0.02)
         self.before = {r.pid: thread_cpu(r.pid) for r in self.roles}
+        self.spy_cpu = -self._spies_cpu()
         self.machine_before = machine_cpu()
         self.started = time.perf_counter()
 
@@ -243,7 +245,11 @@ class _Window:
         self.ended = time.perf_counter()
         self.after = {r.pid: thread_cpu(r.pid) for r in self.roles}
         self.machine_after = machine_cpu()
+        self.spy_cpu += self._spies_cpu()
         self.stop_spies()
+
+    def _spies_cpu(self) -> float:
+        return sum(cpu for _, s in self.spies for _, cpu in thread_cpu(s.pid).values())
 
     def stop_spies(self) -> None:
         """SIGINT every py-spy (it writes its file), then kill any that lingers."""
@@ -269,8 +275,8 @@ def _thread_names(out: Path, roles: Sequence[Role]) -> dict[int, str]:
     return names
 
 
-#: A thread is shown line by line if it burns at least this much CPU per step.
-_SHOWN_CPU_MS = 1.0
+#: A thread is shown line by line if it burns at least this share of the step in CPU.
+_SHOWN_CPU_SHARE = 0.01
 
 
 def _summarise(
@@ -288,7 +294,7 @@ def _summarise(
             before = win.before.get(r.pid, {})
             for tid, (comm, seconds) in win.after.get(r.pid, {}).items():
                 cpu[names.get(tid) or comm] += seconds - before.get(tid, (comm, 0.0))[1]
-        cpu_ms = {k: round(v * per, 2) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+        cpu_ms = {k: round(v * per, 3) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
         lines: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         funcs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         for r in members:
@@ -303,23 +309,23 @@ def _summarise(
         scale = per / RATE_HZ  # samples -> ms per step per process
         threads = {}
         for thread, counter in lines.items():
-            if cpu_ms.get(thread, 0.0) < _SHOWN_CPU_MS:
+            if cpu_ms.get(thread, 0.0) < _SHOWN_CPU_SHARE * 1000 * statistics.median(times):
                 continue
             threads[thread] = {
                 "cpu_ms_per_step": cpu_ms.get(thread),
-                "wall_ms_per_step": round(sum(counter.values()) * scale, 1),
+                "wall_ms_per_step": round(sum(counter.values()) * scale, 3),
                 "lines": [
-                    {"ms": round(c * scale, 2), "frame": _short(f), "code": _source(f)}
+                    {"ms": round(c * scale, 3), "frame": _short(f), "code": _source(f)}
                     for f, c in counter.most_common(10)
                 ],
                 "trimtab_functions": [
-                    {"ms": round(c * scale, 2), "frame": _short(f)}
+                    {"ms": round(c * scale, 3), "frame": _short(f)}
                     for f, c in funcs[thread].most_common(10)
                 ],
             }
         per_role[role_name] = {
             "processes": len(members),
-            "cpu_ms_per_step": round(sum(cpu_ms.values()), 2),
+            "cpu_ms_per_step": round(sum(cpu_ms.values()), 3),
             "cpu_ms_per_step_by_thread": cpu_ms,
             "threads": threads,
         }
@@ -331,11 +337,12 @@ def _summarise(
         "steps": steps,
         "step_s": round(statistics.median(times), 5),
         "window_s": round(window_s, 3),
-        "cpu_ms_per_step_all": round(total_cpu, 1),
+        "cpu_ms_per_step_all": round(total_cpu, 3),
         "cores_busy": round(total_cpu / 1000 * steps / window_s, 2) if window_s > 0 else None,
         "machine_cores": os.cpu_count(),
         "machine_cores_busy": round(busy / window_s, 2) if window_s > 0 else None,
         "machine_cores_idle": round(idle / window_s, 2) if window_s > 0 else None,
+        "profiler_cores": round(win.spy_cpu / window_s, 2) if window_s > 0 else None,
         "pyspy": pyspy_note or f"py-spy --idle --nonblocking at {RATE_HZ} Hz (wall time)",
         "roles": per_role,
     }
@@ -344,21 +351,21 @@ def _summarise(
 def render(s: dict[str, Any]) -> str:
     """The text of ``summary.txt`` for a summary :func:`profile_datapath` returned. Pure."""
     out = [
-        f"{s['steps']} timed steps, median {1000 * s['step_s']:.1f} ms under the profiler; "
+        f"{s['steps']} timed steps, median {1000 * s['step_s']:.3f} ms under the profiler; "
         f"window {s['window_s']} s; all processes together {s['cpu_ms_per_step_all']} ms "
         f"of CPU per step = {s['cores_busy']} cores busy on average",
         f"the whole machine meanwhile ({s['machine_cores']} cores): "
         f"{s['machine_cores_busy']} cores busy, {s['machine_cores_idle']} idle "
-        "(busy beyond the job's own: other processes, the profiler, interrupts)",
+        f"(py-spy itself: {s['profiler_cores']} cores)",
         f"stacks: {s['pyspy']}",
     ]
     for role, r in s["roles"].items():
         out += ["", f"== {role}: {r['cpu_ms_per_step']} ms CPU per step per process "]
         out[-1] += f"({r['processes']} processes); CPU ms per step by thread:"
         out += [
-            f"   {ms:8.2f}  {thread}"
+            f"   {ms:9.3f}  {thread}"
             for thread, ms in r["cpu_ms_per_step_by_thread"].items()
-            if ms >= 0.05
+            if ms >= 0.0005
         ]
         for thread, t in r["threads"].items():
             out.append(
@@ -367,9 +374,9 @@ def render(s: dict[str, Any]) -> str:
             )
             for x in t["lines"]:
                 code = f"   | {x['code']}" if x["code"] else ""
-                out.append(f"   {x['ms']:8.2f}  {x['frame']}{code}")
+                out.append(f"   {x['ms']:9.3f}  {x['frame']}{code}")
             out.append("      wall by trimtab function (inclusive):")
-            out += [f"   {x['ms']:8.2f}  {x['frame']}" for x in t["trimtab_functions"]]
+            out += [f"   {x['ms']:9.3f}  {x['frame']}" for x in t["trimtab_functions"]]
     return "\n".join(out) + "\n"
 
 
@@ -379,6 +386,8 @@ def profile_datapath(
     steps: int,
     chunk_bytes: int,
     *,
+    workers: int = 2,
+    servers: int = 2,
     warmup: int = 3,
     install: bool = True,
 ) -> dict[str, Any]:
@@ -407,7 +416,14 @@ def profile_datapath(
     win = _Window(out, go, pyspy)
     try:
         times = run_trimtab(
-            sizes, steps, chunk_bytes, warmup=warmup, go_file=go, on_line=win.on_line
+            sizes,
+            steps,
+            chunk_bytes,
+            workers,
+            servers,
+            warmup=warmup,
+            go_file=go,
+            on_line=win.on_line,
         )
     finally:
         win.stop_spies()
