@@ -550,6 +550,12 @@ class Coordinator:
                 log.info("psld: a server straggles; asking for server %d", len(self._servers))
         if new is not None and new != self._map.owners:
             self._last_rebalance = clock
+            if self._psld is not None and speeds is not None:
+                log.info(
+                    "psld at clock %d: speeds %s MB/s",
+                    clock,
+                    [round(v / 1e6, 1) for v in speeds],
+                )
             self.migrate(new)
 
     # -- elastic servers -------------------------------------------------------------

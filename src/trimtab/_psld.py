@@ -220,6 +220,7 @@ class SpeedEstimator:
 @dataclasses.dataclass
 class _Trial:
     previous: tuple[int, ...]
+    tried: tuple[int, ...]
     step_before: float
     started: int
 
@@ -255,6 +256,7 @@ class PsldController:
         self._last_decision = 0
         self._trial: _Trial | None = None
         self.rollbacks = 0
+        self._bans: dict[tuple[int, ...], tuple[int, int]] = {}  # map -> (until, length)
 
     def observe_step(self, clock: int, step_s: float) -> None:
         """Record the step time of clock ``clock`` (the slowest worker's, ideally)."""
@@ -287,6 +289,9 @@ class PsldController:
             self._last_decision = clock
             if after is not None and after > trial.step_before * (1 + self.tolerance):
                 self.rollbacks += 1
+                # Do not try that map again soon: twice as long each time it fails.
+                ban = self._bans.get(trial.tried, (0, self.window))[1] * 2
+                self._bans[trial.tried] = (clock + ban, ban)
                 return trial.previous
             return None
         if speeds is None or clock - self._last_decision < self.interval:
@@ -294,7 +299,7 @@ class PsldController:
         self._last_decision = clock
         plan = rebalance(sizes, owners, speeds, active=active, probe=probe)
         draining = active is not None and not all(active)
-        if plan.owners == tuple(owners):
+        if plan.owners == tuple(owners) or self._bans.get(plan.owners, (0, 0))[0] > clock:
             return None
         probing = any(o in probe and o != was for o, was in zip(plan.owners, owners, strict=True))
         if (
@@ -308,7 +313,7 @@ class PsldController:
             return None
         before = self._median_step(clock - self.window, clock + 1)
         if before is not None and not draining:
-            self._trial = _Trial(tuple(owners), before, clock)
+            self._trial = _Trial(tuple(owners), plan.owners, before, clock)
         return plan.owners
 
     def wants_server(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> bool:

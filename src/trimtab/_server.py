@@ -194,7 +194,7 @@ class Server:
         )
         try:
             while not self._stop:
-                env = self._transport.recv(self.config.heartbeat_s)
+                env = self._transport.recv(min(self.config.heartbeat_s, LOAD_REPORT_S))
                 if self._heartbeat.due():
                     self._loop.send(self._coord, self._heartbeat.header())
                 if self.state is ServerState.SERVING and time.monotonic() >= self._load_due:
@@ -628,8 +628,10 @@ class Server:
             self._loop.send(peer, header)
             return
         header["dt"] = WIRE_DTYPES[t.dtype]
+        nbytes = t.numel() * t.element_size()
+        self._bytes += nbytes  # what this server moves, both ways, for its speed figure
         if self._straggler:
-            self._straggler.on_bytes(t.numel() * t.element_size(), self._step)
+            self._straggler.on_bytes(nbytes, self._step)
         self._loop.send(peer, header, [as_bytes(t)])
 
     def stats(self) -> dict[str, Any]:

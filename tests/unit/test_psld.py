@@ -167,3 +167,19 @@ def test_a_server_found_slow_again_is_probed_less_often() -> None:
     assert idle_until_forgotten() == 8
     work(1e8)  # probed: fast now; patience back to its base
     assert idle_until_forgotten() == 2
+
+
+def test_a_rolled_back_map_is_not_tried_again_soon() -> None:
+    ctl = PsldController(interval=1, horizon=1000, window=3)
+    sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    tried = ctl.decide(4, sizes, owners, [100.0, 40.0])
+    assert tried is not None
+    for k in range(5, 8):
+        ctl.observe_step(k, 1.5)
+    assert ctl.decide(7, sizes, tried, [100.0, 40.0]) == tuple(owners)  # rolled back
+    for k in range(8, 20):
+        ctl.observe_step(k, 1.0)
+    assert ctl.decide(9, sizes, owners, [100.0, 40.0]) is None  # banned for 6 steps
+    assert ctl.decide(14, sizes, owners, [100.0, 40.0]) == tried  # then tried again
