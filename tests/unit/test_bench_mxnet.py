@@ -62,6 +62,7 @@ def test_without_mxnet_and_no_install_the_peer_is_skipped_with_a_reason(tmp_path
     result, why = datapath._mxnet([1 << 20], 20, venv, install=False)
     assert result is None
     assert why is not None and why.startswith("MXNet unavailable:") and str(venv) in why
+    assert list(tmp_path.iterdir()) == []  # nothing made, not even a lock file
 
 
 def test_a_folder_trimtab_did_not_make_is_left_alone(tmp_path: Path) -> None:

@@ -129,13 +129,16 @@ def ensure_venv(
             Python version). The message names the venv and the cause.
     """
     python = venv_python(venv)
+    wanted = " ".join(requirements)
+    found = probe(python, check)
+    if found is not None:
+        return python, found
+    if not install:
+        raise ToolUnavailable(f"{venv} has no working {wanted} and installing was not allowed")
     with _locked(venv):
-        found = probe(python, check)
+        found = probe(python, check)  # another run may have made it meanwhile
         if found is not None:
             return python, found
-        wanted = " ".join(requirements)
-        if not install:
-            raise ToolUnavailable(f"{venv} has no working {wanted} and installing was not allowed")
         if venv.exists() and any(venv.iterdir()) and not (venv / MARKER).exists():
             raise ToolUnavailable(
                 f"{venv} exists, was not made by trimtab and has no working {wanted}: "
