@@ -96,10 +96,12 @@ class CoordinatorConfig:
             raise ConfigError(f"staleness must be >= 0, got {self.staleness}")
         if self.rebalance_every < 0:
             raise ConfigError(f"rebalance_every must be >= 0, got {self.rebalance_every}")
-        if (self.rebalance_every or self.placement == "psld") and self.consistency != "bsp":
+        moves = self.rebalance_every or self.placement == "psld"
+        if (moves or self.max_servers > self.num_servers) and self.consistency != "bsp":
             raise ConfigError(
-                "live migration (--placement psld, rebalancing) hands chunks over at a "
-                f"synchronous step boundary: use it with --mode bsp, not {self.consistency}"
+                "live migration (--placement psld, --max-servers, rebalancing) hands chunks "
+                f"over at a synchronous step boundary: use it with --mode bsp, not "
+                f"{self.consistency}"
             )
         if self.dead_after_s <= 2 * self.heartbeat_s:
             raise ConfigError("dead_after_s must be more than twice heartbeat_s")
@@ -577,6 +579,12 @@ class Coordinator:
         asked of the launcher (``wanted_servers`` in :meth:`status`), fewer are drained
         (their chunks move away, then they are told to exit). Returns the target.
         Loop thread only; never blocks."""
+        if self.config.consistency != "bsp":
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"scaling moves chunks at a synchronous step boundary; this job runs "
+                f"--mode {self.config.consistency}, so it cannot scale",
+            )
         target = min(max(1, servers), self.config.max_servers)
         self._target_servers = target
         active = self._active_servers()

@@ -89,10 +89,12 @@ class LaunchConfig:
             count = self.workers if spec.role == "worker" else max(self.servers, self.max_servers)
             if spec.index >= count:
                 raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
-        if (self.rebalance_every or self.placement == "psld") and self.consistency != "bsp":
+        moves = self.rebalance_every or self.placement == "psld"
+        if (moves or self.max_servers > self.servers) and self.consistency != "bsp":
             raise ConfigError(
-                "live migration (--placement psld, --rebalance-every) hands chunks over at "
-                f"a synchronous step boundary: use it with --mode bsp, not {self.consistency}"
+                "live migration (--placement psld, --max-servers, --rebalance-every) hands "
+                "chunks over at a synchronous step boundary: use it with --mode bsp, not "
+                f"{self.consistency}"
             )
 
 

@@ -96,6 +96,7 @@ def test_speed_estimator_takes_windows_and_ignores_one_outlier() -> None:
     [
         ({"placement": "psld", "consistency": "asp"}, "use it with --mode bsp"),
         ({"rebalance_every": 3, "consistency": "saps"}, "use it with --mode bsp"),
+        ({"servers": 2, "max_servers": 3, "consistency": "asp"}, "use it with --mode bsp"),
         ({"servers": 3, "max_servers": 2}, "at least --servers"),
         ({"stragglers": ("server:4:bandwidth=1MB/s",)}, "only 2 servers"),
     ],
