@@ -32,17 +32,20 @@ def test_frames_are_shortened_to_the_package() -> None:
     )
 
 
-def test_thread_cpu_sees_this_process_threads() -> None:
+def test_thread_stats_see_this_process_threads() -> None:
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, daemon=True)
     t.start()
     try:
-        cpu = profile.thread_cpu(os.getpid())
+        stats = profile.thread_stats(os.getpid())
     finally:
         stop.set()
         t.join()
-    assert os.getpid() in cpu and len(cpu) >= 2
-    assert all(seconds >= 0 for _, seconds in cpu.values())
+    assert os.getpid() in stats and len(stats) >= 2
+    assert all(s.user_s >= 0 and s.sys_s >= 0 and s.faults >= 0 for s in stats.values())
+    main = stats[os.getpid()]
+    d = main - profile.ThreadStat(main.comm, 0.0, 0.0, 0)
+    assert d == main
     busy, idle = profile.machine_cpu()
     assert busy > 0 and idle >= 0
 

@@ -3,9 +3,9 @@
 Runs the datapath workload (the same job as the benchmark: 2 workers x 2 servers) and,
 over exactly its timed steps, measures two things per process of the job:
 
-* the CPU time of every OS thread (``/proc/PID/task/TID/stat``), Python's and the native
-  ones (ZeroMQ's I/O threads, torch's), read just before the first timed step and just
-  after the last;
+* the CPU time (user and kernel) and minor page faults of every OS thread
+  (``/proc/PID/task/TID/stat``), Python's and the native ones (ZeroMQ's I/O threads,
+  torch's), read just before the first timed step and just after the last;
 * where each Python thread's wall time goes, line by line, running or waiting: py-spy
   samples every thread of each process (``py-spy record --pid --idle --nonblocking``,
   200 Hz), attached during the warm-up. Idle samples are kept on purpose: py-spy's
@@ -43,7 +43,15 @@ from typing import Any
 from trimtab.bench._datapath_worker import DONE, READY
 from trimtab.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
 
-__all__ = ["Role", "child_roles", "parse_collapsed", "profile_datapath", "pyspy_binary"]
+__all__ = [
+    "Role",
+    "ThreadStat",
+    "child_roles",
+    "parse_collapsed",
+    "profile_datapath",
+    "pyspy_binary",
+    "thread_stats",
+]
 
 RATE_HZ = 200
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -114,10 +122,29 @@ def child_roles(parent: int) -> list[Role]:
     return roles
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) of each thread of ``pid``: ``{tid: (comm, seconds)}``.
-    Empty if the process is gone. Never blocks."""
-    out: dict[int, tuple[str, float]] = {}
+@dataclasses.dataclass(frozen=True)
+class ThreadStat:
+    """One thread's counters since it started: its name (``comm``), user and system CPU
+    seconds, and minor page faults (first touches of fresh memory, mostly)."""
+
+    comm: str
+    user_s: float = 0.0
+    sys_s: float = 0.0
+    faults: int = 0
+
+    def __sub__(self, before: ThreadStat) -> ThreadStat:
+        return ThreadStat(
+            self.comm,
+            self.user_s - before.user_s,
+            self.sys_s - before.sys_s,
+            self.faults - before.faults,
+        )
+
+
+def thread_stats(pid: int) -> dict[int, ThreadStat]:
+    """The counters of each thread of ``pid`` (``/proc/PID/task/TID/stat``), by thread
+    id. Empty if the process is gone. Never blocks."""
+    out: dict[int, ThreadStat] = {}
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
@@ -125,8 +152,10 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
             except OSError:
                 continue
             comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) * _TICK_S)
+            f = stat.rsplit(")", 1)[1].split()  # f[0] is field 3 (state) of proc(5)
+            out[int(task.name)] = ThreadStat(
+                comm, int(f[11]) * _TICK_S, int(f[12]) * _TICK_S, int(f[7])
+            )
     return out
 
 
@@ -184,8 +213,8 @@ class _Window:
         self.out, self.go, self.pyspy = out, go, pyspy
         self.roles: list[Role] = []
         self.spies: list[tuple[Role, subprocess.Popen[bytes]]] = []
-        self.before: dict[int, dict[int, tuple[str, float]]] = {}
-        self.after: dict[int, dict[int, tuple[str, float]]] = {}
+        self.before: dict[int, dict[int, ThreadStat]] = {}
+        self.after: dict[int, dict[int, ThreadStat]] = {}
         self.started = self.ended = 0.0
         self.machine_before = self.machine_after = (0.0, 0.0)
         self.spy_cpu = 0.0
@@ -236,20 +265,21 @@ class _Window:
             logfile = self.out / f"{role.name}.pyspy.log"
             while b"Sampling" not in logfile.read_bytes() and time.monotonic() < deadline:
                 time.sleep(0.02)
-        self.before = {r.pid: thread_cpu(r.pid) for r in self.roles}
+        self.before = {r.pid: thread_stats(r.pid) for r in self.roles}
         self.spy_cpu = -self._spies_cpu()
         self.machine_before = machine_cpu()
         self.started = time.perf_counter()
 
     def _close(self) -> None:
         self.ended = time.perf_counter()
-        self.after = {r.pid: thread_cpu(r.pid) for r in self.roles}
+        self.after = {r.pid: thread_stats(r.pid) for r in self.roles}
         self.machine_after = machine_cpu()
         self.spy_cpu += self._spies_cpu()
         self.stop_spies()
 
     def _spies_cpu(self) -> float:
-        return sum(cpu for _, s in self.spies for _, cpu in thread_cpu(s.pid).values())
+        stats = [t for _, spy in self.spies for t in thread_stats(spy.pid).values()]
+        return sum(t.user_s + t.sys_s for t in stats)
 
     def stop_spies(self) -> None:
         """SIGINT every py-spy (it writes its file), then kill any that lingers."""
@@ -290,11 +320,18 @@ def _summarise(
             continue
         per = 1000 / steps / len(members)  # seconds in the window -> ms per step per process
         cpu: dict[str, float] = collections.defaultdict(float)
+        sys_s: dict[str, float] = collections.defaultdict(float)
+        faults: dict[str, int] = collections.defaultdict(int)
         for r in members:
             before = win.before.get(r.pid, {})
-            for tid, (comm, seconds) in win.after.get(r.pid, {}).items():
-                cpu[names.get(tid) or comm] += seconds - before.get(tid, (comm, 0.0))[1]
-        cpu_ms = {k: round(v * per, 3) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+            for tid, after in win.after.get(r.pid, {}).items():
+                d = after - before.get(tid, ThreadStat(after.comm))
+                label = names.get(tid) or after.comm
+                cpu[label] += d.user_s + d.sys_s
+                sys_s[label] += d.sys_s
+                faults[label] += d.faults
+        order = sorted(cpu, key=lambda k: -cpu[k])
+        cpu_ms = {k: round(cpu[k] * per, 3) for k in order}
         lines: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         funcs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         for r in members:
@@ -327,6 +364,8 @@ def _summarise(
             "processes": len(members),
             "cpu_ms_per_step": round(sum(cpu_ms.values()), 3),
             "cpu_ms_per_step_by_thread": cpu_ms,
+            "sys_ms_per_step_by_thread": {k: round(sys_s[k] * per, 3) for k in order},
+            "faults_per_step_by_thread": {k: round(faults[k] * per / 1000) for k in order},
             "threads": threads,
         }
     window_s = win.ended - win.started
@@ -361,9 +400,11 @@ def render(s: dict[str, Any]) -> str:
     ]
     for role, r in s["roles"].items():
         out += ["", f"== {role}: {r['cpu_ms_per_step']} ms CPU per step per process "]
-        out[-1] += f"({r['processes']} processes); CPU ms per step by thread:"
+        out[-1] += f"({r['processes']} processes); per step by thread: CPU ms (of it "
+        out[-1] += "in the kernel), minor page faults:"
         out += [
-            f"   {ms:9.3f}  {thread}"
+            f"   {ms:9.3f}  ({r['sys_ms_per_step_by_thread'][thread]:.3f})  "
+            f"{r['faults_per_step_by_thread'][thread]:6d}  {thread}"
             for thread, ms in r["cpu_ms_per_step_by_thread"].items()
             if ms >= 0.0005
         ]
