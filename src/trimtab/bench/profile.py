@@ -8,10 +8,11 @@ over exactly its timed steps, measures two things per process of the job:
   torch's), read just before the first timed step and just after the last;
 * where each Python thread's wall time goes, line by line, running or waiting: py-spy
   samples every thread of each process (``py-spy record --pid --idle --nonblocking``,
-  200 Hz), attached during the warm-up. Idle samples are kept on purpose: py-spy's
-  guess of which threads are idle proved wrong here (a thread blocked in a ZeroMQ poll
-  was counted as running in one mode, and most of a busy copy as idle in the other), so
-  the stacks are read as wall time and the CPU figures come from the kernel.
+  200 Hz), attached after the warm-up. Idle samples are kept on purpose: py-spy's
+  guess of which threads are idle proved unreliable here (threads blocked in a ZeroMQ
+  poll or recv counted as running part of the time, differently with and without
+  ``--nonblocking``), so the stacks are read as wall time and the CPU figures come from
+  the kernel.
 
 The handshake: worker 0 prints ``READY`` after its warm-up and waits for a go file; this
 module attaches py-spy, reads the CPU counters, and creates the file; worker 0 prints
