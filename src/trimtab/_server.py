@@ -92,6 +92,8 @@ class _Chunk:
         self.version = 0
         self.round = 0
         self.weight_sum = 0.0
+        self.scale = 0.0  # what each arrival of this round is divided by as it is merged
+        self.last_sum = 0.0  # the previous round's sum of weights (synchronous modes)
         self.any_grad = False
         self.arrived: set[int] = set()
         self.waiting: list[_Waiter] = []
@@ -547,6 +549,12 @@ class Server:
             w = float(weight) * discount
             if self._consistency.synchronous:
                 chunk.weight_sum += float(weight)
+                if not chunk.any_grad and chunk.scale <= 0:
+                    # The round's divisor, predicted as last round's sum of weights (or
+                    # this weight times the workers), so that each arrival is scaled as
+                    # it is merged rather than the sum divided in a pass of its own;
+                    # _update corrects the rare round whose weights changed.
+                    chunk.scale = chunk.last_sum or float(weight) * len(self._workers)
             else:
                 # Each push is an update of its own: it counts its worker's share of the
                 # global batch (b_i / sum of the latest b_j), so N pushes move the model
@@ -555,11 +563,13 @@ class Server:
                 chunk.weight_sum = sum(
                     chunk.last_weight.get(r, float(weight)) for r in self._workers
                 )
+                chunk.scale = chunk.weight_sum
             if grad is not None:
+                alpha = w / chunk.scale
                 if chunk.any_grad:
-                    chunk.merge.add_(grad, alpha=w)
+                    chunk.merge.add_(grad, alpha=alpha)
                 else:
-                    torch.mul(grad, w, out=chunk.merge)  # first arrival: copy, scaled
+                    torch.mul(grad, alpha, out=chunk.merge)  # first arrival: copy, scaled
                     chunk.any_grad = True
         chunk.arrived.add(rank)
         chunk.last_clock[rank] = clock
@@ -570,7 +580,8 @@ class Server:
     def _update(self, chunk: _Chunk) -> None:
         result: torch.Tensor | None = None
         if chunk.any_grad and chunk.weight_sum > 0:
-            chunk.merge.div_(chunk.weight_sum)
+            if chunk.scale != chunk.weight_sum:  # the weights changed this round
+                chunk.merge.mul_(chunk.scale / chunk.weight_sum)
             if chunk.optimizer is not None:
                 chunk.optimizer.step(chunk.merge.to(chunk.value.dtype))
                 result = chunk.value
@@ -593,6 +604,9 @@ class Server:
             self._release(chunk)
         chunk.waiting = []
         chunk.arrived.clear()
+        if self._consistency.synchronous and chunk.weight_sum > 0:
+            chunk.last_sum = chunk.weight_sum
+        chunk.scale = 0.0
         chunk.weight_sum = 0.0
         chunk.any_grad = False
         chunk.round += 1
