@@ -1,9 +1,16 @@
-"""The worker's node runtime: one I/O thread that owns the sockets, and handles
-(futures) for every remote operation.
+"""The worker's node runtime: handles (futures) for every remote operation, over two
+sets of sockets.
+
+- The **control** sockets (to the coordinator) belong to one I/O thread, which also
+  sends heartbeats and notices the job's end: any thread may queue a control request,
+  and the I/O thread is woken to send it.
+- The **data** sockets (to the servers) belong to no thread: whoever holds the data
+  lock uses them. A data request is sent by the calling thread itself, and its reply is
+  received by the thread that waits for it (:func:`wait`), so a push and its answer
+  cross no thread hand-off (each hand-off cost more than a raw ZeroMQ round trip here).
 
 Remote operations return a :class:`concurrent.futures.Future` at once; waiting is
-explicit (:func:`wait`). Any thread may start operations: they are queued, and the I/O
-thread is woken to send them. Replies are matched to requests by request id.
+explicit (:func:`wait`). Replies are matched to requests by request id.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -68,12 +76,23 @@ class Reply(NamedTuple):
     frames: list[memoryview]
 
 
+class _DataFuture(concurrent.futures.Future[Reply]):
+    """The future of a data request: waiting for it receives on the data sockets."""
+
+    def __init__(self, client: WorkerClient) -> None:
+        super().__init__()
+        self.client = client
+
+
 def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
-    """Block until ``future`` is done; return its reply.
+    """Block until ``future`` is done; return its reply. For a data request, the calling
+    thread receives replies itself meanwhile (and completes others' futures too).
 
     Raises the remote error (:class:`RemoteError`, :class:`ChunkMoved`),
     :class:`JobAborted`, or :class:`NodeTimeout` after ``timeout_s``.
     """
+    if isinstance(future, _DataFuture):
+        future.client._drive(future, timeout_s)
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
@@ -91,6 +110,9 @@ class WorkerClient:
         self.config = config
         self._transport = transport or ZmqTransport(bind=False)
         self._coord = self._transport.connect(config.coordinator)
+        self._data = self._transport.companion()
+        self._data_lock = threading.Lock()
+        self._data_out: collections.deque[tuple[str, list[Frame]]] = collections.deque()
         self._rids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._lock = threading.Lock()
@@ -132,6 +154,11 @@ class WorkerClient:
         self._transport.wake()
         if self._thread is not None:
             self._thread.join(timeout=10.0)
+        if self._data_lock.acquire(timeout=10.0):
+            try:
+                self._data.close()
+            finally:
+                self._data_lock.release()
 
     @property
     def dead(self) -> str | None:
@@ -149,10 +176,14 @@ class WorkerClient:
     def request(
         self, to: Peer | str, header: Header, frames: Sequence[Frame] = ()
     ) -> concurrent.futures.Future[Reply]:
-        """Send ``header`` + ``frames`` to a peer (or a server address); return a future
-        of the reply. Non-blocking; thread-safe. The frames' memory must stay unchanged
-        until the future is done."""
-        fut: concurrent.futures.Future[Reply] = concurrent.futures.Future()
+        """Send ``header`` + ``frames`` to a peer (the coordinator's, through the I/O
+        thread) or to a server address (data: sent from this thread unless another
+        holds the data sockets); return a future of the reply. Non-blocking;
+        thread-safe. The frames' memory must stay unchanged until the future is done."""
+        data = isinstance(to, str)
+        fut: concurrent.futures.Future[Reply] = (
+            _DataFuture(self) if data else concurrent.futures.Future()
+        )
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
             return fut
@@ -161,9 +192,63 @@ class WorkerClient:
         header["j"] = self.config.job
         with self._lock:
             self._pending[rid] = fut
-        self._outbox.append((to, [encode(header), *frames]))
-        self._transport.wake()
+        if isinstance(to, str):
+            self._data_out.append((to, [encode(header), *frames]))
+            if not self._flush_data():
+                self._data.wake()  # the thread receiving on the data sockets sends it
+        else:
+            self._outbox.append((to, [encode(header), *frames]))
+            self._transport.wake()
         return fut
+
+    # -- the data sockets: used by whichever thread holds the data lock --------------
+
+    def _flush_data(self) -> bool:
+        """Send the queued data requests, if the data sockets are free; return whether
+        the queue was emptied. Non-blocking."""
+        while self._data_out:
+            if not self._data_lock.acquire(blocking=False):
+                return False
+            try:
+                self._send_data_locked()
+            finally:
+                self._data_lock.release()
+        return True
+
+    def _send_data_locked(self) -> None:
+        while self._data_out:
+            to, frames = self._data_out.popleft()
+            self._data.send(self._data.connect(to), frames)
+
+    def _drive(self, fut: _DataFuture, timeout_s: float) -> None:
+        """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
+        completing whichever futures the replies answer. Blocks; never raises (the
+        caller reads the outcome from ``fut``)."""
+        deadline = time.monotonic() + timeout_s
+        while not fut.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if not self._data_lock.acquire(blocking=False):
+                # Another thread is receiving; it completes our future too.
+                concurrent.futures.wait([fut], timeout=min(left, 0.005))
+                continue
+            try:
+                self._send_data_locked()
+                # Short slices, so a job that ended (the I/O thread fails every future)
+                # or a request queued by another thread is seen soon.
+                env = self._data.recv(min(left, 0.05))
+                while env is not None:
+                    self._on_message(env.peer, env.frames)
+                    if fut.done():
+                        break
+                    env = self._data.recv(0)
+            except Exception as exc:  # a broken data socket ends the job, said once
+                log.exception("worker data sockets failed")
+                self._fail(f"worker data sockets failed: {exc}")
+            finally:
+                self._data_lock.release()
+            self._flush_data()
 
     # -- the I/O thread ------------------------------------------------------------
 

@@ -5,8 +5,9 @@ address others connect to; it connects out to the addresses it needs. Every mess
 received comes with the :data:`Peer` it came from, and replying to that peer reaches the
 sender, whichever side opened the connection.
 
-Threading: one thread (the node's I/O thread) calls ``connect``, ``send``, ``recv`` and
-``close``; only :meth:`Transport.wake` may be called from any thread.
+Threading: one thread at a time (the node's I/O thread, or whoever holds the lock that
+guards the transport) calls ``connect``, ``send``, ``recv`` and ``close``; only
+:meth:`Transport.wake` may be called from any thread at any time.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def wake(self) -> None:
         """Make a blocked :meth:`recv` return ``None`` soon. Thread-safe, never blocks."""
+
+    @abc.abstractmethod
+    def companion(self) -> Transport:
+        """A new, non-binding transport of the same kind for another thread's own
+        connections (it shares this one's resources, e.g. ZeroMQ's I/O thread). Close
+        it separately. Does not block."""
 
     @abc.abstractmethod
     def close(self) -> None:

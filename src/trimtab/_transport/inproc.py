@@ -76,5 +76,8 @@ class InprocTransport(Transport):
     def wake(self) -> None:
         self._inbox.put(_WAKE)
 
+    def companion(self) -> InprocTransport:
+        return self._fabric.transport(bind=False)
+
     def close(self) -> None:
         self._fabric._remove(self._own)

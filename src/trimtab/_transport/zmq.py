@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 import zmq
@@ -66,6 +67,27 @@ def keep_freed_memory() -> bool:
     return _kept_freed_memory
 
 
+class _SharedContext:
+    """A ZeroMQ context shared by a transport and its companions: one ZeroMQ I/O thread
+    per process, terminated when the last of them closes. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self.ctx.term()  # every socket is closed by now, so this does not block
+
+
 class ZmqTransport(Transport):
     """A :class:`Transport` over ZeroMQ TCP sockets.
 
@@ -88,10 +110,14 @@ class ZmqTransport(Transport):
         port: int = 0,
         max_frame_bytes: int | None = None,
         reuse_buffers: bool = True,
+        _shared: _SharedContext | None = None,
     ) -> None:
         if reuse_buffers:
             keep_freed_memory()
-        self._ctx = zmq.Context()
+        self._shared = _shared or _SharedContext()
+        self._shared.acquire()
+        self._closed = False
+        self._ctx = self._shared.ctx
         self._poller = zmq.Poller()
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
@@ -176,11 +202,20 @@ class ZmqTransport(Transport):
         with contextlib.suppress(OSError):  # full pipe: already woken; closed: nothing to wake
             os.write(self._wake_w, b"w")
 
+    def companion(self) -> ZmqTransport:
+        return ZmqTransport(
+            bind=False, max_frame_bytes=self._max_frame, reuse_buffers=False, _shared=self._shared
+        )
+
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
             sock.close()
         self._dealers.clear()
-        self._ctx.term()
+        self._router = None
+        self._shared.release()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
