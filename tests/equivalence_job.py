@@ -73,7 +73,10 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x), y)
 
 
-def reference(setup: Setup) -> list[torch.Tensor]:
+def reference(setup: Setup, wire: torch.dtype | None = None) -> list[torch.Tensor]:
+    """One process over the global batches. With ``wire`` (gradient compression), the
+    gradient of each worker's slice is rounded to ``wire`` before the weighted mean, as
+    the workers' pushes are."""
     model = make_model()
     opt = make_optimizer(setup.optimizer, model)
     for step, (x, y) in enumerate(global_batches(setup.steps)):
@@ -81,7 +84,20 @@ def reference(setup: Setup) -> list[torch.Tensor]:
             for group in opt.param_groups:
                 group["lr"] *= 0.3
         opt.zero_grad()
-        loss_of(model, x, y).backward()
+        if wire is None:
+            loss_of(model, x, y).backward()
+        else:
+            total = [torch.zeros_like(p) for p in model.parameters()]
+            start = 0
+            for size in setup.batch_sizes:
+                model.zero_grad()
+                loss_of(model, x[start : start + size], y[start : start + size]).backward()
+                for t, p in zip(total, model.parameters(), strict=True):
+                    assert p.grad is not None
+                    t.add_(p.grad.to(wire).float(), alpha=size / GLOBAL_BATCH)
+                start += size
+            for t, p in zip(total, model.parameters(), strict=True):
+                p.grad = t
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
 

@@ -26,6 +26,7 @@ from trimtab._api import (
     shutdown,
     size,
 )
+from trimtab._compression import Compression
 from trimtab._context import Context
 from trimtab._coordinator import Coordinator, CoordinatorConfig
 from trimtab._exceptions import (
@@ -48,6 +49,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ChunkMoved",
+    "Compression",
     "ConfigError",
     "Context",
     "Coordinator",

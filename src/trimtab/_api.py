@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from trimtab._compression import ENV as COMPRESSION_ENV
+from trimtab._compression import compressor
 from trimtab._context import Context
 from trimtab._exceptions import ConfigError, UsageError
 from trimtab._messages import Control
@@ -71,7 +73,13 @@ def init(config: WorkerConfig | None = None) -> None:
         return
     local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
     stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
-    _default = Context(config or config_from_env(), local_rank=local_rank, stragglers=stragglers)
+    compression = compressor(os.environ.get(COMPRESSION_ENV) or "none").name
+    _default = Context(
+        config or config_from_env(),
+        local_rank=local_rank,
+        stragglers=stragglers,
+        compression=compression,
+    )
     atexit.register(shutdown)
 
 

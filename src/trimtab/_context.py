@@ -45,8 +45,11 @@ class Context:
         local_rank: int = -1,
         transport: Transport | None = None,
         stragglers: Sequence[StragglerSpec] = (),
+        compression: str = "none",
     ) -> None:
         self.config = config
+        #: The gradient compression optimizers use unless given one (``--compression``).
+        self.compression = compression
         self.client = WorkerClient(config, transport)
         self.client.start()
         self.local_rank = self.client.rank if local_rank < 0 else local_rank

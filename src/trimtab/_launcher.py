@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from trimtab._compression import ENV as COMPRESSION_ENV
+from trimtab._compression import compressor
 from trimtab._exceptions import ConfigError, NodeTimeout, ProtocolError
 from trimtab._messages import Control, Header, decode, encode
 from trimtab._straggle import ENV as STRAGGLER_ENV
@@ -50,6 +52,8 @@ class LaunchConfig:
         staleness: the bound of ``ssp``.
         batching: ``equal``, ``lbbsp`` or ``lbbsp-gpu``.
         stragglers: straggler specs (see ``trimtab._straggle``), injected for experiments.
+        compression: the workers' default gradient compression: ``none``, ``fp16``,
+            ``bf16`` (what ``DistributedOptimizer`` uses unless given ``compression=``).
         rebalance_every: force a migration of every chunk every this many steps (0 =
             never; for tests and demonstrations of live migration; needs bsp).
         max_servers: servers the job may grow to (psld's scale-out, ``trimtab
@@ -72,6 +76,7 @@ class LaunchConfig:
     staleness: int = 3
     batching: str = "equal"
     stragglers: tuple[str, ...] = ()
+    compression: str = "none"
     rebalance_every: int = 0
     max_servers: int = 0
     startup_timeout_s: float = 60.0
@@ -81,6 +86,7 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.servers < 1:
             raise ConfigError("--workers and --servers must be at least 1")
+        compressor(self.compression)  # refuse an unknown name before starting
         if self.max_servers and self.max_servers < self.servers:
             raise ConfigError(
                 f"--max-servers ({self.max_servers}) must be at least --servers ({self.servers})"
@@ -254,6 +260,7 @@ class Job:
                     "TRIMTAB_NUM_WORKERS": str(c.workers),
                     "TRIMTAB_NUM_SERVERS": str(c.servers),
                     STRAGGLER_ENV: ";".join(c.stragglers),
+                    COMPRESSION_ENV: compressor(c.compression).name,
                     "DMLC_ROLE": "worker",
                     "DMLC_PS_ROOT_URI": host,
                     "DMLC_PS_ROOT_PORT": port,

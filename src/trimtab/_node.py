@@ -46,18 +46,32 @@ def tensor_from(frame: memoryview, dtype: str, numel: int) -> torch.Tensor:
     return torch.frombuffer(frame, dtype=TORCH_DTYPES[dtype], count=numel)
 
 
+#: Gradients of these chunk dtypes may travel compressed to these (``compression=``).
+COMPRESSED_DTYPES: dict[str, tuple[str, ...]] = {
+    "float32": ("float16", "bfloat16"),
+    "float64": ("float16", "bfloat16"),
+}
+
+
 def check_tensor_frames(
-    header: Header, frames: Sequence[memoryview], dtype: str, numel: int
+    header: Header,
+    frames: Sequence[memoryview],
+    dtype: str,
+    numel: int,
+    *,
+    compressed: bool = False,
 ) -> torch.Tensor:
-    """Validate a message that carries one tensor buffer of ``numel`` ``dtype`` elements.
+    """Validate a message that carries one tensor buffer of ``numel`` ``dtype`` elements
+    (or, if ``compressed`` may be, of a narrower dtype of :data:`COMPRESSED_DTYPES`).
 
     Raises :class:`ProtocolError` (BAD_DTYPE, BAD_SHAPE or MALFORMED) saying what differs.
     """
     got_dtype = field(header, "dt", str)
-    if got_dtype != dtype:
+    if got_dtype != dtype and not (compressed and got_dtype in COMPRESSED_DTYPES.get(dtype, ())):
         raise ProtocolError(
             ErrorCode.BAD_DTYPE.value, f"chunk holds {dtype}, message carries {got_dtype!r}"
         )
+    dtype = got_dtype
     got_n = field(header, "n", int)
     if got_n != numel:
         raise ProtocolError(

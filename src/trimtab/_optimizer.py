@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trimtab._compression import compressor
 from trimtab._context import Context
 from trimtab._exceptions import ChunkMoved, ConfigError, RemoteError, UsageError
 from trimtab._messages import Control, Data
@@ -43,6 +44,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             Adamax run on the servers, others in summation mode).
         named_parameters: ``model.named_parameters()``; names must match across workers.
             Without it, parameters are named by their place in the param groups.
+        compression: how gradients travel: ``trimtab.Compression.fp16`` or ``.bf16``
+            halve a float32 push (values come back in full precision); default the job's
+            (``trimtab run --compression``), else none.
         backward_passes_per_step: backward passes accumulated locally before a push.
         mode: ``"auto"`` (default), ``"server"`` or ``"summation"``. Use summation to
             change gradients between :meth:`synchronize` and :meth:`step` (clipping).
@@ -67,13 +71,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ) -> None:
         from trimtab._api import default_context
 
-        if compression is not None and getattr(compression, "name", "none") != "none":
-            raise ConfigError("gradient compression is not supported yet; omit compression=")
         if op is not None and str(op).lower() not in ("average", "op.average"):
             raise ConfigError(f"only op=Average is supported, got {op!r}")
         if backward_passes_per_step < 1:
             raise ConfigError("backward_passes_per_step must be at least 1")
         self._ctx = context or default_context()
+        self._compression = compressor(
+            self._ctx.compression if compression is None else compression
+        )
+        # One reused wire buffer per parameter whose gradients are narrowed for the push.
+        self._wire: dict[torch.Tensor, torch.Tensor] = {}
         self._inner = optimizer
         self._mode = choose_mode(optimizer, mode)
         cls = type(optimizer).__name__
@@ -256,7 +263,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if grad.is_sparse:
                 raise UsageError("sparse gradients are not supported; use dense embeddings")
             flat = grad.detach().contiguous().view(-1)
-            if flat.device.type != "cpu":
+            wire = self._compression.wire_dtype(flat.dtype)
+            if wire != flat.dtype:
+                # Narrowed into a buffer kept for this parameter: its previous push was
+                # answered (in synchronize) before this one, so nothing still reads it.
+                buf = self._wire.get(p)
+                if buf is None:
+                    buf = self._wire[p] = torch.empty(flat.numel(), dtype=wire)
+                buf.copy_(flat)
+                flat = buf
+            elif flat.device.type != "cpu":
                 flat = flat.cpu()
         futs = []
         for c in self._chunks_of[p]:
@@ -270,6 +286,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 header["z"] = True
                 frames = []
             else:
+                header["dt"] = wire_dtype(flat.dtype)
                 frames = [as_bytes(flat[c.offset : c.offset + c.numel])]
             to = self._ctx.server_of(c.id, self._clock)
             futs.append((self._ctx.client.request(to, header, frames), header, frames))

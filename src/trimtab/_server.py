@@ -532,7 +532,9 @@ class Server:
             )
         grad = None
         if not header.get("z", False):
-            grad = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
+            grad = check_tensor_frames(
+                header, frames, chunk.spec.dtype, chunk.spec.numel, compressed=True
+            )
         hp = header.get("hp")
         if hp is not None and not isinstance(hp, dict):
             raise ProtocolError(ErrorCode.MALFORMED.value, "'hp' must be a map")
@@ -567,9 +569,12 @@ class Server:
             if grad is not None:
                 alpha = w / chunk.scale
                 if chunk.any_grad:
-                    chunk.merge.add_(grad, alpha=alpha)
-                else:
+                    chunk.merge.add_(grad, alpha=alpha)  # (a compressed one in float32)
+                elif grad.dtype == chunk.merge.dtype:
                     torch.mul(grad, alpha, out=chunk.merge)  # first arrival: copy, scaled
+                    chunk.any_grad = True
+                else:  # compressed: widen first, so the scaling is not rounded to fp16
+                    chunk.merge.copy_(grad).mul_(alpha)
                     chunk.any_grad = True
         chunk.arrived.add(rank)
         chunk.last_clock[rank] = clock

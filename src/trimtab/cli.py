@@ -52,6 +52,12 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         help="split of the global batch: equal (default) or lbbsp (LB-BSP)",
     )
     p.add_argument(
+        "--compression",
+        default="none",
+        choices=("none", "fp16", "bf16"),
+        help="gradients on the wire: none (default), fp16 or bf16 (half the push bytes)",
+    )
+    p.add_argument(
         "--straggler",
         action="append",
         default=[],
@@ -233,6 +239,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         staleness=args.staleness,
         batching=args.batching,
         stragglers=tuple(args.straggler),
+        compression=args.compression,
         rebalance_every=args.rebalance_every,
         max_servers=args.max_servers,
         verbose=args.verbose,

@@ -51,6 +51,35 @@ def test_bsp_over_tcp_matches_one_process(
     assert processes_of(config.job) == []
 
 
+COMPRESSION_CASES = [("sgd", (5, 19), "fp16"), ("adam", (12, 12), "bf16")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("optimizer", "sizes", "compression"),
+    COMPRESSION_CASES,
+    ids=[f"{o}-{c}" for o, _, c in COMPRESSION_CASES],
+)
+def test_compressed_pushes_match_one_process_with_rounded_gradients(
+    tmp_path: Path, optimizer: str, sizes: tuple[int, ...], compression: str
+) -> None:
+    """With ``--compression``, each worker's gradient is rounded to fp16 / bf16 on the
+    wire: the parameters match one process whose per-slice gradients are rounded the
+    same way (to 1e-5), and not the uncompressed run (which differs by more)."""
+    lines: list[str] = []
+    config = LaunchConfig(workers=len(sizes), servers=2, chunk_bytes=512, compression=compression)
+    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
+    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
+    assert status == 0, "\n".join(lines[-40:])
+    wire = torch.float16 if compression == "fp16" else torch.bfloat16
+    rounded = reference(Setup(optimizer, sizes), wire)
+    exact = reference(Setup(optimizer, sizes))
+    for rank in range(len(sizes)):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, rounded) < 1e-5, f"rank {rank} diverged"
+        assert max_difference(got, exact) > 2e-5, "the gradients were not compressed"
+
+
 @pytest.mark.timeout(120)
 def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) -> None:
     """LB-BSP picks every step's split from measured speeds (worker 2 emulated 4x

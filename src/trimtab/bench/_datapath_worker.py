@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 import trimtab
+import trimtab._api
+from trimtab._compression import Compression, compressor
 
 RESULT = "TRIMTAB_BENCH "
 READY = "TRIMTAB_BENCH_READY"
@@ -73,7 +75,12 @@ def main() -> None:
         print(DONE, flush=True)
     # The update must have happened: every element moved by lr * mean gradient per step
     # (float32 sums of many steps drift by a few ulps, hence the relative slack).
-    expected = -LR * GRAD * (args.warmup + args.steps)
+    # (With --compression the gradient travels rounded to fp16 / bf16.)
+    wire = Compression.none
+    if trimtab.is_initialized():
+        wire = compressor(trimtab._api.default_context().compression)
+    grad = torch.tensor(GRAD).to(wire.wire_dtype(torch.float32)).item()
+    expected = -LR * grad * (args.warmup + args.steps)
     got = params[0][0].item()
     if abs(got - expected) > 1e-6 + 1e-4 * abs(expected):
         raise SystemExit(f"datapath produced wrong values: {got} != {expected}")

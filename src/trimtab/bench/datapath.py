@@ -60,6 +60,7 @@ def run_trimtab(
     warmup: int = 3,
     go_file: Path | None = None,
     on_line: Callable[[str, str], None] | None = None,
+    compression: str = "none",
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
@@ -92,7 +93,11 @@ def run_trimtab(
     if go_file is not None:
         command += ["--go-file", str(go_file)]
     config = LaunchConfig(
-        workers=workers, servers=servers, chunk_bytes=chunk_bytes, placement="greedy"
+        workers=workers,
+        servers=servers,
+        chunk_bytes=chunk_bytes,
+        placement="greedy",
+        compression=compression,
     )
     status = Job(config, command, output=output).run()
     if status != 0 or not found:
@@ -131,6 +136,7 @@ def measure(
     mxnet_venv: Path | None = None,
     install: bool = True,
     small_steps: int = 2000,
+    compression: str = "none",
 ) -> dict[str, Any]:
     """Run every measurement, one after the other. Blocks (about a minute; the first
     ``--peers mxnet`` run also downloads MXNet). Raises RuntimeError if trimtab or a
@@ -144,8 +150,10 @@ def measure(
 
         # The venv first, so that no install runs beside a measurement.
         mxnet, mxnet_skipped = _mxnet(sizes, steps, mxnet_venv or default_venv(), install)
-    times = run_trimtab(sizes, steps, chunk_bytes)
-    small = run_trimtab([SMALL_BYTES], small_steps, chunk_bytes, 1, 1, warmup=100)
+    times = run_trimtab(sizes, steps, chunk_bytes, compression=compression)
+    small = run_trimtab(
+        [SMALL_BYTES], small_steps, chunk_bytes, 1, 1, warmup=100, compression=compression
+    )
     small_ops = len(small) / sum(small)
     zmq = zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100)
     ceiling = tcp_ceiling_gbps(total, repeats=5)
@@ -159,6 +167,7 @@ def measure(
         "workers": 2,
         "servers": 2,
         "chunk_bytes": chunk_bytes,
+        "compression": compression,
         "steps": len(times),
         "step_s": round(step_s, 5),
         "step_p90_s": round(sorted(times)[int(0.9 * (len(times) - 1))], 5),
@@ -205,6 +214,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never install a peer or py-spy: skip what is not there",
     )
+    p.add_argument(
+        "--compression",
+        default="none",
+        choices=("none", "fp16", "bf16"),
+        help="trimtab's gradients on the wire (none); the floor stays the uncompressed one",
+    )
     p.add_argument("--small-steps", type=int, default=2000, help="1 KiB round trips timed (2000)")
     p.add_argument(
         "--profile",
@@ -249,6 +264,7 @@ def main(args: argparse.Namespace) -> int:
         mxnet_venv=args.mxnet_venv,
         install=not args.no_install,
         small_steps=args.small_steps,
+        compression=args.compression,
     )
     if args.json:
         print(json.dumps(result), flush=True)
