@@ -96,6 +96,7 @@ class Context:
         self.tensors = tensors
         self.job = {
             "batching": reply.get("batching", "equal"),
+            "report_s": float(reply.get("report_s", 0.0)),
             "consistency": reply.get("consistency", "bsp"),
         }
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])

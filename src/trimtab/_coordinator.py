@@ -23,6 +23,9 @@ from trimtab._transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.coordinator")
 
+#: Where no policy acts on every step's timings, workers report at most this often.
+REPORT_EVERY_S = 0.05
+
 
 @dataclasses.dataclass(frozen=True)
 class CoordinatorConfig:
@@ -454,6 +457,7 @@ class Coordinator:
             "workers": sorted(self._workers),
             "batching": self.config.batching,
             "consistency": self.config.consistency,
+            "report_s": self._report_interval_s(),
             "consistency_args": (
                 {"staleness": self.config.staleness} if self.config.consistency == "ssp" else {}
             ),
@@ -478,6 +482,21 @@ class Coordinator:
         self._declared.clear()
 
     # -- step reports: batch sizing and straggler detection ----------------------
+
+    def _report_interval_s(self) -> float:
+        """How often workers report their step timings: every step where a policy acts
+        on each one (LB-BSP's sizes, SaPS's directives, PSLD's and forced migrations,
+        scaling), else at most every :data:`REPORT_EVERY_S`, so that jobs of very short
+        steps do not spend a control round trip per step."""
+        c = self.config
+        per_step = (
+            c.batching != "equal"
+            or c.consistency == "saps"
+            or c.placement == "psld"
+            or c.rebalance_every > 0
+            or c.max_servers > c.num_servers
+        )
+        return 0.0 if per_step else REPORT_EVERY_S
 
     def _on_report(self, member: _Member, header: Header) -> None:
         if member.role is not Role.WORKER:

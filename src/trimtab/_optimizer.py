@@ -117,6 +117,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_started = time.perf_counter()
         self._cpu_started = time.process_time()
         self._pending_report: tuple[int, int, float, float, float] | None = None
+        self._next_report = 0.0
         self._report_future: concurrent.futures.Future[Reply] | None = None
         self._counts: dict[torch.Tensor, int] = {}
         self._inflight: dict[torch.Tensor, list[_Sent]] = {}
@@ -244,12 +245,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push(self, p: torch.Tensor, grad: torch.Tensor | None) -> None:
         if not self._inflight and not self._skipping:
             self._check_directive()
-        if self._pending_report is not None:
+        if self._pending_report is not None and time.monotonic() >= self._next_report:
             # The previous step's timings leave with this step's first gradient, so the
             # coordinator hears from every worker when their gradients are ready (the
-            # synchronisation point of BSP anyway), not later.
+            # synchronisation point of BSP anyway), not later. Where the coordinator
+            # needs no report per step, steps in between are not reported.
             self._report_future = self._report(*self._pending_report)
             self._pending_report = None
+            self._next_report = time.monotonic() + float(self._ctx.job.get("report_s", 0.0))
         if self._skipping:
             return
         group = self._group_of[p]
