@@ -257,6 +257,7 @@ class PsldController:
         self._trial: _Trial | None = None
         self.rollbacks = 0
         self._bans: dict[tuple[int, ...], tuple[int, int]] = {}  # map -> (until, length)
+        self._max_moves: int | None = None  # halved after each rollback
 
     def observe_step(self, clock: int, step_s: float) -> None:
         """Record the step time of clock ``clock`` (the slowest worker's, ideally)."""
@@ -292,12 +293,19 @@ class PsldController:
                 # Do not try that map again soon: twice as long each time it fails.
                 ban = self._bans.get(trial.tried, (0, self.window))[1] * 2
                 self._bans[trial.tried] = (clock + ban, ban)
+                # The speeds overrated a receiver: the next plan may move half as many
+                # chunks (LB-BSP's step-halving on a reversal), down to single moves.
+                moved = sum(a != b for a, b in zip(trial.previous, trial.tried, strict=True))
+                self._max_moves = max(1, moved // 2)
                 return trial.previous
+            self._max_moves = None  # it helped: plans may be whole again
             return None
         if speeds is None or clock - self._last_decision < self.interval:
             return None
         self._last_decision = clock
-        plan = rebalance(sizes, owners, speeds, active=active, probe=probe)
+        plan = rebalance(
+            sizes, owners, speeds, active=active, probe=probe, max_moves=self._max_moves
+        )
         draining = active is not None and not all(active)
         if plan.owners == tuple(owners) or self._bans.get(plan.owners, (0, 0))[0] > clock:
             return None
@@ -312,7 +320,10 @@ class PsldController:
         ):
             return None
         before = self._median_step(clock - self.window, clock + 1)
-        if before is not None and not draining:
+        # A probe (one chunk to a server of unknown speed) is judged by the speed it
+        # measures, at the next decision, not by the step time: it is not expected to
+        # shorten the step, and noise would roll it back and ban it.
+        if before is not None and not draining and not probing:
             self._trial = _Trial(tuple(owners), plan.owners, before, clock)
         return plan.owners
 

@@ -184,3 +184,38 @@ def test_a_rolled_back_map_is_not_tried_again_soon() -> None:
         ctl.observe_step(k, 1.0)
     assert ctl.decide(9, sizes, owners, [100.0, 40.0]) is None  # banned for 6 steps
     assert ctl.decide(14, sizes, owners, [100.0, 40.0]) == tried  # then tried again
+
+
+def test_a_probe_is_judged_by_its_speed_not_rolled_back_by_step_time() -> None:
+    ctl = PsldController(interval=1, horizon=1000, window=3)
+    sizes, owners = [100] * 6, [0, 0, 0, 1, 1, 1]
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    probe = ctl.decide(4, sizes, owners, [100.0, 100.0, 100.0], probe=frozenset({2}))
+    assert probe is not None and probe.count(2) == 1
+    for k in range(5, 9):
+        ctl.observe_step(k, 1.2)  # noise, or the probed server is slow: its speed says
+    # No rollback: the next decision uses the probed server's measured speed instead.
+    again = ctl.decide(8, sizes, probe, [100.0, 100.0, 10.0])
+    assert ctl.rollbacks == 0
+    assert again is not None and again.count(2) == 0
+
+
+def test_after_a_rollback_plans_move_half_as_many_chunks() -> None:
+    ctl = PsldController(interval=1, horizon=1000, window=3, min_gain=0.0)
+    sizes, owners = [100] * 8, [0] * 4 + [1] * 4
+    speeds = [100.0, 20.0]  # server 1 looks 5x slower: the plan moves 3 of its chunks
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    tried = ctl.decide(4, sizes, owners, speeds)
+    assert tried is not None
+    moved = sum(a != b for a, b in zip(owners, tried, strict=True))
+    assert moved >= 2
+    for k in range(5, 8):
+        ctl.observe_step(k, 1.5)
+    assert ctl.decide(7, sizes, tried, speeds) == tuple(owners)  # rolled back
+    for k in range(8, 12):
+        ctl.observe_step(k, 1.0)
+    smaller = ctl.decide(9, sizes, owners, speeds)
+    assert smaller is not None
+    assert 1 <= sum(a != b for a, b in zip(owners, smaller, strict=True)) <= moved // 2
