@@ -243,7 +243,7 @@ class PsldController:
         horizon: int = 50,
         window: int = 5,
         tolerance: float = 0.05,
-        min_gain: float = 0.1,
+        min_gain: float = 0.05,
         straggler_ratio: float = 0.5,
     ) -> None:
         self.straggler_ratio = straggler_ratio
