@@ -16,6 +16,15 @@ from trimtab._launcher import Job, LaunchConfig
 
 SCRIPT = Path(__file__).with_name("equiv_worker.py")
 
+
+def _train(config: LaunchConfig, optimizer: str, sizes: tuple[int, ...], out: Path) -> None:
+    """Run the equivalence job's workers under ``config``; each saves its parameters."""
+    lines: list[str] = []
+    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(out)]
+    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
+    assert status == 0, "\n".join(lines[-40:])
+
+
 CASES = [
     # (optimizer, per-worker batch sizes, servers): unequal sizes sum to the global batch
     ("sgd", (12, 12), 1),
@@ -39,11 +48,8 @@ CASES = [
 def test_bsp_over_tcp_matches_one_process(
     tmp_path: Path, optimizer: str, sizes: tuple[int, ...], servers: int
 ) -> None:
-    lines: list[str] = []
     config = LaunchConfig(workers=len(sizes), servers=servers, chunk_bytes=512)
-    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
-    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
-    assert status == 0, "\n".join(lines[-40:])
+    _train(config, optimizer, sizes, tmp_path)
     expected = reference(Setup(optimizer, sizes))
     for rank in range(len(sizes)):
         got = torch.load(tmp_path / f"rank{rank}.pt")
@@ -66,11 +72,8 @@ def test_compressed_pushes_match_one_process_with_rounded_gradients(
     """With ``--compression``, each worker's gradient is rounded to fp16 / bf16 on the
     wire: the parameters match one process whose per-slice gradients are rounded the
     same way (to 1e-5), and not the uncompressed run (which differs by more)."""
-    lines: list[str] = []
     config = LaunchConfig(workers=len(sizes), servers=2, chunk_bytes=512, compression=compression)
-    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
-    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
-    assert status == 0, "\n".join(lines[-40:])
+    _train(config, optimizer, sizes, tmp_path)
     wire = torch.float16 if compression == "fp16" else torch.bfloat16
     rounded = reference(Setup(optimizer, sizes), wire)
     exact = reference(Setup(optimizer, sizes))
