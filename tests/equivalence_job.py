@@ -23,6 +23,7 @@ class Setup:
     batch_sizes: tuple[int, ...]
     steps: int = STEPS
     lr_drop_at: int = 10  # a scheduler-like change of the learning rate mid-run
+    overlap: bool = False  # DistributedOptimizer(model=...): forward waits per module
 
     @property
     def workers(self) -> int:
@@ -118,7 +119,12 @@ def train_worker(
     # Workers other than the root start from other values: the root's must win.
     model = make_model(42 if rank == 0 else 1000 + rank)
     inner = make_optimizer(setup.optimizer, model)
-    opt = trimtab.DistributedOptimizer(inner, model.named_parameters(), context=context)  # type: ignore[arg-type]
+    opt = trimtab.DistributedOptimizer(
+        inner,
+        model.named_parameters(),
+        context=context,  # type: ignore[arg-type]
+        model=model if setup.overlap else None,
+    )
     for step, (x, y) in enumerate(global_batches(setup.steps)):
         sizes = opt.batch_sizes or list(setup.batch_sizes)
         if sizes_out is not None:
@@ -134,6 +140,8 @@ def train_worker(
         opt.step()
         if on_step is not None:
             on_step(step)
+    if setup.overlap:  # the last step's values are still arriving: state_dict waits
+        return [v.clone() for v in model.state_dict().values()]
     return [p.detach().clone() for p in model.parameters()]
 
 

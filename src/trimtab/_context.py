@@ -7,6 +7,7 @@ hold several workers.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,6 +80,9 @@ class Context:
 
     def close(self) -> None:
         """Leave the job (this worker is done). Never raises."""
+        for opt in self.optimizers:
+            with contextlib.suppress(Exception):  # the job may be over already
+                opt.wait_parameters()
         self.straggler.close()
         self.client.close()
 
@@ -128,7 +132,10 @@ class Context:
         log.debug("worker %d: placement epoch %d", self.rank, self.placement.epoch)
 
     def barrier(self, name: str | None = None) -> None:
-        """Block until every worker reached the barrier of the same name."""
+        """Block until every worker reached the barrier of the same name (and this
+        worker's parameters hold every update it was sent)."""
+        for opt in self.optimizers:
+            opt.wait_parameters()
         label = name if name is not None else f"b{next(self._barrier_seq)}"
         self.call({"o": int(Control.BARRIER), "name": label})
 
@@ -147,6 +154,8 @@ class Context:
         every worker calls it with the same names, in the same order."""
         if not 0 <= root_rank < self.size:
             raise ValueError(f"root_rank {root_rank} is not a worker rank (0..{self.size - 1})")
+        for opt in self.optimizers:
+            opt.wait_parameters()
         key = f"bcast{next(self._bcast_seq)}"
         names = list(tensors)
         if self.rank == root_rank:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -51,6 +52,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         mode: ``"auto"`` (default), ``"server"`` or ``"summation"``. Use summation to
             change gradients between :meth:`synchronize` and :meth:`step` (clipping).
         context: the worker context; the one made by ``trimtab.init()`` by default.
+        model: the module these parameters belong to. With it (server mode), :meth:`step`
+            returns once the last gradients are sent, and the next forward pass waits
+            per module, each for its own parameters' new values, so that it overlaps the
+            step's communication (P3, BytePS's cross-barrier); servers answer the first
+            layers first. Each parameter must then be used in the forward of a module
+            that holds it; read parameters outside forward only after
+            :meth:`wait_parameters`, ``model.state_dict()`` or ``trimtab.barrier()``.
 
     Construction blocks until every worker built its optimizer over the same tensors and
     the servers hold the root's initial values, which every worker then adopts.
@@ -68,6 +76,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         *,
         mode: str = "auto",
         context: Context | None = None,
+        model: torch.nn.Module | None = None,
     ) -> None:
         from trimtab._api import default_context
 
@@ -121,6 +130,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._report_future: concurrent.futures.Future[Reply] | None = None
         self._counts: dict[torch.Tensor, int] = {}
         self._inflight: dict[torch.Tensor, list[_Sent]] = {}
+        # Sent, answers not yet written: parameter -> (its requests, their clock).
+        self._arriving: dict[torch.Tensor, tuple[list[_Sent], int]] = {}
+        self._arrive_s = 0.0  # time forward spent waiting for values, this step
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
@@ -129,6 +141,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
             for p in self._chunks_of
         ]
+        self._overlap = model is not None and self._mode is OptimizerMode.SERVER
+        if model is not None and not self._overlap:
+            log.info("trimtab: model= has no effect in summation mode (step needs every gradient)")
+        if model is not None and self._overlap:
+            self._hooks.extend(self._hook_forward(model))
         self._ctx.optimizers.append(self)
 
     # -- setup ---------------------------------------------------------------------
@@ -181,6 +198,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for c in ctx.chunks:
             self._chunks_of[tensors[c.tensor]].append(c)
         self._reseed_servers(tensors, root_rank=0, force=True)
+
+    def _hook_forward(self, model: torch.nn.Module) -> list[Any]:
+        """Make each module's forward wait for its own parameters, and the model's
+        ``state_dict()`` for all of them."""
+        hooks = []
+        for module in model.modules():
+            own: list[torch.Tensor] = [
+                p for p in module.parameters(recurse=False) if p in self._chunks_of
+            ]
+            if own:
+                wait_own = functools.partial(self._before_forward, own)
+                hooks.append(module.register_forward_pre_hook(wait_own))
+        hooks.append(
+            model.register_state_dict_pre_hook(  # type: ignore[no-untyped-call]
+                lambda *_: self.wait_parameters()
+            )
+        )
+        return hooks
+
+    def _before_forward(self, params: list[torch.Tensor], module: object, args: object) -> None:
+        if self._arriving:
+            self._arrive(params)
 
     def _reseed_servers(
         self, tensors: Iterable[torch.Tensor], root_rank: int, force: bool = False
@@ -243,6 +282,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._push(p, p.grad)
 
     def _push(self, p: torch.Tensor, grad: torch.Tensor | None) -> None:
+        if p in self._arriving:  # not used in a hooked forward: its answer lands now
+            self._arrive([p])
         if not self._inflight and not self._skipping:
             self._check_directive()
         if self._pending_report is not None and time.monotonic() >= self._next_report:
@@ -302,26 +343,48 @@ class DistributedOptimizer(torch.optim.Optimizer):
         mode their ``.grad`` holds the mean gradient over the global batch.
         Raises :class:`~trimtab.JobAborted`, :class:`~trimtab.NodeTimeout`.
         """
+        self._send_rest()
+        self.wait_parameters()
+        self._synchronized = True
+
+    def _send_rest(self) -> None:
+        """Push what backward has not pushed; the step's answers are then arriving."""
         for p in self._chunks_of:
             if p not in self._inflight:
                 self._push(p, p.grad)
         if self._skipping:
             self._skip_ahead()
             return
+        for p, futs in self._inflight.items():
+            self._arriving[p] = (futs, self._clock)
+        self._inflight.clear()
+        self._counts.clear()
+        self._step_hp.clear()
+
+    def wait_parameters(self) -> None:
+        """Block until every answer of the steps taken so far is written: the updated
+        values in server mode (needed with ``model=`` before reading parameters outside
+        forward), the mean gradients in summation mode.
+        Raises :class:`~trimtab.JobAborted`, :class:`~trimtab.NodeTimeout`."""
+        self._arrive(list(self._arriving))
+
+    def _arrive(self, params: list[torch.Tensor]) -> None:
+        started = time.perf_counter()
         with torch.no_grad():
-            for p, futs in self._inflight.items():
+            for p in params:
+                sent = self._arriving.pop(p, None)
+                if sent is None:
+                    continue
+                futs, clock = sent
                 for c, (f, header, frames) in zip(self._chunks_of[p], futs, strict=True):
-                    reply = self._await(f, c, header, frames, self._clock)
+                    reply = self._await(f, c, header, frames, clock)
                     if self._mode is OptimizerMode.SERVER:
                         self._write(p.data, c, reply)
                     elif not reply.header.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
                         self._write(p.grad, c, reply)
-        self._inflight.clear()
-        self._counts.clear()
-        self._step_hp.clear()
-        self._synchronized = True
+        self._arrive_s += time.perf_counter() - started
 
     def _await(
         self,
@@ -378,6 +441,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         Useful in asynchronous modes, e.g. before evaluating at the end of training."""
         if self._inflight:
             raise UsageError("refresh() between backward and step(); call step() first")
+        self.wait_parameters()
         if self._mode is OptimizerMode.SUMMATION:
             raise UsageError(
                 "refresh() needs server mode: in summation mode the workers, "
@@ -418,14 +482,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Finish the step: synchronize (unless done), apply the update, report the
-        step's timings to the coordinator (and, under LB-BSP, learn every worker's next
-        batch size), advance the clock. Blocks; raises as :meth:`synchronize`."""
+        """Finish the step: synchronize (unless done; with ``model=``, only send), apply
+        the update, report the step's timings to the coordinator (and, under LB-BSP,
+        learn every worker's next batch size), advance the clock. Blocks; raises as
+        :meth:`synchronize`."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        compute = time.perf_counter() - self._step_started
+        # With model=, forward's waits for this step's values were communication.
+        forward_waits = self._arrive_s
+        compute = time.perf_counter() - self._step_started - forward_waits
         cpu = (time.process_time() - self._cpu_started) / max(compute, 1e-9)
         straggler = self._ctx.straggler
         if straggler:
@@ -436,10 +503,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 compute *= factor
         waited = time.perf_counter()
         if not self._synchronized and not self._skip_sync:
-            self.synchronize()
+            if self._overlap:
+                self._send_rest()  # the next forward waits, module by module
+            else:
+                self.synchronize()
         elif not self._synchronized:
             raise UsageError("skip_synchronize() without synchronize() first")
-        comm = time.perf_counter() - waited
+        comm = time.perf_counter() - waited + forward_waits
+        self._arrive_s = 0.0
         if self._mode is OptimizerMode.SUMMATION:
             self._inner.step()
         self._synchronized = False

@@ -4,6 +4,7 @@ worker that contributed (no pull request needed)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -28,12 +29,15 @@ from trimtab._node import (
 from trimtab._optim import ChunkOptimizer, OptimizerMode, hyperparameters, warm_up
 from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
 from trimtab._straggle import ServerStraggler, StragglerSpec
-from trimtab._transport import Peer, Transport, ZmqTransport
+from trimtab._transport import Envelope, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
 
 #: Seconds between load reports (busy time, bytes) to the coordinator, for PSLD.
 LOAD_REPORT_S = 0.25
+
+#: At most this many queued messages are looked at at once to order pushes by priority.
+PRIORITY_WINDOW = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,9 @@ class ServerConfig:
         coordinator_timeout_s: exit if the coordinator is silent this long.
         max_frame_bytes: a frame over this closes the sender's connection.
         stragglers: straggler specs; those naming this server's index slow it down.
+        priority: of the pushes queued at once, merge those of lower chunk ids (the
+            first layers, in ``named_parameters`` order) first, so that their values
+            return first and the next forward can start (P3); off only to compare.
     """
 
     coordinator: str
@@ -58,6 +65,7 @@ class ServerConfig:
     heartbeat_s: float = 1.0
     coordinator_timeout_s: float = 30.0
     max_frame_bytes: int = 64 << 20
+    priority: bool = True
     stragglers: tuple[StragglerSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -206,24 +214,66 @@ class Server:
                         self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
                         break
                     continue
-                if env.peer == self._coord:
-                    self._heartbeat.heard()
-                    self._on_control(env.frames)
-                else:
-                    started = time.perf_counter()
-                    nbytes = sum(len(f) for f in env.frames)
-                    if self._straggler:
-                        self._straggler.on_bytes(nbytes, self._step)
-                    self._on_data(env.peer, env.frames)
-                    self._busy_s += time.perf_counter() - started
-                    self._bytes += nbytes
-                    self._requests += 1
+                for peer, frames, header in self._by_priority(env):
+                    if self._stop:
+                        break
+                    self._serve(peer, frames, header)
         finally:
             self.state = ServerState.STOPPED
             self._straggler.close()
             self._transport.close()
         if self._abort is not None:
             raise JobAborted(f"server {self.index}: {self._abort}")
+
+    def _by_priority(self, first: Envelope) -> list[tuple[Peer, list[memoryview], Header | None]]:
+        """``first`` and the messages queued behind it (up to :data:`PRIORITY_WINDOW`),
+        each with its header when it is a push. Each run of consecutive pushes is sorted
+        by chunk id (stable: one chunk's pushes keep their order); every other message
+        keeps its place, so nothing is reordered around a control or migration message.
+        Non-blocking."""
+        batch = [first]
+        if self.config.priority:
+            while len(batch) < PRIORITY_WINDOW:
+                env = self._transport.recv(0)
+                if env is None:
+                    break
+                batch.append(env)
+        if len(batch) == 1:
+            return [(first.peer, first.frames, None)]
+        out: list[tuple[Peer, list[memoryview], Header | None]] = []
+        run: list[tuple[Peer, list[memoryview], Header | None]] = []
+        for env in batch:
+            header = None
+            if env.peer != self._coord:
+                with contextlib.suppress(Exception):  # undecodable: answered in order
+                    header = decode(env.frames[0], self.config.job)
+            if (
+                header is not None
+                and header.get("o") == Data.PUSH
+                and isinstance(header.get("c"), int)
+            ):
+                run.append((env.peer, env.frames, header))
+                continue
+            out.extend(sorted(run, key=lambda m: m[2]["c"]))  # type: ignore[index]
+            run = []
+            out.append((env.peer, env.frames, header))
+        out.extend(sorted(run, key=lambda m: m[2]["c"]))  # type: ignore[index]
+        return out
+
+    def _serve(self, peer: Peer, frames: list[memoryview], header: Header | None) -> None:
+        """Handle one message, from the coordinator or a data peer."""
+        if peer == self._coord:
+            self._heartbeat.heard()
+            self._on_control(frames)
+            return
+        started = time.perf_counter()
+        nbytes = sum(len(f) for f in frames)
+        if self._straggler:
+            self._straggler.on_bytes(nbytes, self._step)
+        self._on_data(peer, frames, header)
+        self._busy_s += time.perf_counter() - started
+        self._bytes += nbytes
+        self._requests += 1
 
     # -- control plane -------------------------------------------------------------
 
@@ -439,10 +489,11 @@ class Server:
 
     # -- data plane ----------------------------------------------------------------
 
-    def _on_data(self, peer: Peer, frames: list[memoryview]) -> None:
+    def _on_data(self, peer: Peer, frames: list[memoryview], header: Header | None = None) -> None:
         rid = 0
         try:
-            header = decode(frames[0], self.config.job)
+            if header is None:
+                header = decode(frames[0], self.config.job)
             rid = header["i"]
             op = header["o"]
             if op in (Data.ACK, Data.ERROR) and rid in self._handing:

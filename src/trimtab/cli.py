@@ -145,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="server straggler specs (those naming this server's index apply)",
     )
+    server.add_argument(
+        "--no-priority",
+        action="store_true",
+        default=os.environ.get("TRIMTAB_PRIORITY", "1") == "0",
+        help="merge queued pushes in arrival order, not first layers first "
+        "(for comparisons; or TRIMTAB_PRIORITY=0)",
+    )
     server.add_argument("--verbose", "-v", action="store_true")
 
     scale = sub.add_parser("scale", help="ask a running job to go to K servers")
@@ -322,6 +329,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             stragglers=tuple(parse_stragglers(args.straggler)),
+            priority=not args.no_priority,
         )
     ).run()
     return 0

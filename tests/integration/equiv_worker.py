@@ -22,7 +22,8 @@ from trimtab._messages import Control
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 trimtab.init()
-setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
+overlap = os.environ.get("EQUIV_OVERLAP") == "1"  # forward waits per module (model=)
+setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")), overlap=overlap)
 used: list[tuple[int, ...]] = []
 # EQUIV_SCALE="7:3,14:2": after step 7 rank 0 asks for 3 servers, after 14 for 2. For a
 # server to add, it waits until the new server has joined (the launcher starts it), so

@@ -17,12 +17,20 @@ from trimtab._launcher import Job, LaunchConfig
 SCRIPT = Path(__file__).with_name("equiv_worker.py")
 
 
-def _train(config: LaunchConfig, optimizer: str, sizes: tuple[int, ...], out: Path) -> None:
+def _train(
+    config: LaunchConfig,
+    optimizer: str,
+    sizes: tuple[int, ...],
+    out: Path,
+    env: dict[str, str] | None = None,
+) -> None:
     """Run the equivalence job's workers under ``config``; each saves its parameters."""
     lines: list[str] = []
     command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(out)]
-    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
-    assert status == 0, "\n".join(lines[-40:])
+    job = Job(
+        config, command, output=lambda src, line: lines.append(f"[{src}] {line}"), extra_env=env
+    )
+    assert job.run() == 0, "\n".join(lines[-40:])
 
 
 CASES = [
@@ -54,6 +62,35 @@ def test_bsp_over_tcp_matches_one_process(
     for rank in range(len(sizes)):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    assert processes_of(config.job) == []
+
+
+OVERLAP_CASES = [("sgd", (5, 19), 0), ("adam", (4, 9, 11), 3)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("optimizer", "sizes", "rebalance_every"),
+    OVERLAP_CASES,
+    ids=[f"{o}-{len(b)}w-migrate{m}" for o, b, m in OVERLAP_CASES],
+)
+def test_forward_waiting_per_module_matches_one_process(
+    tmp_path: Path, optimizer: str, sizes: tuple[int, ...], rebalance_every: int
+) -> None:
+    """``DistributedOptimizer(model=...)``: step() only sends, each module's forward
+    waits for its own parameters (answers that may have to follow a migrated chunk),
+    the final ``state_dict()`` waits for the rest: still the one-process parameters."""
+    config = LaunchConfig(
+        workers=len(sizes), servers=2, chunk_bytes=512, rebalance_every=rebalance_every
+    )
+    _train(config, optimizer, sizes, tmp_path, env={"EQUIV_OVERLAP": "1"})
+    expected = reference(Setup(optimizer, sizes))
+    for rank in range(len(sizes)):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    if rebalance_every:
+        stats = json.loads((tmp_path / "stats.json").read_text())
+        assert stats["job"]["migrations"] > 0  # chunks moved under the waiting forwards
     assert processes_of(config.job) == []
 
 

@@ -121,3 +121,37 @@ def test_lbbsp_changes_batch_sizes_every_step_and_stays_equivalent(cluster_facto
     assert len(set(sizes)) >= 2  # the sizes moved
     late = sizes[-5:]
     assert all(s[1] < s[0] and s[1] < s[2] for s in late), late  # the slow worker got less
+
+
+def test_forward_waiting_per_module_matches_one_process(cluster_factory) -> None:
+    setup = Setup("sgd", (9, 15), overlap=True)
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+    results = cluster.run_workers(lambda ctx: train_worker(setup, ctx.rank, ctx))
+    for got in results:
+        assert max_difference(got, reference(Setup("sgd", (9, 15)))) < 1e-5
+
+
+def test_with_model_each_forward_waits_only_for_its_own_parameters(cluster_factory) -> None:
+    """After step(), a module's parameters change when its forward runs, not before;
+    the others' only at their own forward (or state_dict())."""
+    cluster = cluster_factory(workers=1, servers=2, chunk_bytes=256)
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            model.named_parameters(),
+            context=ctx,
+            model=model,
+        )
+        x = torch.randn(4, 6)
+        model(x).square().sum().backward()
+        opt.step()
+        first, last = model[0].weight.detach().clone(), model[2].weight.detach().clone()
+        model[0](x)  # the first layer's forward alone
+        assert not torch.equal(model[0].weight, first)  # its update landed
+        assert torch.equal(model[2].weight, last)  # the last layer's is still arriving
+        state = model.state_dict()  # waits for everything
+        assert not torch.equal(state["2.weight"], last)
+
+    cluster.run_workers(body)

@@ -1,0 +1,54 @@
+"""The server's priority: pushes queued together are merged first layers first."""
+
+from __future__ import annotations
+
+import uuid
+
+from trimtab import Server, ServerConfig
+from trimtab._messages import Data, decode, encode
+from trimtab._transport import Fabric
+
+
+def _queued_order(priority: bool) -> list[tuple[int, int | None]]:
+    """Queue pushes for chunks 5, 3, 4, a STATS, then 2, 0, 1 at an idle server; return
+    (op, chunk) in the order the server would handle them."""
+    fabric = Fabric()
+    job = uuid.uuid4().hex[:8]
+    coordinator = fabric.transport(bind=True)
+    server = Server(
+        ServerConfig(coordinator=coordinator.address, job=job, priority=priority),
+        fabric.transport(bind=True),
+    )
+    worker = fabric.transport(bind=False)
+    to = worker.connect(server.address)
+    for i, chunk in enumerate([5, 3, 4, None, 2, 0, 1]):
+        if chunk is None:
+            header = {"o": int(Data.STATS), "i": i, "j": job}
+        else:
+            header = {"o": int(Data.PUSH), "i": i, "j": job, "c": chunk, "e": 1, "k": 0}
+        worker.send(to, [encode(header)])
+    first = server._transport.recv(1.0)
+    assert first is not None
+    order = []
+    for _, frames, _ in server._by_priority(first):
+        header = decode(frames[0], job)
+        order.append((header["o"], header.get("c")))
+    return order
+
+
+def test_queued_pushes_go_lowest_chunk_first_without_crossing_other_messages() -> None:
+    push, stats = int(Data.PUSH), int(Data.STATS)
+    assert _queued_order(priority=True) == [
+        (push, 3),
+        (push, 4),
+        (push, 5),
+        (stats, None),
+        (push, 0),
+        (push, 1),
+        (push, 2),
+    ]
+
+
+def test_without_priority_the_arrival_order_is_kept() -> None:
+    # Only the first message is taken; the next loop turn takes the next, in order.
+    assert _queued_order(priority=False) == [(int(Data.PUSH), 5)]
