@@ -178,9 +178,12 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    from trimtab.bench import datapath
+    from trimtab.bench import datapath, overlap
 
     datapath.add_arguments(bench_sub.add_parser("datapath", help="push+pull step vs limits, peers"))
+    overlap.add_arguments(
+        bench_sub.add_parser("overlap", help="next forward overlapping the step (model=, priority)")
+    )
     return parser
 
 
@@ -220,9 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return psld.main(args) if args.experiment == "psld" else stragglers.main(args)
         if args.cmd == "bench":
-            from trimtab.bench.datapath import main as datapath
+            from trimtab.bench import datapath, overlap
 
-            return datapath(args)
+            return overlap.main(args) if args.bench == "overlap" else datapath.main(args)
     except ConfigError as exc:
         print(f"trimtab: {exc}", file=sys.stderr)
         return 2

@@ -68,17 +68,6 @@ def run_trimtab(
     ``_datapath_worker.py``): every line the job prints is handed to ``on_line`` first.
     Blocks for the job; raises RuntimeError on failure.
     """
-    found: list[float] = []
-    log: list[str] = []
-
-    def output(source: str, line: str) -> None:
-        if on_line is not None:
-            on_line(source, line)
-        if line.startswith(RESULT):
-            found.extend(json.loads(line[len(RESULT) :])["times"])
-        else:
-            log.append(f"[{source}] {line}")
-
     command = [
         sys.executable,
         "-m",
@@ -99,10 +88,34 @@ def run_trimtab(
         placement="greedy",
         compression=compression,
     )
-    status = Job(config, command, output=output).run()
+    return run_timed_job(config, command, on_line=on_line)
+
+
+def run_timed_job(
+    config: LaunchConfig,
+    command: list[str],
+    *,
+    on_line: Callable[[str, str], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[float]:
+    """Run a benchmark job whose rank 0 prints its step times after :data:`RESULT`;
+    return them. Every line the job prints is handed to ``on_line`` first. Blocks;
+    raises RuntimeError if the job fails or prints no times."""
+    found: list[float] = []
+    log: list[str] = []
+
+    def output(source: str, line: str) -> None:
+        if on_line is not None:
+            on_line(source, line)
+        if line.startswith(RESULT):
+            found.extend(json.loads(line[len(RESULT) :])["times"])
+        else:
+            log.append(f"[{source}] {line}")
+
+    status = Job(config, command, output=output, extra_env=env).run()
     if status != 0 or not found:
         raise RuntimeError(
-            f"trimtab datapath job failed (status {status}):\n" + "\n".join(log[-30:])
+            f"trimtab benchmark job failed (status {status}):\n" + "\n".join(log[-30:])
         )
     return found
 
