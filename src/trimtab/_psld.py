@@ -223,6 +223,7 @@ class _Trial:
     tried: tuple[int, ...]
     step_before: float
     started: int
+    worst: int  # the server predicted slowest when the plan was made
 
 
 class PsldController:
@@ -258,6 +259,7 @@ class PsldController:
         self.rollbacks = 0
         self._bans: dict[tuple[int, ...], tuple[int, int]] = {}  # map -> (until, length)
         self._max_moves: int | None = None  # halved after each rollback
+        self._halved_for: int | None = None  # ...while this server stays the slowest
 
     def observe_step(self, clock: int, step_s: float) -> None:
         """Record the step time of clock ``clock`` (the slowest worker's, ideally)."""
@@ -297,12 +299,20 @@ class PsldController:
                 # chunks (LB-BSP's step-halving on a reversal), down to single moves.
                 moved = sum(a != b for a, b in zip(trial.previous, trial.tried, strict=True))
                 self._max_moves = max(1, moved // 2)
+                self._halved_for = trial.worst
                 return trial.previous
             self._max_moves = None  # it helped: plans may be whole again
             return None
         if speeds is None or clock - self._last_decision < self.interval:
             return None
         self._last_decision = clock
+        times = server_times(sizes, owners, speeds)
+        worst = max(range(len(times)), key=times.__getitem__)
+        if worst != self._halved_for:
+            # Halving damps a plan that overshot around one bottleneck; a different
+            # server slowest (a straggler appeared elsewhere) is a new problem: whole
+            # plans again, or each of its moves waits out a trial window of its own.
+            self._max_moves = None
         plan = rebalance(
             sizes, owners, speeds, active=active, probe=probe, max_moves=self._max_moves
         )
@@ -324,7 +334,7 @@ class PsldController:
         # measures, at the next decision, not by the step time: it is not expected to
         # shorten the step, and noise would roll it back and ban it.
         if before is not None and not draining and not probing:
-            self._trial = _Trial(tuple(owners), plan.owners, before, clock)
+            self._trial = _Trial(tuple(owners), plan.owners, before, clock, worst)
         return plan.owners
 
     def wants_server(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> bool:

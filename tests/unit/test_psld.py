@@ -219,3 +219,24 @@ def test_after_a_rollback_plans_move_half_as_many_chunks() -> None:
     smaller = ctl.decide(9, sizes, owners, speeds)
     assert smaller is not None
     assert 1 <= sum(a != b for a, b in zip(owners, smaller, strict=True)) <= moved // 2
+
+
+def test_a_new_slowest_server_gets_whole_plans_again() -> None:
+    ctl = PsldController(interval=1, horizon=1000, window=3, min_gain=0.0)
+    sizes, owners = [100] * 12, [0] * 4 + [1] * 4 + [2] * 4
+    speeds = [100.0, 20.0, 100.0]
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    tried = ctl.decide(4, sizes, owners, speeds)
+    assert tried is not None
+    for k in range(5, 8):
+        ctl.observe_step(k, 1.5)
+    assert ctl.decide(7, sizes, tried, speeds) == tuple(owners)  # rolled back: halved
+    for k in range(8, 12):
+        ctl.observe_step(k, 1.0)
+    # The straggler moved: server 0 is now the slowest, server 1 fast again. Its plan
+    # is not held to the halved size that was meant for server 1's.
+    moved_now = ctl.decide(9, sizes, owners, [20.0, 100.0, 100.0])
+    whole = rebalance(sizes, owners, [20.0, 100.0, 100.0])
+    assert moved_now == whole.owners
+    assert sum(a != b for a, b in zip(owners, moved_now, strict=True)) >= 2
