@@ -58,7 +58,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             step's communication (P3, BytePS's cross-barrier); servers answer the first
             layers first. Each parameter must then be used in the forward of a module
             that holds it; read parameters outside forward only after
-            :meth:`wait_parameters`, ``model.state_dict()`` or ``trimtab.barrier()``.
+            :meth:`wait_parameters`, ``model(...)``, ``model.state_dict()`` or
+            ``trimtab.barrier()``.
 
     Construction blocks until every worker built its optimizer over the same tensors and
     the servers hold the root's initial values, which every worker then adopts.
@@ -215,6 +216,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 lambda *_: self.wait_parameters()
             )
         )
+        # Once the whole forward has run, what has not arrived yet (parameters whose
+        # module's forward did not run, read outside forward: a penalty in the loss,
+        # say) is waited for, so nothing older than the step is read after forward.
+        hooks.append(model.register_forward_hook(lambda *_: self.wait_parameters()))
         return hooks
 
     def _before_forward(self, params: list[torch.Tensor], module: object, args: object) -> None:

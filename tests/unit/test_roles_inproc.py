@@ -155,3 +155,35 @@ def test_with_model_each_forward_waits_only_for_its_own_parameters(cluster_facto
         assert not torch.equal(state["2.weight"], last)
 
     cluster.run_workers(body)
+
+
+def test_with_model_parameters_read_after_forward_are_current(cluster_factory) -> None:
+    """A parameter whose module's forward does not run (here one read only in the loss)
+    has its new value once the model's forward returns."""
+    cluster = cluster_factory(workers=1, servers=2, chunk_bytes=256)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Linear(6, 2)
+            self.penalised = torch.nn.Linear(2, 2)  # no forward of its own runs
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    def body(ctx: Context) -> None:
+        model = Net()
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            model.named_parameters(),
+            context=ctx,
+            model=model,
+        )
+        x = torch.randn(4, 6)
+        (model(x).square().sum() + model.penalised.weight.square().sum()).backward()
+        opt.step()
+        before = model.penalised.weight.detach().clone()
+        model(x)
+        assert not torch.equal(model.penalised.weight, before)
+
+    cluster.run_workers(body)
