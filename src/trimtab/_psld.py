@@ -14,7 +14,10 @@ speeds:
   the two servers involved);
 * **rollback**: after a plan is applied the controller compares the measured step time
   over the next ``window`` steps with the one before; a plan that made things worse by
-  more than ``tolerance`` is undone.
+  more than ``tolerance`` is undone, unless the speeds measured meanwhile blame a server
+  that slowed down since (the old map would be slower too);
+* **trust**: a server carrying less than the median load receives at most up to the
+  median in one plan (its speed was measured on a light load).
 
 Nothing here does I/O or keeps time; every input is an argument, so the same code runs
 in the coordinator, in unit tests and in a simulator.
@@ -77,7 +80,11 @@ def rebalance(
     drained) receive nothing and give away everything. Pure; never raises for valid
     input; returns a plan with no moves when nothing helps.
     Servers in ``probe`` (speed unknown: new, or idle for long) receive at most one
-    chunk: their speed is measured on it before they are trusted with more.
+    chunk: their speed is measured on it before they are trusted with more. A server
+    carrying less than the median load of the loaded servers is filled up to that median
+    at most: its speed was measured on a light load, which passes in bursts and hides
+    queueing, and says little about many times that load; the next plan, made with its
+    speed measured at the median, may give it more.
     """
     n = len(speeds)
     active = [True] * n if active is None else list(active)
@@ -100,6 +107,9 @@ def rebalance(
             load[dest] += sizes[c]
             new[c] = dest
     before = max(server_times(sizes, owners, speeds))
+    carried = sorted(load[s] for s in targets if load[s] > 0)
+    typical = statistics.median(carried) if carried else float("inf")
+    cap = [typical if load[s] < typical else float("inf") for s in range(n)]
     received = [0] * n
     for o in new:
         if o in probe:
@@ -114,6 +124,8 @@ def rebalance(
         for c in (c for c, o in enumerate(new) if o == worst):
             for dest in targets:
                 if dest == worst or (dest in probe and received[dest]):
+                    continue
+                if load[dest] + sizes[c] > cap[dest]:
                     continue
                 after = max(
                     (load[worst] - sizes[c]) / max(speeds[worst], 1e-12),
@@ -224,6 +236,7 @@ class _Trial:
     step_before: float
     started: int
     worst: int  # the server predicted slowest when the plan was made
+    speeds: tuple[float, ...]  # the speeds it was made with
 
 
 class PsldController:
@@ -290,7 +303,21 @@ class PsldController:
             after = self._median_step(trial.started + 1, clock + 1)
             self._trial = None
             self._last_decision = clock
-            if after is not None and after > trial.step_before * (1 + self.tolerance):
+            # Slower steps are the plan's fault unless a server slowed meanwhile (a
+            # straggler arrived): the speeds measured since predict the old map slower
+            # than when the plan was made, and the tried map still the better one.
+            # Undoing the plan then would only add to the slowdown.
+            exonerated = False
+            if speeds is not None and len(speeds) == len(trial.speeds):
+                was = max(server_times(sizes, trial.previous, trial.speeds))
+                old_now = max(server_times(sizes, trial.previous, speeds))
+                tried_now = max(server_times(sizes, trial.tried, speeds))
+                exonerated = old_now > was * (1 + self.tolerance) and tried_now < old_now
+            if (
+                after is not None
+                and after > trial.step_before * (1 + self.tolerance)
+                and not exonerated
+            ):
                 self.rollbacks += 1
                 # Do not try that map again soon: twice as long each time it fails.
                 ban = self._bans.get(trial.tried, (0, self.window))[1] * 2
@@ -334,7 +361,7 @@ class PsldController:
         # measures, at the next decision, not by the step time: it is not expected to
         # shorten the step, and noise would roll it back and ban it.
         if before is not None and not draining and not probing:
-            self._trial = _Trial(tuple(owners), plan.owners, before, clock, worst)
+            self._trial = _Trial(tuple(owners), plan.owners, before, clock, worst, tuple(speeds))
         return plan.owners
 
     def wants_server(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> bool:

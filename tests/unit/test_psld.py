@@ -240,3 +240,29 @@ def test_a_new_slowest_server_gets_whole_plans_again() -> None:
     whole = rebalance(sizes, owners, [20.0, 100.0, 100.0])
     assert moved_now == whole.owners
     assert sum(a != b for a, b in zip(owners, moved_now, strict=True)) >= 2
+
+
+def test_a_plan_is_not_rolled_back_for_a_slowdown_the_speeds_blame_elsewhere() -> None:
+    ctl = PsldController(interval=1, horizon=1000, window=3, min_gain=0.0)
+    sizes, owners = [100] * 12, [0] * 4 + [1] * 4 + [2] * 4
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    tried = ctl.decide(4, sizes, owners, [100.0, 50.0, 100.0])  # off server 1
+    assert tried is not None and tried.count(1) < 4
+    for k in range(5, 8):
+        ctl.observe_step(k, 2.0)  # slower: but server 1 has since slowed to a crawl
+    assert ctl.decide(7, sizes, tried, [100.0, 5.0, 100.0]) is None
+    assert ctl.rollbacks == 0
+
+
+def test_a_lightly_loaded_server_is_filled_to_the_median_load_at_most() -> None:
+    # Server 0 owns one chunk, measured (on that light load) 5x faster than the rest:
+    # taken at its word it would receive most of server 3's chunks at once.
+    sizes, owners = [100] * 13, [0] + [1] * 4 + [2] * 4 + [3] * 4
+    speeds = [500.0, 100.0, 100.0, 10.0]
+    plan = rebalance(sizes, owners, speeds)
+    assert plan.owners.count(0) == 4  # up to the median load of the loaded servers
+    assert plan.owners.count(3) < 4
+    # Once it carries the median its figure is trusted: more may follow.
+    again = rebalance(sizes, plan.owners, speeds)
+    assert again.owners.count(0) > plan.owners.count(0)
