@@ -296,6 +296,12 @@ class PsldController:
     ) -> tuple[int, ...] | None:
         """The new owners to migrate to at ``clock``, or None to stay. Pure given the
         observations so far."""
+        if self._trial is not None and self._overtaken(self._trial, sizes, speeds):
+            # A server the plan gave nothing slowed down during the trial (a straggler
+            # arrived): the trial can no longer be judged, and waiting it out leaves the
+            # straggler in place. Plan for what is measured now.
+            self._trial = None
+            self._max_moves = None
         if self._trial is not None:
             trial = self._trial
             if clock < trial.started + self.window:
@@ -363,6 +369,19 @@ class PsldController:
         if before is not None and not draining and not probing:
             self._trial = _Trial(tuple(owners), plan.owners, before, clock, worst, tuple(speeds))
         return plan.owners
+
+    @staticmethod
+    def _overtaken(trial: _Trial, sizes: Sequence[int], speeds: Sequence[float] | None) -> bool:
+        """Whether, by the speeds measured now, the slowest server of the tried map is
+        one the plan gave nothing and is predicted half as slow again as the slowest was
+        when the plan was made."""
+        if speeds is None or len(speeds) != len(trial.speeds):
+            return False
+        now = server_times(sizes, trial.tried, speeds)
+        then = max(server_times(sizes, trial.tried, trial.speeds))
+        worst = max(range(len(now)), key=now.__getitem__)
+        receivers = {o for o, was in zip(trial.tried, trial.previous, strict=True) if o != was}
+        return worst not in receivers and now[worst] > 1.5 * then
 
     def wants_server(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> bool:
         """Scale out? True while an active server runs below ``straggler_ratio`` of the

@@ -250,8 +250,8 @@ def test_a_plan_is_not_rolled_back_for_a_slowdown_the_speeds_blame_elsewhere() -
     tried = ctl.decide(4, sizes, owners, [100.0, 50.0, 100.0])  # off server 1
     assert tried is not None and tried.count(1) < 4
     for k in range(5, 8):
-        ctl.observe_step(k, 2.0)  # slower: but server 1 has since slowed to a crawl
-    assert ctl.decide(7, sizes, tried, [100.0, 5.0, 100.0]) is None
+        ctl.observe_step(k, 2.0)  # slower: but server 1 has since slowed further
+    assert ctl.decide(7, sizes, tried, [100.0, 40.0, 100.0]) is None
     assert ctl.rollbacks == 0
 
 
@@ -266,3 +266,30 @@ def test_a_lightly_loaded_server_is_filled_to_the_median_load_at_most() -> None:
     # Once it carries the median its figure is trusted: more may follow.
     again = rebalance(sizes, plan.owners, speeds)
     assert again.owners.count(0) > plan.owners.count(0)
+
+
+def test_a_straggler_arriving_during_a_trial_is_answered_without_waiting_it_out() -> None:
+    sizes, owners = [100] * 16, [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    speeds = [100.0, 50.0, 100.0, 100.0]
+
+    def start() -> tuple[PsldController, tuple[int, ...], set[int]]:
+        ctl = PsldController(interval=1, horizon=1000, window=5, min_gain=0.0)
+        for k in range(5):
+            ctl.observe_step(k, 1.0)
+        tried = ctl.decide(4, sizes, owners, speeds)  # off server 1
+        assert tried is not None
+        ctl.observe_step(5, 3.0)
+        return ctl, tried, {o for o, was in zip(tried, owners, strict=True) if o != was}
+
+    ctl, tried, receivers = start()
+    bystander = next(s for s in (0, 2, 3) if s not in receivers)
+    slowed = list(speeds)
+    slowed[bystander] = 10.0  # one step into the trial, a server given nothing slows
+    now = ctl.decide(6, sizes, tried, slowed)
+    assert now is not None and now.count(bystander) < tried.count(bystander)
+    assert ctl.rollbacks == 0
+    # A receiver found slower is no such case: the trial runs its course.
+    ctl, tried, receivers = start()
+    slowed = list(speeds)
+    slowed[min(receivers)] = 10.0
+    assert ctl.decide(6, sizes, tried, slowed) is None
