@@ -573,9 +573,11 @@ class Coordinator:
             self._last_rebalance = clock
             if self._psld is not None and speeds is not None:
                 log.info(
-                    "psld at clock %d: speeds %s MB/s",
+                    "psld at clock %d: speeds %s MB/s, chunks per server %s -> %s",
                     clock,
                     [round(v / 1e6, 1) for v in speeds],
+                    [self._map.owners.count(s) for s in range(len(self._servers))],
+                    [new.count(s) for s in range(len(self._servers))],
                 )
             self.migrate(new)
 
