@@ -131,6 +131,16 @@ def test_forward_waiting_per_module_matches_one_process(cluster_factory) -> None
         assert max_difference(got, reference(Setup("sgd", (9, 15)))) < 1e-5
 
 
+def _overlapping_sgd(model: torch.nn.Module, ctx: Context) -> trimtab.DistributedOptimizer:
+    """Server-side SGD whose next forward waits per module (``model=``)."""
+    return trimtab.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        model.named_parameters(),
+        context=ctx,
+        model=model,
+    )
+
+
 def test_with_model_each_forward_waits_only_for_its_own_parameters(cluster_factory) -> None:
     """After step(), a module's parameters change when its forward runs, not before;
     the others' only at their own forward (or state_dict())."""
@@ -138,12 +148,7 @@ def test_with_model_each_forward_waits_only_for_its_own_parameters(cluster_facto
 
     def body(ctx: Context) -> None:
         model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
-        opt = trimtab.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.5),
-            model.named_parameters(),
-            context=ctx,
-            model=model,
-        )
+        opt = _overlapping_sgd(model, ctx)
         x = torch.randn(4, 6)
         model(x).square().sum().backward()
         opt.step()
@@ -173,12 +178,7 @@ def test_with_model_parameters_read_after_forward_are_current(cluster_factory) -
 
     def body(ctx: Context) -> None:
         model = Net()
-        opt = trimtab.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.5),
-            model.named_parameters(),
-            context=ctx,
-            model=model,
-        )
+        opt = _overlapping_sgd(model, ctx)
         x = torch.randn(4, 6)
         (model(x).square().sum() + model.penalised.weight.square().sum()).backward()
         opt.step()
