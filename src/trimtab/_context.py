@@ -131,11 +131,15 @@ class Context:
         self._cuts = {int(c): int(k) for c, k in reply["cuts"].items()}
         log.debug("worker %d: placement epoch %d", self.rank, self.placement.epoch)
 
+    def _wait_parameters(self) -> None:
+        """Write every answer this worker's optimizers are still owed. Blocks."""
+        for opt in self.optimizers:
+            opt.wait_parameters()
+
     def barrier(self, name: str | None = None) -> None:
         """Block until every worker reached the barrier of the same name (and this
         worker's parameters hold every update it was sent)."""
-        for opt in self.optimizers:
-            opt.wait_parameters()
+        self._wait_parameters()
         label = name if name is not None else f"b{next(self._barrier_seq)}"
         self.call({"o": int(Control.BARRIER), "name": label})
 
@@ -154,8 +158,7 @@ class Context:
         every worker calls it with the same names, in the same order."""
         if not 0 <= root_rank < self.size:
             raise ValueError(f"root_rank {root_rank} is not a worker rank (0..{self.size - 1})")
-        for opt in self.optimizers:
-            opt.wait_parameters()
+        self._wait_parameters()
         key = f"bcast{next(self._bcast_seq)}"
         names = list(tensors)
         if self.rank == root_rank:

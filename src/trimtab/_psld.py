@@ -41,6 +41,11 @@ def server_times(
     return [b / max(v, 1e-12) for b, v in zip(load, speeds, strict=True)]
 
 
+def slowest(times: Sequence[float]) -> int:
+    """The index of the largest of ``times`` (the server predicted slowest)."""
+    return max(range(len(times)), key=times.__getitem__)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A proposed placement and what it is predicted to do.
@@ -235,7 +240,6 @@ class _Trial:
     tried: tuple[int, ...]
     step_before: float
     started: int
-    worst: int  # the server predicted slowest when the plan was made
     speeds: tuple[float, ...]  # the speeds it was made with
 
 
@@ -332,16 +336,14 @@ class PsldController:
                 # chunks (LB-BSP's step-halving on a reversal), down to single moves.
                 moved = sum(a != b for a, b in zip(trial.previous, trial.tried, strict=True))
                 self._max_moves = max(1, moved // 2)
-                self._halved_for = trial.worst
+                self._halved_for = slowest(server_times(sizes, trial.previous, trial.speeds))
                 return trial.previous
             self._max_moves = None  # it helped: plans may be whole again
             return None
         if speeds is None or clock - self._last_decision < self.interval:
             return None
         self._last_decision = clock
-        times = server_times(sizes, owners, speeds)
-        worst = max(range(len(times)), key=times.__getitem__)
-        if worst != self._halved_for:
+        if slowest(server_times(sizes, owners, speeds)) != self._halved_for:
             # Halving damps a plan that overshot around one bottleneck; a different
             # server slowest (a straggler appeared elsewhere) is a new problem: whole
             # plans again, or each of its moves waits out a trial window of its own.
@@ -367,7 +369,7 @@ class PsldController:
         # measures, at the next decision, not by the step time: it is not expected to
         # shorten the step, and noise would roll it back and ban it.
         if before is not None and not draining and not probing:
-            self._trial = _Trial(tuple(owners), plan.owners, before, clock, worst, tuple(speeds))
+            self._trial = _Trial(tuple(owners), plan.owners, before, clock, tuple(speeds))
         return plan.owners
 
     @staticmethod
@@ -379,7 +381,7 @@ class PsldController:
             return False
         now = server_times(sizes, trial.tried, speeds)
         then = max(server_times(sizes, trial.tried, trial.speeds))
-        worst = max(range(len(now)), key=now.__getitem__)
+        worst = slowest(now)
         receivers = {o for o, was in zip(trial.tried, trial.previous, strict=True) if o != was}
         return worst not in receivers and now[worst] > 1.5 * then
 
