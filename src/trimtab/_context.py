@@ -112,11 +112,20 @@ class Context:
     def server_of(self, chunk: int, clock: int | None = None) -> str:
         """The address of the server that owns ``chunk`` (for the push of step ``clock``:
         a chunk that is moving belongs to its previous owner before its cut)."""
+        return self.address(self.owner_of(chunk, clock))
+
+    def address(self, server: int) -> str:
+        """The address of server ``server`` (an index of the placement map)."""
+        assert self.placement is not None
+        return self.placement.servers[server]
+
+    def owner_of(self, chunk: int, clock: int | None = None) -> int:
+        """The index of the server that owns ``chunk``, as :meth:`server_of`."""
         assert self.placement is not None
         cut = self._cuts.get(chunk)
         if clock is not None and cut is not None and clock < cut:
-            return self.placement.servers[self._prev[chunk]]
-        return self.placement.servers[self.placement.owners[chunk]]
+            return self._prev[chunk]
+        return self.placement.owners[chunk]
 
     def refresh_map(self, epoch: int) -> None:
         """Fetch the placement map of at least ``epoch`` from the coordinator. Blocks

@@ -175,6 +175,9 @@ class Coordinator:
         self._speeds = SpeedEstimator()
         self._psld = PsldController(interval=2) if config.placement == "psld" else None
         self._step_times: dict[int, float] = {}
+        # Worker-observed traffic per clock, until every worker reported it:
+        # clock -> (reports so far, server -> [longest span, shortest wait span, bytes]).
+        self._traffic: dict[int, tuple[int, dict[int, list[float]]]] = {}
         self.migrations = 0
         self.bytes_moved = 0
         self._target_servers = config.num_servers
@@ -328,6 +331,13 @@ class Coordinator:
             "wanted_servers": self._wanted_servers(),
             "migrating": self._migrating is not None,
             "speeds": [self._speeds.speed(m.rank) for m in self._servers],
+            # The workers' bounds (lower, upper or None for no bound) per server.
+            "worker_speeds": [
+                None
+                if (b := self._speeds.observed(m.rank)) is None
+                else [b[0], b[1] if b[1] != float("inf") else None]
+                for m in self._servers
+            ],
         }
 
     # -- membership ----------------------------------------------------------------
@@ -519,6 +529,7 @@ class Coordinator:
         )
         if self._psld is not None:
             self._psld.observe_step(clock, sample.compute_s + sample.comm_s)
+            self._observe_traffic(clock, header.get("sv", []))
         self._maybe_rebalance()
         epoch = self._published.get("epoch", 0)
         if self.config.batching == "equal":
@@ -539,6 +550,39 @@ class Coordinator:
         vector = [sizes[r] for r in range(self.config.num_workers)]
         for peer, rid, _, _ in waiting:
             self._loop.send(peer, {"o": int(Control.OK), "i": rid, "sizes": vector, "epoch": epoch})
+
+    def _observe_traffic(self, clock: int, spans: Any) -> None:
+        """Take one worker's per-server spans of step ``clock`` (``[[server, from first
+        push, from the wait, bytes], ...]``, see the optimizer's ``_spans_of_step``);
+        once every worker's are in, give the step's figures of each server to the speed
+        estimator: its bytes of all workers over the longest first span (a lower bound
+        of its speed) and over the shortest wait span (the worker that pushed last
+        waited least for others). Raises :class:`ProtocolError` for a malformed list."""
+        rows: list[tuple[int, float, float, float]] = []
+        try:
+            for row in spans:
+                server, span, tail, nbytes = row
+                if not isinstance(server, int) or not 0 <= server < len(self._servers):
+                    raise ValueError(f"no server {server!r}")
+                rows.append((server, float(span), float(tail), float(nbytes)))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"bad per-server spans in a step report: {exc}"
+            ) from None
+        reports, servers = self._traffic.get(clock, (0, {}))
+        for server, span, tail, nbytes in rows:
+            seen = servers.setdefault(server, [0.0, float("inf"), 0.0])
+            seen[0] = max(seen[0], span)
+            seen[1] = min(seen[1], tail)
+            seen[2] += nbytes
+        if reports + 1 < self.config.num_workers:
+            self._traffic[clock] = (reports + 1, servers)
+            for old in [k for k in self._traffic if k < clock - 8]:
+                del self._traffic[old]  # a step some worker never reported
+            return
+        self._traffic.pop(clock, None)
+        for server, (span, tail, nbytes) in servers.items():
+            self._speeds.observe_step(server, nbytes, span, tail)
 
     # -- live migration --------------------------------------------------------------
 
@@ -572,10 +616,14 @@ class Coordinator:
         if new is not None and new != self._map.owners:
             self._last_rebalance = clock
             if self._psld is not None and speeds is not None:
+                seen = [self._speeds.observed(s) for s in range(len(self._servers))]
+                bounds = [None if v is None else [round(x / 1e6, 1) for x in v] for v in seen]
                 log.info(
-                    "psld at clock %d: speeds %s MB/s, chunks per server %s -> %s",
+                    "psld at clock %d: speeds %s MB/s (workers saw between %s), chunks per server "
+                    "%s -> %s",
                     clock,
                     [round(v / 1e6, 1) for v in speeds],
+                    bounds,
                     [self._map.owners.count(s) for s in range(len(self._servers))],
                     [new.count(s) for s in range(len(self._servers))],
                 )

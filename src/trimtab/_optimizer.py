@@ -33,7 +33,9 @@ log = logging.getLogger("trimtab")
 #: A request whose chunk moved this many times in a row gives up.
 _MAX_MOVES = 8
 
-_Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any]]
+# A chunk request: its future, header and frames (kept to resend it if the chunk moved)
+# and the index of the server it went to.
+_Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any], int]
 _said_mode: set[str] = set()
 
 
@@ -126,7 +128,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._lead = 0
         self._step_started = time.perf_counter()
         self._cpu_started = time.process_time()
-        self._pending_report: tuple[int, int, float, float, float] | None = None
+        self._pending_report: tuple[int, int, float, float, float, list[list[float]]] | None = None
+        # This step's traffic per server: [first push sent, last reply read, bytes both
+        # ways], for PSLD's worker-observed speeds (see _spans_of_step).
+        self._traffic: dict[int, list[float]] = {}
         self._next_report = 0.0
         self._report_future: concurrent.futures.Future[Reply] | None = None
         self._counts: dict[torch.Tensor, int] = {}
@@ -324,6 +329,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             elif flat.device.type != "cpu":
                 flat = flat.cpu()
         futs = []
+        sent = time.perf_counter()
         for c in self._chunks_of[p]:
             header = self._tensor_header(Data.PUSH, c)
             header.update(
@@ -337,8 +343,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             else:
                 header["dt"] = wire_dtype(flat.dtype)
                 frames = [as_bytes(flat[c.offset : c.offset + c.numel])]
-            to = self._ctx.server_of(c.id, self._clock)
-            futs.append((self._ctx.client.request(to, header, frames), header, frames))
+            owner = self._ctx.owner_of(c.id, self._clock)
+            request = self._ctx.client.request(self._ctx.address(owner), header, frames)
+            futs.append((request, header, frames, owner))
+            traffic = self._traffic.get(owner)
+            nbytes = frames[0].nbytes if frames else 0
+            if traffic is None:
+                self._traffic[owner] = [sent, sent, nbytes]
+            else:
+                traffic[2] += nbytes
         self._inflight[p] = futs
 
     def synchronize(self) -> None:
@@ -381,8 +394,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if sent is None:
                     continue
                 futs, clock = sent
-                for c, (f, header, frames) in zip(self._chunks_of[p], futs, strict=True):
+                for c, (f, header, frames, owner) in zip(self._chunks_of[p], futs, strict=True):
                     reply = self._await(f, c, header, frames, clock)
+                    traffic = self._traffic.get(owner)
+                    if traffic is not None and reply.at > traffic[1] and f.exception() is None:
+                        # Answered by the server it was sent to (not resent after a
+                        # move): when it was read off the socket closes that server's span.
+                        traffic[1] = reply.at
+                        traffic[2] += reply.frames[0].nbytes if reply.frames else 0
                     if self._mode is OptimizerMode.SERVER:
                         self._write(p.data, c, reply)
                     elif not reply.header.get("z"):
@@ -520,7 +539,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._inner.step()
         self._synchronized = False
         self.last_compute_s, self.last_comm_s = compute, comm
-        self._pending_report = (self._clock, int(self._batch_size), compute, comm, cpu)
+        self._pending_report = (
+            self._clock,
+            int(self._batch_size),
+            compute,
+            comm,
+            cpu,
+            self._spans_of_step(waited),
+        )
         report, self._report_future = self._report_future, None
         if report is not None:
             # LB-BSP: the sizes for the next step, from every worker's previous-step
@@ -535,20 +561,48 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._cpu_started = time.process_time()
         return loss
 
+    def _spans_of_step(self, waited: float) -> list[list[float]]:
+        """Per server this step pushed to: ``[server, seconds from the first push sent to
+        the last reply read, seconds from the later of that push and the start of the
+        wait (``waited``) to that reply, bytes both ways]``; and start the next step's
+        count. A reply is timed when it is read, and replies are read only while this
+        thread waits: pushes sent during backward make the first span hold compute too
+        (so the bytes over it are a lower bound of the server's speed), the second
+        leaves out what the server did during backward (an upper bound, roughly).
+
+        Empty with ``model=``: there the replies are read when forward needs them, so
+        the time they were read says when compute asked, not when the server answered.
+        """
+        traffic, self._traffic = self._traffic, {}
+        if self._overlap:
+            return []
+        return [
+            [s, last - first, last - max(first, waited), n]
+            for s, (first, last, n) in traffic.items()
+            if last > first
+        ]
+
     def _report(
-        self, clock: int, batch: int, compute: float, comm: float, cpu: float
+        self,
+        clock: int,
+        batch: int,
+        compute: float,
+        comm: float,
+        cpu: float,
+        spans: list[list[float]],
     ) -> concurrent.futures.Future[Reply] | None:
         """Send step ``clock``'s measurements; return the future to wait on under LB-BSP."""
-        fut = self._ctx.client.control(
-            {
-                "o": int(Control.REPORT),
-                "k": clock,
-                "b": batch,
-                "cs": compute,
-                "ms": comm,
-                "cpu": min(cpu, 1.0),
-            }
-        )
+        header: dict[str, Any] = {
+            "o": int(Control.REPORT),
+            "k": clock,
+            "b": batch,
+            "cs": compute,
+            "ms": comm,
+            "cpu": min(cpu, 1.0),
+        }
+        if spans:
+            header["sv"] = spans
+        fut = self._ctx.client.control(header)
         if self._ctx.job.get("batching", "equal") == "equal":
             self._directive = fut  # read at the next step's first push, never waited for
             return None

@@ -161,20 +161,45 @@ def rebalance(
 
 
 class SpeedEstimator:
-    """Each server's effective speed (bytes per busy second), from cumulative reports.
+    """Each server's effective speed, from what the servers and the workers report.
 
-    A server reports its total busy seconds and bytes handled; the estimator turns
-    successive reports into window speeds and keeps the median of the last ``keep``
-    windows (one wild window, a pause or a burst, does not move it). Windows with less
-    than ``min_busy_s`` of work are ignored. Not thread-safe.
+    **Servers** report their total busy seconds and bytes handled; successive reports
+    make window speeds (bytes per busy second), and a server's figure is the median of
+    its last ``keep`` windows (one wild window, a pause or a burst, does not move it).
+    Windows with less than ``min_busy_s`` of work are ignored.
+
+    **Workers** time, per step and server, their requests from push to reply read
+    (:meth:`observe_step`, every worker's figures of one step together), which sees
+    what busy seconds cannot: time on a slow link, and a server that slowed down since
+    its last windows, one step after it did. A worker reads replies only while it
+    waits, so its figures bracket the speed rather than measure it: the bytes over the
+    span from the first push are a lower bound (the span may hold compute and other
+    workers' lateness), the bytes over the span from when the wait began roughly an
+    upper one (what the server did before is left out). They correct the servers'
+    figure only where they disagree with it by more than ``disagree`` times: a lower
+    bound that high says the figure is stale (a straggler recovered); an upper bound
+    that low says the server is slower than its busy time shows. Each is the last
+    ``keep_steps`` steps' median.
+
+    Not thread-safe.
     """
 
-    def __init__(self, keep: int = 5, min_busy_s: float = 0.005, idle_reports: int = 12) -> None:
+    def __init__(
+        self,
+        keep: int = 5,
+        min_busy_s: float = 0.005,
+        idle_reports: int = 12,
+        keep_steps: int = 1,
+        disagree: float = 2.0,
+    ) -> None:
         self.keep = keep
         self.min_busy_s = min_busy_s
         self.idle_reports = idle_reports
+        self.keep_steps = keep_steps
+        self.disagree = disagree
         self._last: dict[int, tuple[float, float]] = {}
         self._windows: dict[int, collections.deque[float]] = {}
+        self._steps: dict[int, collections.deque[tuple[float, float]]] = {}
         self._idle: dict[int, int] = {}
         # Per server: reports of idleness before its figure is dropped (doubles each
         # time a server comes back as slow as it was), and the figure last dropped.
@@ -198,6 +223,7 @@ class SpeedEstimator:
                 if dropped is not None:
                     self._dropped[server] = dropped
                 del self._windows[server]
+                self._steps.pop(server, None)
             return
         self._idle[server] = 0
         self._last[server] = (busy_s, nbytes)
@@ -210,19 +236,51 @@ class SpeedEstimator:
             )
         self._windows.setdefault(server, collections.deque(maxlen=self.keep)).append(dbytes / dbusy)
 
+    def observe_step(self, server: int, nbytes: float, span_s: float, tail_s: float) -> None:
+        """Take one step's worker-observed figures for ``server``: ``nbytes`` (every
+        worker's pushes and replies) crossed within ``span_s`` seconds from the first
+        push to the last reply, of which the last ``tail_s`` after the wait began."""
+        if span_s > 0 and nbytes > 0:
+            upper = nbytes / tail_s if tail_s > 0 else float("inf")
+            self._steps.setdefault(server, collections.deque(maxlen=self.keep_steps)).append(
+                (nbytes / span_s, upper)
+            )
+
     def speed(self, server: int) -> float | None:
-        """The current estimate, or None before any full window."""
+        """The server-reported estimate, or None before any full window."""
         w = self._windows.get(server)
         return statistics.median(w) if w else None
+
+    def observed(self, server: int) -> tuple[float, float] | None:
+        """The worker-observed bounds ``(lower, upper)`` of the server's speed, or None
+        before any step's figures."""
+        w = self._steps.get(server)
+        if not w:
+            return None
+        return statistics.median(v[0] for v in w), statistics.median(v[1] for v in w)
+
+    def _corrected(self, busy: dict[int, float]) -> dict[int, float]:
+        out = dict(busy)
+        for s, v in busy.items():
+            seen = self.observed(s)
+            if seen is None:
+                continue
+            lower, upper = seen
+            if lower > v * self.disagree:
+                out[s] = lower
+            elif upper * self.disagree < v:
+                out[s] = upper
+        return out
 
     def unknown(self, servers: int) -> set[int]:
         """Servers without a current estimate (new, or idle for long)."""
         return {s for s in range(servers) if self.speed(s) is None}
 
     def speeds(self, servers: int) -> list[float] | None:
-        """Estimates for servers ``0..servers-1``; a server not yet measured gets the
+        """Estimates for servers ``0..servers-1``: the server-reported figures, corrected
+        by the worker-observed ones (see the class); a server not yet measured gets the
         median of the others. None while no server is measured."""
-        known = {s: v for s in range(servers) if (v := self.speed(s)) is not None}
+        known = self._corrected({s: v for s in range(servers) if (v := self.speed(s)) is not None})
         if not known:
             return None
         fill = statistics.median(known.values())
@@ -231,6 +289,7 @@ class SpeedEstimator:
     def forget(self, server: int) -> None:
         """Drop a server's history (it left, or its load changed shape)."""
         self._windows.pop(server, None)
+        self._steps.pop(server, None)
         self._last.pop(server, None)
 
 

@@ -70,10 +70,12 @@ class WorkerConfig:
 
 
 class Reply(NamedTuple):
-    """A reply: its header and its buffers (which stay valid while referenced)."""
+    """A reply: its header, its buffers (which stay valid while referenced), and when
+    this process read it off its socket (``time.perf_counter()``)."""
 
     header: Header
     frames: list[memoryview]
+    at: float = 0.0
 
 
 class _DataFuture(concurrent.futures.Future[Reply]):
@@ -302,7 +304,7 @@ class WorkerClient:
         elif op == Data.MOVED:
             fut.set_exception(ChunkMoved(header["c"], header["s"], header["e"]))
         else:
-            fut.set_result(Reply(header, frames[1:]))
+            fut.set_result(Reply(header, frames[1:], time.perf_counter()))
 
     def _fail(self, why: str) -> None:
         if self._dead is None:

@@ -293,3 +293,26 @@ def test_a_straggler_arriving_during_a_trial_is_answered_without_waiting_it_out(
     slowed = list(speeds)
     slowed[min(receivers)] = 10.0
     assert ctl.decide(6, sizes, tried, slowed) is None
+
+
+def test_workers_figures_correct_a_stale_or_blind_server_figure() -> None:
+    est = SpeedEstimator(keep=3, min_busy_s=0.01)
+    for server in range(4):
+        est.observe(server, 0.0, 0.0)
+        for window in range(1, 4):
+            est.observe(server, 0.1 * window, 1e7 * window)  # 100 MB/s by busy time
+    est.observe(3, 0.4, 0.4e8)
+    # Server 3's windows said 100 MB/s until it slowed down to 20 MB/s.
+    assert est.speeds(4) == [pytest.approx(1e8)] * 4
+    est.observe_step(0, 9e6, 0.1, 0.08)  # 90 to 112 MB/s: agrees, the busy figure stands
+    est.observe_step(1, 6e6, 0.1, 0.08)  # 60 to 75: within 2x, still the busy figure
+    est.observe_step(2, 9e6, 0.03, 0.0)  # a lower bound of 300: the figure is stale
+    est.observe_step(3, 2e6, 0.1, 0.1)  # at most 20 MB/s: slower than its busy time says
+    assert est.speeds(4) == [
+        pytest.approx(1e8),
+        pytest.approx(1e8),
+        pytest.approx(3e8),
+        pytest.approx(2e7),
+    ]
+    assert est.observed(2) == (pytest.approx(3e8), float("inf"))
+

@@ -9,7 +9,7 @@ import torch
 import trimtab
 from tests.equivalence_job import Setup, max_difference, reference, train_worker
 from trimtab import ChunkMoved, Context, RemoteError, UsageError
-from trimtab._messages import Data
+from trimtab._messages import Control, Data
 from trimtab._worker import wait
 
 
@@ -187,3 +187,40 @@ def test_with_model_parameters_read_after_forward_are_current(cluster_factory) -
         assert not torch.equal(model.penalised.weight, before)
 
     cluster.run_workers(body)
+
+
+def test_workers_report_what_they_observe_of_each_server(cluster_factory) -> None:
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256, placement="psld")
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(20, 20)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        for _ in range(4):
+            model(torch.ones(3, 20)).sum().backward()
+            opt.step()
+        # A malformed report is refused with a reason; the job goes on.
+        bad = ctx.client.control(
+            {
+                "o": int(Control.REPORT),
+                "k": 9,
+                "b": 1,
+                "cs": 0.1,
+                "ms": 0.1,
+                "cpu": 1.0,
+                "sv": [[7, 0.1, 0.1, 100]],
+            }
+        )
+        with pytest.raises(RemoteError, match="bad per-server spans"):
+            wait(bad, 10.0)
+        model(torch.ones(3, 20)).sum().backward()
+        opt.step()
+
+    cluster.run_workers(body)
+    seen = cluster.coordinator.status()["worker_speeds"]
+    assert len(seen) == 2
+    for bounds in seen:  # every server owns chunks of the model: both were timed
+        assert bounds is not None
+        lower, upper = bounds
+        assert lower > 0 and (upper is None or upper >= lower)
