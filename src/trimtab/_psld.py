@@ -424,6 +424,12 @@ class PsldController:
         ):
             return None
         before = self._median_step(clock - self.window, clock + 1)
+        latest = max(self._steps) if self._steps else None
+        if before is not None and latest is not None:
+            # A plan made on a slowdown seen one step ago (the workers' figures show it
+            # that soon) is judged against that step, not against the window's median
+            # of the steps before the slowdown, which no map could match any more.
+            before = max(before, self._steps[latest])
         # A probe (one chunk to a server of unknown speed) is judged by the speed it
         # measures, at the next decision, not by the step time: it is not expected to
         # shorten the step, and noise would roll it back and ban it.

@@ -316,3 +316,18 @@ def test_workers_figures_correct_a_stale_or_blind_server_figure() -> None:
     ]
     assert est.observed(2) == (pytest.approx(3e8), float("inf"))
 
+
+def test_a_plan_made_on_a_fresh_slowdown_is_judged_against_the_slow_step() -> None:
+    # The workers' figures show a straggler one step after it slowed: the window's
+    # median still holds the fast steps before it, which no map can match any more.
+    ctl = PsldController(interval=1, horizon=1000, window=5, min_gain=0.0)
+    sizes, owners = [100] * 12, [0] * 4 + [1] * 4 + [2] * 4
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    ctl.observe_step(5, 3.0)
+    tried = ctl.decide(5, sizes, owners, [100.0, 25.0, 100.0])
+    assert tried is not None and tried.count(1) < 4
+    for k in range(6, 11):
+        ctl.observe_step(k, 1.3)  # slower than before the straggler, far faster than with it
+    assert ctl.decide(10, sizes, tried, [100.0, 25.0, 100.0]) is None
+    assert ctl.rollbacks == 0
