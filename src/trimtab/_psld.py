@@ -16,8 +16,13 @@ speeds:
   over the next ``window`` steps with the one before; a plan that made things worse by
   more than ``tolerance`` is undone, unless the speeds measured meanwhile blame a server
   that slowed down since (the old map would be slower too);
-* **trust**: a server carrying less than the median load receives at most up to the
-  median in one plan (its speed was measured on a light load).
+* **trust**: a server carrying less than half the median load receives at most up to
+  the median in one plan (its speed was measured on a light load);
+* **exploration**: after ``explore_every`` steps without a change, one chunk moves
+  from the slowest server to the least loaded one when the model cannot rule that out
+  (it predicts the step within ``explore_slack`` either way): its figure, measured on a
+  light load, is the least certain. The move is kept only if the measured step time
+  improved, else rolled back (and not tried again soon).
 
 Nothing here does I/O or keeps time; every input is an argument, so the same code runs
 in the coordinator, in unit tests and in a simulator.
@@ -86,8 +91,8 @@ def rebalance(
     input; returns a plan with no moves when nothing helps.
     Servers in ``probe`` (speed unknown: new, or idle for long) receive at most one
     chunk: their speed is measured on it before they are trusted with more. A server
-    carrying less than the median load of the loaded servers is filled up to that median
-    at most: its speed was measured on a light load, which passes in bursts and hides
+    carrying less than half the median load of the loaded servers is filled up to that
+    median at most: its speed was measured on a light load, which passes in bursts and hides
     queueing, and says little about many times that load; the next plan, made with its
     speed measured at the median, may give it more.
     """
@@ -114,7 +119,7 @@ def rebalance(
     before = max(server_times(sizes, owners, speeds))
     carried = sorted(load[s] for s in targets if load[s] > 0)
     typical = statistics.median(carried) if carried else float("inf")
-    cap = [typical if load[s] < typical else float("inf") for s in range(n)]
+    cap = [typical if load[s] < typical / 2 else float("inf") for s in range(n)]
     received = [0] * n
     for o in new:
         if o in probe:
@@ -293,6 +298,46 @@ class SpeedEstimator:
         self._last.pop(server, None)
 
 
+def explore_move(
+    sizes: Sequence[int],
+    owners: Sequence[int],
+    speeds: Sequence[float],
+    *,
+    active: Sequence[bool] | None = None,
+    slack: float = 0.05,
+) -> tuple[int, ...] | None:
+    """One chunk from the server predicted slowest to the least loaded active server,
+    if that server carries less than the median load and the slowest predicted time
+    after the move is within ``slack`` of now (a move the measurements cannot rule
+    out); else None. Pure.
+
+    The least loaded server is the one whose speed figure is least certain: it was
+    measured on a light load, which passes in bursts. Of the slowest server's chunks the
+    smallest moves (the least risk)."""
+    n = len(speeds)
+    live = [True] * n if active is None else list(active)
+    times = server_times(sizes, owners, speeds)
+    worst = slowest(times)
+    load = [t * max(v, 1e-12) for t, v in zip(times, speeds, strict=True)]
+    others = [s for s in range(n) if live[s] and s != worst]
+    mine = [c for c, o in enumerate(owners) if o == worst]
+    if not others or not mine:
+        return None
+    dest = min(others, key=lambda s: (load[s], s))
+    carried = [load[s] for s in range(n) if live[s] and load[s] > 0]
+    if carried and load[dest] >= statistics.median(carried):
+        return None  # no lightly loaded server: every figure was measured under load
+    c = min(mine, key=lambda c: (sizes[c], c))
+    after = list(times)
+    after[worst] = (load[worst] - sizes[c]) / max(speeds[worst], 1e-12)
+    after[dest] = (load[dest] + sizes[c]) / max(speeds[dest], 1e-12)
+    if max(after) > times[worst] * (1 + slack):
+        return None
+    new = list(owners)
+    new[c] = dest
+    return tuple(new)
+
+
 @dataclasses.dataclass
 class _Trial:
     previous: tuple[int, ...]
@@ -300,6 +345,7 @@ class _Trial:
     step_before: float
     started: int
     speeds: tuple[float, ...]  # the speeds it was made with
+    explore: bool = False  # kept only if the step got faster
 
 
 class PsldController:
@@ -312,6 +358,9 @@ class PsldController:
         tolerance: a plan that makes the step this much slower is rolled back.
         min_gain: plans saving less than this fraction of the step are not worth it.
         straggler_ratio: a server below this fraction of the median speed straggles.
+        explore_every: steps without a change before an exploratory move (0: never).
+        explore_slack: the model's error allowed for an exploratory move: it is made
+            if predicted at most this much slower.
     """
 
     def __init__(
@@ -322,8 +371,14 @@ class PsldController:
         tolerance: float = 0.05,
         min_gain: float = 0.05,
         straggler_ratio: float = 0.5,
+        explore_every: int = 20,
+        explore_slack: float = 0.05,
     ) -> None:
         self.straggler_ratio = straggler_ratio
+        self.explore_every = explore_every
+        self.explore_slack = explore_slack
+        self.explorations = 0
+        self._quiet_since = 0  # the clock of the last change of map or trial
         self.interval = interval
         self.horizon = horizon
         self.window = window
@@ -372,6 +427,7 @@ class PsldController:
             after = self._median_step(trial.started + 1, clock + 1)
             self._trial = None
             self._last_decision = clock
+            self._quiet_since = clock
             # Slower steps are the plan's fault unless a server slowed meanwhile (a
             # straggler arrived): the speeds measured since predict the old map slower
             # than when the plan was made, and the tried map still the better one.
@@ -382,20 +438,20 @@ class PsldController:
                 old_now = max(server_times(sizes, trial.previous, speeds))
                 tried_now = max(server_times(sizes, trial.tried, speeds))
                 exonerated = old_now > was * (1 + self.tolerance) and tried_now < old_now
-            if (
-                after is not None
-                and after > trial.step_before * (1 + self.tolerance)
-                and not exonerated
-            ):
+            # An exploratory move must pay for itself; a plan, not make things worse.
+            limit = trial.step_before * (1 if trial.explore else 1 + self.tolerance)
+            if after is not None and after >= limit and not exonerated:
                 self.rollbacks += 1
                 # Do not try that map again soon: twice as long each time it fails.
-                ban = self._bans.get(trial.tried, (0, self.window))[1] * 2
+                first = self.explore_every if trial.explore else self.window
+                ban = self._bans.get(trial.tried, (0, first))[1] * 2
                 self._bans[trial.tried] = (clock + ban, ban)
-                # The speeds overrated a receiver: the next plan may move half as many
-                # chunks (LB-BSP's step-halving on a reversal), down to single moves.
-                moved = sum(a != b for a, b in zip(trial.previous, trial.tried, strict=True))
-                self._max_moves = max(1, moved // 2)
-                self._halved_for = slowest(server_times(sizes, trial.previous, trial.speeds))
+                if not trial.explore:
+                    # The speeds overrated a receiver: the next plan may move half as
+                    # many chunks (LB-BSP's step-halving on a reversal), down to one.
+                    moved = sum(a != b for a, b in zip(trial.previous, trial.tried, strict=True))
+                    self._max_moves = max(1, moved // 2)
+                    self._halved_for = slowest(server_times(sizes, trial.previous, trial.speeds))
                 return trial.previous
             self._max_moves = None  # it helped: plans may be whole again
             return None
@@ -411,8 +467,8 @@ class PsldController:
             sizes, owners, speeds, active=active, probe=probe, max_moves=self._max_moves
         )
         draining = active is not None and not all(active)
-        if plan.owners == tuple(owners) or self._bans.get(plan.owners, (0, 0))[0] > clock:
-            return None
+        if plan.owners == tuple(owners) or self._banned(plan.owners, clock):
+            return self._explore(clock, sizes, owners, speeds, active)
         probing = any(o in probe and o != was for o, was in zip(plan.owners, owners, strict=True))
         if (
             not draining
@@ -422,7 +478,8 @@ class PsldController:
                 or plan.gain_s * self.horizon <= plan.cost_s
             )
         ):
-            return None
+            return self._explore(clock, sizes, owners, speeds, active)
+        self._quiet_since = clock
         before = self._median_step(clock - self.window, clock + 1)
         latest = max(self._steps) if self._steps else None
         if before is not None and latest is not None:
@@ -436,6 +493,31 @@ class PsldController:
         if before is not None and not draining and not probing:
             self._trial = _Trial(tuple(owners), plan.owners, before, clock, tuple(speeds))
         return plan.owners
+
+    def _banned(self, owners: tuple[int, ...], clock: int) -> bool:
+        return self._bans.get(owners, (0, 0))[0] > clock
+
+    def _explore(
+        self,
+        clock: int,
+        sizes: Sequence[int],
+        owners: Sequence[int],
+        speeds: Sequence[float],
+        active: Sequence[bool] | None,
+    ) -> tuple[int, ...] | None:
+        """An exploratory move, when the map has been quiet ``explore_every`` steps."""
+        if self.explore_every <= 0 or clock - self._quiet_since < self.explore_every:
+            return None
+        if active is not None and not all(active):
+            return None
+        self._quiet_since = clock  # one try per quiet period, whatever comes of it
+        tried = explore_move(sizes, owners, speeds, active=active, slack=self.explore_slack)
+        before = self._median_step(clock - self.window, clock + 1)
+        if tried is None or before is None or self._banned(tried, clock):
+            return None
+        self.explorations += 1
+        self._trial = _Trial(tuple(owners), tried, before, clock, tuple(speeds), explore=True)
+        return tried
 
     @staticmethod
     def _overtaken(trial: _Trial, sizes: Sequence[int], speeds: Sequence[float] | None) -> bool:
