@@ -397,10 +397,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 for c, (f, header, frames, owner) in zip(self._chunks_of[p], futs, strict=True):
                     reply = self._await(f, c, header, frames, clock)
                     traffic = self._traffic.get(owner)
-                    if traffic is not None and reply.at > traffic[1] and f.exception() is None:
+                    if traffic is not None and f.exception() is None:
                         # Answered by the server it was sent to (not resent after a
-                        # move): when it was read off the socket closes that server's span.
-                        traffic[1] = reply.at
+                        # move): the last reply read off the socket closes its span.
+                        traffic[1] = max(traffic[1], reply.at)
                         traffic[2] += reply.frames[0].nbytes if reply.frames else 0
                     if self._mode is OptimizerMode.SERVER:
                         self._write(p.data, c, reply)

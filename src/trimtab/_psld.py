@@ -183,8 +183,10 @@ class SpeedEstimator:
     upper one (what the server did before is left out). They correct the servers'
     figure only where they disagree with it by more than ``disagree`` times: a lower
     bound that high says the figure is stale (a straggler recovered); an upper bound
-    that low says the server is slower than its busy time shows. Each is the last
-    ``keep_steps`` steps' median.
+    that low says the server is slower than its busy time shows. The bounds are the
+    widest of the last ``keep_steps`` steps' (each of those steps must call for it);
+    with the default of 1 the last step alone corrects, so a straggler is planned for
+    one step after it shows, and an odd step's plan is judged by its trial like any.
 
     Not thread-safe.
     """
@@ -257,12 +259,13 @@ class SpeedEstimator:
         return statistics.median(w) if w else None
 
     def observed(self, server: int) -> tuple[float, float] | None:
-        """The worker-observed bounds ``(lower, upper)`` of the server's speed, or None
-        before any step's figures."""
+        """The worker-observed bounds ``(lower, upper)`` of the server's speed over the
+        last ``keep_steps`` steps (the widest: a correction needs every one of those
+        steps to call for it, so one odd step makes none), or None before any step."""
         w = self._steps.get(server)
         if not w:
             return None
-        return statistics.median(v[0] for v in w), statistics.median(v[1] for v in w)
+        return min(v[0] for v in w), max(v[1] for v in w)
 
     def _corrected(self, busy: dict[int, float]) -> dict[int, float]:
         out = dict(busy)
