@@ -360,6 +360,8 @@ class PsldController:
         window: steps of measured step time compared before and after a plan.
         tolerance: a plan that makes the step this much slower is rolled back.
         min_gain: plans saving less than this fraction of the step are not worth it.
+        min_gain_s: ...nor plans saving less than this many seconds a step: below it
+            the figures are noise (servers of a small model are idle most of a step).
         straggler_ratio: a server below this fraction of the median speed straggles.
         explore_every: steps without a change before an exploratory move (0: never).
         explore_slack: the model's error allowed for an exploratory move: it is made
@@ -373,6 +375,7 @@ class PsldController:
         window: int = 5,
         tolerance: float = 0.05,
         min_gain: float = 0.05,
+        min_gain_s: float = 0.001,
         straggler_ratio: float = 0.5,
         explore_every: int = 20,
         explore_slack: float = 0.05,
@@ -387,6 +390,7 @@ class PsldController:
         self.window = window
         self.tolerance = tolerance
         self.min_gain = min_gain
+        self.min_gain_s = min_gain_s
         self._steps: dict[int, float] = {}
         self._last_decision = 0
         self._trial: _Trial | None = None
@@ -477,7 +481,7 @@ class PsldController:
             not draining
             and not probing
             and (
-                plan.gain_s < self.min_gain * plan.before_s
+                plan.gain_s < max(self.min_gain * plan.before_s, self.min_gain_s)
                 or plan.gain_s * self.horizon <= plan.cost_s
             )
         ):
@@ -514,6 +518,8 @@ class PsldController:
         if active is not None and not all(active):
             return None
         self._quiet_since = clock  # one try per quiet period, whatever comes of it
+        if max(server_times(sizes, owners, speeds)) * self.explore_slack < self.min_gain_s:
+            return None  # at best it could save less than a plan must
         tried = explore_move(sizes, owners, speeds, active=active, slack=self.explore_slack)
         before = self._median_step(clock - self.window, clock + 1)
         if tried is None or before is None or self._banned(tried, clock):

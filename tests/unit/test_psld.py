@@ -392,3 +392,18 @@ def test_a_server_near_the_median_load_is_not_held_to_it() -> None:
     owners = [0] * 9 + [1] * 11 + [2] * 10 + [3] * 2
     plan = rebalance(sizes, owners, [100.0, 98.0, 99.0, 26.0])
     assert [plan.owners.count(s) for s in range(4)] == [10, 10, 10, 2]
+
+
+def test_no_plan_or_exploration_saves_less_than_the_absolute_floor() -> None:
+    # A small model: the slowest server needs 0.5 ms a step; halving it is "50%" but
+    # 0.25 ms, within the noise of any figure at that scale.
+    sizes, owners = [1000] * 4, [0, 0, 0, 1]
+    speeds = [6e6, 6e6]
+    ctl = PsldController(interval=1, horizon=1000, window=3, explore_every=5)
+    for k in range(12):
+        ctl.observe_step(k, 0.01)
+        assert ctl.decide(k, sizes, owners, speeds) is None
+    assert ctl.explorations == 0
+    fast = PsldController(interval=1, horizon=1000, window=3, min_gain_s=0.0)
+    fast.observe_step(0, 0.01)
+    assert fast.decide(1, sizes, owners, speeds) is not None
