@@ -130,8 +130,9 @@ def server_stats() -> list[dict[str, Any]]:
 
 def job_status() -> dict[str, Any]:
     """The coordinator's view of the job: members, placement epoch and owners, worker
-    clocks, migrations done, bytes moved, measured server speeds. Blocks (one round
-    trip); raises :class:`~trimtab.JobAborted` if the job is over."""
+    clocks, migrations done, bytes moved, measured server speeds (``speeds``: bytes per
+    busy second; ``worker_speeds``: the workers' lower and upper bounds, under psld).
+    Blocks (one round trip); raises :class:`~trimtab.JobAborted` if the job is over."""
     return dict(default_context().call({"o": int(Control.STATUS)}).header)
 
 
