@@ -17,7 +17,7 @@ from trimtab._detection import DETECTORS, StragglerDetector
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
 from trimtab._node import NodeLoop
-from trimtab._placement import PLACEMENTS, PlacementMap, TensorSpec, make_chunks
+from trimtab._placement import PLACEMENTS, PlacementMap, TensorSpec, is_live, make_chunks
 from trimtab._psld import PsldController, SpeedEstimator, chunk_costs, rebalance
 from trimtab._transport import Peer, Transport, ZmqTransport
 
@@ -99,7 +99,7 @@ class CoordinatorConfig:
             raise ConfigError(f"staleness must be >= 0, got {self.staleness}")
         if self.rebalance_every < 0:
             raise ConfigError(f"rebalance_every must be >= 0, got {self.rebalance_every}")
-        moves = self.rebalance_every or self.placement == "psld"
+        moves = self.rebalance_every or is_live(self.placement)
         if (moves or self.max_servers > self.num_servers) and self.consistency != "bsp":
             raise ConfigError(
                 "live migration (--placement psld, --max-servers, rebalancing) hands chunks "
@@ -173,7 +173,7 @@ class Coordinator:
         self._map_waiters: list[tuple[Peer, int, int]] = []
         self._last_rebalance = 0
         self._speeds = SpeedEstimator()
-        self._psld = PsldController(interval=2) if config.placement == "psld" else None
+        self._psld = PsldController(interval=2) if is_live(config.placement) else None
         self._step_times: dict[int, float] = {}
         # Worker-observed traffic per clock, until every worker reported it:
         # clock -> (reports so far, server -> [longest span, shortest wait span, bytes]).
@@ -502,7 +502,7 @@ class Coordinator:
         per_step = (
             c.batching != "equal"
             or c.consistency == "saps"
-            or c.placement == "psld"
+            or is_live(c.placement)
             or c.rebalance_every > 0
             or c.max_servers > c.num_servers
         )

@@ -26,6 +26,7 @@ from trimtab._compression import ENV as COMPRESSION_ENV
 from trimtab._compression import compressor
 from trimtab._exceptions import ConfigError, NodeTimeout, ProtocolError
 from trimtab._messages import Control, Header, decode, encode
+from trimtab._placement import is_live
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 
@@ -95,7 +96,7 @@ class LaunchConfig:
             count = self.workers if spec.role == "worker" else max(self.servers, self.max_servers)
             if spec.index >= count:
                 raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
-        moves = self.rebalance_every or self.placement == "psld"
+        moves = self.rebalance_every or is_live(self.placement)
         if (moves or self.max_servers > self.servers) and self.consistency != "bsp":
             raise ConfigError(
                 "live migration (--placement psld, --max-servers, --rebalance-every) hands "

@@ -207,3 +207,14 @@ class GreedyPlacement(PlacementPolicy):
 class PsldPlacement(GreedyPlacement):
     """Starts as ``greedy``; then the coordinator moves chunks live from the servers'
     measured speeds (see :mod:`trimtab._psld`)."""
+
+
+@PLACEMENTS.register("psld-mxnet")
+class PsldFromMxnetPlacement(MxnetPlacement):
+    """Starts as ``mxnet`` (MXNet's rule, blind to load); then live rebalancing as
+    ``psld``: to see psld repair a skewed assignment while training runs."""
+
+
+def is_live(placement: str) -> bool:
+    """Whether a placement moves chunks live from measured speeds (``psld``, ``psld-*``)."""
+    return placement == "psld" or placement.startswith("psld-")

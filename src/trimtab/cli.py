@@ -33,7 +33,7 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         "--placement",
         default="greedy",
         choices=PLACEMENTS.names(),
-        help="initial chunk placement (greedy)",
+        help="chunk placement (greedy); psld moves chunks live, psld-mxnet too from MXNet's map",
     )
     p.add_argument(
         "--chunk-bytes", type=int, default=1 << 20, help="largest chunk in bytes (1 MiB)"

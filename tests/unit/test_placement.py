@@ -90,7 +90,7 @@ def test_registry_refuses_unknown_and_duplicate_names() -> None:
     reg.register("a")(object)
     with pytest.raises(ConfigError, match="already registered"):
         reg.register("a")(object)
-    assert PLACEMENTS.names() == ["greedy", "hash", "mxnet", "psld"]
+    assert PLACEMENTS.names() == ["greedy", "hash", "mxnet", "psld", "psld-mxnet"]
 
 
 def test_tensor_spec_rejects_bad_declarations() -> None:
@@ -98,3 +98,16 @@ def test_tensor_spec_rejects_bad_declarations() -> None:
     for bad in (["w", [2], "int64", 0], ["w", [-1], "float32", 0], ["w", [2]], "x"):
         with pytest.raises(ValueError):
             TensorSpec.from_wire(bad)
+
+
+def test_psld_from_mxnet_starts_from_mxnets_map_and_moves_live() -> None:
+    from trimtab._coordinator import CoordinatorConfig
+    from trimtab._placement import is_live
+
+    tensors = [TensorSpec(f"t{i}", (n,), "float32") for i, n in enumerate([900_000, 100_000] * 4)]
+    chunks = make_chunks(tensors, 1 << 18)
+    same = PLACEMENTS.create("psld-mxnet").place(tensors, chunks, 4)
+    assert same == PLACEMENTS.create("mxnet").place(tensors, chunks, 4)
+    assert is_live("psld") and is_live("psld-mxnet") and not is_live("mxnet")
+    with pytest.raises(ConfigError, match="use it with --mode bsp"):
+        CoordinatorConfig(2, 2, "j", placement="psld-mxnet", consistency="ssp")

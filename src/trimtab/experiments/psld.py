@@ -13,7 +13,9 @@ this machine's two cores, are the bottleneck; the scenario's straggler runs slow
 
 For each scenario it runs, one after the other: ``no_straggler`` (greedy, no straggler),
 ``hash``, ``mxnet``, ``greedy``, ``psld`` (live rebalancing, may grow to one more
-server) and ``psld_fixed`` (live rebalancing, no scale-out). Reported per run:
+server) and ``psld_fixed`` (live rebalancing, no scale-out); in ``skew`` also
+``psld_from_mxnet`` (live rebalancing from MXNet's map: psld repairing a blind rule's
+skew while training runs). Reported per run:
 ``steps_per_s`` (over the whole run), ``p50_step_s``, ``p99_step_s``, ``ratio`` (to
 no_straggler's steps/s), ``migrations``, ``bytes_moved``, ``servers`` (at the end).
 """
@@ -33,6 +35,8 @@ from trimtab.experiments._psld_worker import RESULT
 WORKERS = 2
 SERVERS = 4
 RUNS = ("no_straggler", "hash", "mxnet", "greedy", "psld", "psld_fixed")
+#: Runs of one scenario only.
+EXTRA = {"skew": ("psld_from_mxnet",)}
 MIB = 1 << 20
 
 
@@ -73,7 +77,11 @@ def one_run(name: str, scenario: str, args: argparse.Namespace) -> dict[str, Any
     specs = stragglers(scenario, args.steps, args)
     if name == "no_straggler":
         specs = [f"server:{s}:bandwidth={args.link:g}B/s" for s in range(SERVERS + 1)]
-    placement = {"no_straggler": "greedy", "psld_fixed": "psld"}.get(name, name)
+    placement = {
+        "no_straggler": "greedy",
+        "psld_fixed": "psld",
+        "psld_from_mxnet": "psld-mxnet",
+    }.get(name, name)
     most = SERVERS + 1 if name == "psld" else SERVERS
     specs = [s for s in specs if int(s.split(":")[1]) < most]
     config = LaunchConfig(
@@ -128,7 +136,8 @@ def one_run(name: str, scenario: str, args: argparse.Namespace) -> dict[str, Any
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every placement for one scenario. Blocks (minutes); raises RuntimeError."""
-    names = [n for n in RUNS if n in args.runs.split(",")]
+    wanted = args.runs.split(",")
+    names = [n for n in RUNS + EXTRA.get(args.scenario, ()) if n in wanted]
     out: dict[str, Any] = {
         "scenario": args.scenario,
         "workers": WORKERS,
@@ -170,7 +179,11 @@ def plot(out: dict[str, Any], path: str) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", default="bandwidth", choices=("skew", "bandwidth", "moving"))
-    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset")
+    p.add_argument(
+        "--runs",
+        default=",".join(RUNS + EXTRA["skew"]),
+        help="comma-separated subset (psld_from_mxnet: skew only)",
+    )
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--warmup", type=int, default=1, help="steps left out of the figures (1)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
