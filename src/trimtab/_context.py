@@ -102,6 +102,7 @@ class Context:
             "batching": reply.get("batching", "equal"),
             "report_s": float(reply.get("report_s", 0.0)),
             "consistency": reply.get("consistency", "bsp"),
+            "time_servers": bool(reply.get("time_servers", False)),
         }
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])
         self.placement = PlacementMap(

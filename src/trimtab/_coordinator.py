@@ -468,6 +468,8 @@ class Coordinator:
             "batching": self.config.batching,
             "consistency": self.config.consistency,
             "report_s": self._report_interval_s(),
+            # Only a live placement reads the workers' per-server timings.
+            "time_servers": self._psld is not None,
             "consistency_args": (
                 {"staleness": self.config.staleness} if self.config.consistency == "ssp" else {}
             ),

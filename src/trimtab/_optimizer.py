@@ -148,6 +148,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for p in self._chunks_of
         ]
         self._overlap = model is not None and self._mode is OptimizerMode.SERVER
+        # Per-server timings, for psld only, and not with model=: there replies are read
+        # when forward needs them, so when they were read says when compute asked.
+        self._timed = bool(self._ctx.job.get("time_servers")) and not self._overlap
         if model is not None and not self._overlap:
             log.info("trimtab: model= has no effect in summation mode (step needs every gradient)")
         if model is not None and self._overlap:
@@ -346,12 +349,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             owner = self._ctx.owner_of(c.id, self._clock)
             request = self._ctx.client.request(self._ctx.address(owner), header, frames)
             futs.append((request, header, frames, owner))
-            traffic = self._traffic.get(owner)
-            nbytes = frames[0].nbytes if frames else 0
-            if traffic is None:
-                self._traffic[owner] = [sent, sent, nbytes]
-            else:
-                traffic[2] += nbytes
+            if self._timed:
+                traffic = self._traffic.get(owner)
+                nbytes = frames[0].nbytes if frames else 0
+                if traffic is None:
+                    self._traffic[owner] = [sent, sent, nbytes]
+                else:
+                    traffic[2] += nbytes
         self._inflight[p] = futs
 
     def synchronize(self) -> None:
@@ -396,7 +400,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 futs, clock = sent
                 for c, (f, header, frames, owner) in zip(self._chunks_of[p], futs, strict=True):
                     reply = self._await(f, c, header, frames, clock)
-                    traffic = self._traffic.get(owner)
+                    traffic = self._traffic.get(owner) if self._timed else None
                     if traffic is not None and f.exception() is None:
                         # Answered by the server it was sent to (not resent after a
                         # move): the last reply read off the socket closes its span.
@@ -569,13 +573,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         thread waits: pushes sent during backward make the first span hold compute too
         (so the bytes over it are a lower bound of the server's speed), the second
         leaves out what the server did during backward (an upper bound, roughly).
-
-        Empty with ``model=``: there the replies are read when forward needs them, so
-        the time they were read says when compute asked, not when the server answered.
+        Empty unless the job places live (psld) and without ``model=``.
         """
         traffic, self._traffic = self._traffic, {}
-        if self._overlap:
-            return []
         return [
             [s, last - first, last - max(first, waited), n]
             for s, (first, last, n) in traffic.items()
