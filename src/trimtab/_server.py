@@ -96,6 +96,10 @@ class _Chunk:
         # Half-precision gradients are summed in float32, as torch's AMP would.
         merge_dtype = torch.float32 if spec.dtype in ("float16", "bfloat16") else dtype
         self.merge = torch.empty(spec.numel, dtype=merge_dtype)
+        # Byte views of both buffers, made once: replies send them without copying
+        # (both are only ever updated in place).
+        self.value_bytes = as_bytes(self.value)
+        self.merge_bytes = as_bytes(self.merge)
         self.optimizer = ChunkOptimizer(opt[0], self.value, opt[1]) if opt else None
         self.version = 0
         self.round = 0
@@ -197,6 +201,7 @@ class Server:
 
     def run(self) -> None:
         """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""
+        torch.set_grad_enabled(False)  # (this thread's setting) nothing here needs autograd
         warm_up()
         self._loop.send(
             self._coord,
@@ -698,11 +703,16 @@ class Server:
             self._loop.send(peer, header)
             return
         header["dt"] = WIRE_DTYPES[t.dtype]
-        nbytes = t.numel() * t.element_size()
-        self._bytes += nbytes  # what this server moves, both ways, for its speed figure
+        if t is chunk.value:
+            frame = chunk.value_bytes
+        elif t is chunk.merge:
+            frame = chunk.merge_bytes
+        else:
+            frame = as_bytes(t)
+        self._bytes += frame.nbytes  # what this server moves, both ways, for its speed figure
         if self._straggler:
-            self._straggler.on_bytes(nbytes, self._step)
-        self._loop.send(peer, header, [as_bytes(t)])
+            self._straggler.on_bytes(frame.nbytes, self._step)
+        self._loop.send(peer, header, [frame])
 
     def stats(self) -> dict[str, Any]:
         """Counters and versions, for tests and the coordinator. Loop thread only."""

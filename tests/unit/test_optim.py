@@ -53,3 +53,28 @@ def test_mode_choice() -> None:
         choose_mode(torch.optim.LBFGS(p), "server")
     with pytest.raises(ConfigError):
         choose_mode(torch.optim.SGD(p, lr=1.0), "fast")
+
+
+@pytest.mark.parametrize("grad_enabled", [True, False])
+@pytest.mark.parametrize(("cls", "kwargs"), CASES)
+def test_server_step_is_torchs_step_bit_for_bit(
+    cls: type[torch.optim.Optimizer], kwargs: dict, grad_enabled: bool
+) -> None:
+    # ChunkOptimizer calls the class's own step, without torch's wrappers: the values
+    # and the state must be exactly what optimizer.step() gives.
+    torch.manual_seed(1)
+    start = torch.randn(64)
+    ref_param = torch.nn.Parameter(start.clone())
+    ref = cls([ref_param], foreach=False, **kwargs)
+    chunk = ChunkOptimizer(cls.__name__, start.clone(), hyperparameters(ref.param_groups[0]))
+    with torch.set_grad_enabled(grad_enabled):
+        for _ in range(5):
+            grad = torch.randn(64)
+            ref_param.grad = grad.clone()
+            ref.step()
+            chunk.step(grad.clone())
+    assert torch.equal(chunk.param.detach(), ref_param.detach())
+    assert not chunk.param.requires_grad and chunk.param.grad is None
+    ref_state = ref.state_dict()["state"][0]
+    for key, value in chunk.state_dict()["state"][0].items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(ref_state[key])), key
