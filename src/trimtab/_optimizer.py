@@ -32,6 +32,11 @@ log = logging.getLogger("trimtab")
 
 #: A request whose chunk moved this many times in a row gives up.
 _MAX_MOVES = 8
+#: Values of chunks up to this size are written into the parameter as bytes (a slice of
+#: a byte view kept per parameter: about 1 us) rather than through a torch slice and
+#: copy_ (about 13 us of dispatch here); above it torch's copy is the faster (4 MiB:
+#: 99 us against 127).
+_BYTE_WRITE_MAX = 64 * 1024
 
 # A chunk request: its future, header and frames (kept to resend it if the chunk moved)
 # and the index of the server it went to.
@@ -93,6 +98,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         )
         # One reused wire buffer per parameter whose gradients are narrowed for the push.
         self._wire: dict[torch.Tensor, torch.Tensor] = {}
+        # A byte view of each parameter's memory, with the address it was made for.
+        self._bytes_of: dict[torch.Tensor, tuple[int, memoryview]] = {}
         self._inner = optimizer
         self._mode = choose_mode(optimizer, mode)
         cls = type(optimizer).__name__
@@ -333,6 +340,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 flat = flat.cpu()
         futs = []
         sent = time.perf_counter()
+        raw, size, dt = None, 0, ""
+        if flat is not None:
+            raw = as_bytes(flat)  # sliced per chunk below, without copying
+            size, dt = flat.element_size(), wire_dtype(flat.dtype)
         for c in self._chunks_of[p]:
             header = self._tensor_header(Data.PUSH, c)
             header.update(
@@ -340,12 +351,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
             if hp_changed is not None:
                 header["hp"] = hp_changed
-            if flat is None:
+            if raw is None:
                 header["z"] = True
                 frames = []
             else:
-                header["dt"] = wire_dtype(flat.dtype)
-                frames = [as_bytes(flat[c.offset : c.offset + c.numel])]
+                header["dt"] = dt
+                frames = [raw[c.offset * size : (c.offset + c.numel) * size]]
             owner = self._ctx.owner_of(c.id, self._clock)
             request = self._ctx.client.request(self._ctx.address(owner), header, frames)
             futs.append((request, header, frames, owner))
@@ -407,7 +418,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         traffic[1] = max(traffic[1], reply.at)
                         traffic[2] += reply.frames[0].nbytes if reply.frames else 0
                     if self._mode is OptimizerMode.SERVER:
-                        self._write(p.data, c, reply)
+                        self._write_value(p, c, reply)
                     elif not reply.header.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
@@ -442,6 +453,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._versions[c.id] = h["v"]
         src = tensor_from(reply.frames[0], h["dt"], h["n"])
         dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
+
+    def _write_value(self, p: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
+        """Write a chunk's new value into parameter ``p``: small chunks of a CPU
+        parameter as bytes, the others as :meth:`_write` does."""
+        frame = reply.frames[0] if reply.frames else None
+        size = c.numel * p.element_size()
+        if (
+            frame is None
+            or size > _BYTE_WRITE_MAX
+            or frame.nbytes != size
+            or reply.header.get("dt") != c.dtype
+            or p.device.type != "cpu"
+        ):
+            self._write(p.data, c, reply)
+            return
+        ptr = p.data_ptr()
+        cached = self._bytes_of.get(p)
+        if cached is None or cached[0] != ptr:  # first write, or p.data was replaced
+            if not p.is_contiguous():
+                self._write(p.data, c, reply)
+                return
+            cached = self._bytes_of[p] = (ptr, as_bytes(p.data))
+        self._versions[c.id] = reply.header["v"]
+        start = c.offset * p.element_size()
+        cached[1][start : start + size] = frame
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -224,3 +224,22 @@ def test_workers_report_what_they_observe_of_each_server(cluster_factory) -> Non
         assert bounds is not None
         lower, upper = bounds
         assert lower > 0 and (upper is None or upper >= lower)
+
+
+def test_values_land_in_a_parameter_whose_memory_was_replaced(cluster_factory) -> None:
+    # Workers write small chunks' values through a byte view kept per parameter: a
+    # parameter given new memory between steps (p.data = ...) must get them there.
+    cluster = cluster_factory(workers=1, servers=1, chunk_bytes=256)  # 100 floats: 2 chunks
+
+    def body(ctx: Context) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.zeros(100))
+        opt = trimtab.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), [("p", p)], context=ctx)
+        for step in range(3):
+            if step == 1:
+                p.data = p.data.clone()
+            p.grad = torch.arange(100, dtype=torch.float32)
+            opt.step()
+        return p.detach().clone()
+
+    for got in cluster.run_workers(body):
+        assert torch.equal(got, -3.0 * torch.arange(100, dtype=torch.float32))

@@ -63,6 +63,12 @@ class Transport(abc.ABC):
         """Return the next message, or ``None`` after ``timeout_s`` or a :meth:`wake`.
         Blocks up to ``timeout_s`` (forever for ``None``)."""
 
+    def recv_queued(self) -> Envelope | None:
+        """The next message this transport already holds, if any: cheaper than
+        ``recv(0)`` where a transport receives in bursts (it need not ask the network).
+        Never blocks."""
+        return self.recv(0)
+
     @abc.abstractmethod
     def wake(self) -> None:
         """Make a blocked :meth:`recv` return ``None`` soon. Thread-safe, never blocks."""

@@ -196,6 +196,12 @@ class ZmqTransport(Transport):
                     )
                 else:
                     self._ready.append(Envelope(self._dealer_peer[sock], [p.buffer for p in parts]))
+                # Asking is cheaper than the exception a receive on an empty socket raises.
+                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    break
+        return self._ready.popleft() if self._ready else None
+
+    def recv_queued(self) -> Envelope | None:
         return self._ready.popleft() if self._ready else None
 
     def wake(self) -> None:
