@@ -136,6 +136,7 @@ class _Member:
     done: bool = False
     draining: bool = False  # a server giving its chunks away before it retires
     empty_at: int = 0  # the map epoch from which a draining server owns nothing
+    placed: bool = False  # a server that was in the first map or has been given chunks
     epoch: int = 0  # a worker's placement epoch (the last map it fetched)
 
 
@@ -173,7 +174,11 @@ class Coordinator:
         self._map_waiters: list[tuple[Peer, int, int]] = []
         self._last_rebalance = 0
         self._speeds = SpeedEstimator()
-        self._psld = PsldController(interval=2) if is_live(config.placement) else None
+        self._psld = (
+            PsldController(interval=2, min_servers=config.num_servers)
+            if is_live(config.placement)
+            else None
+        )
         self._step_times: dict[int, float] = {}
         # Worker-observed traffic per clock, until every worker reported it:
         # clock -> (reports so far, server -> [longest span, shortest wait span, bytes]).
@@ -456,6 +461,8 @@ class Coordinator:
         policy = PLACEMENTS.create(self.config.placement)
         owners = policy.place(specs, chunks, len(self._servers))
         self._map = PlacementMap(1, tuple(owners), tuple(m.addr for m in self._servers))
+        for m in self._servers:
+            m.placed = True
         self._map_header = {
             "o": int(Control.MAP),
             "epoch": self._map.epoch,
@@ -615,6 +622,21 @@ class Coordinator:
             if grow and self._target_servers < wanted and self._psld.wants_server(speeds, active):
                 self._target_servers = wanted
                 log.info("psld: a server straggles; asking for server %d", len(self._servers))
+            lasting = frozenset(
+                s for s in range(len(self._servers)) if self._speeds.slow_rechecks(s) >= 2
+            )
+            idle = self._psld.idle_server(clock, self._map.owners, active, lasting)
+            if new is None and idle is not None:
+                log.info(
+                    "psld: server %d owns nothing and was found slow again each time it "
+                    "was re-measured (%d times): it retires",
+                    idle,
+                    self._speeds.slow_rechecks(idle),
+                )
+                self._drain(self._servers[idle])
+                self._target_servers = len(self._active_servers())
+                self._rebalance_membership()
+                return
         if new is not None and new != self._map.owners:
             self._last_rebalance = clock
             if self._psld is not None and speeds is not None:
@@ -664,10 +686,14 @@ class Coordinator:
             speeds = self._speeds.speeds(len(self._servers)) or [1.0] * len(self._servers)
             active.sort(key=lambda m: -speeds[m.rank])
             for m in active[target:]:
-                m.draining = True
-                log.info("server %d drains: its chunks move away, then it exits", m.rank)
+                self._drain(m)
             self._rebalance_membership()
         return target
+
+    @staticmethod
+    def _drain(m: _Member) -> None:
+        m.draining = True
+        log.info("server %d drains: its chunks move away, then it exits", m.rank)
 
     def _rebalance_membership(self) -> None:
         """A server joined or is draining: move chunks onto (off) it now."""
@@ -754,6 +780,8 @@ class Coordinator:
             return
         previous = self._map.owners
         self._map = PlacementMap(mig.epoch, mig.owners, tuple(m.addr for m in self._servers))
+        for rank in set(mig.owners):
+            self._servers[rank].placed = True
         self._published = {
             "epoch": mig.epoch,
             "owners": list(mig.owners),
@@ -782,8 +810,11 @@ class Coordinator:
         self._migrating = None
         log.info("migration to epoch %d done (%d so far)", mig.epoch, self.migrations)
         self._retire_drained()
-        if any(m.draining and not m.done for m in self._servers) or (
-            len(self._active_servers()) > len({*self._map.owners} if self._map else set())
+        # A server draining, or one that joined during the migration (not yet given
+        # anything), is handled now. A server the policy emptied on purpose is not
+        # refilled here: that is the policy's to decide (or to retire it).
+        if any(m.draining and not m.done for m in self._servers) or any(
+            not m.placed for m in self._active_servers()
         ):
             self._rebalance_membership()
 

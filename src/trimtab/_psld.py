@@ -22,7 +22,13 @@ speeds:
   from the slowest server to the least loaded one when the model cannot rule that out
   (it predicts the step within ``explore_slack`` either way): its figure, measured on a
   light load, is the least certain. The move is kept only if the measured step time
-  improved, else rolled back (and not tried again soon).
+  improved, else rolled back (and not tried again soon);
+* **one fewer server**: with more active servers than the job started with, that
+  quiet period may instead try the map without the slowest server (every chunk off it)
+  when the others are predicted to carry its load within ``explore_slack``: kept if
+  the measured step is no slower (a server freed for the same speed), else rolled back.
+  A server left with nothing is retired once it is known to straggle for good (found
+  slow each time it was re-measured; :meth:`PsldController.idle_server`).
 
 Nothing here does I/O or keeps time; every input is an argument, so the same code runs
 in the coordinator, in unit tests and in a simulator.
@@ -212,6 +218,7 @@ class SpeedEstimator:
         # time a server comes back as slow as it was), and the figure last dropped.
         self._patience: dict[int, int] = {}
         self._dropped: dict[int, float] = {}
+        self._slow_rechecks: dict[int, int] = {}
 
     def observe(self, server: int, busy_s: float, nbytes: float) -> None:
         """Take server ``server``'s cumulative counters."""
@@ -241,6 +248,7 @@ class SpeedEstimator:
             self._patience[server] = (
                 min(self._patience.get(server, base) * 2, 64 * base) if slow else base
             )
+            self._slow_rechecks[server] = self._slow_rechecks.get(server, 0) + 1 if slow else 0
         self._windows.setdefault(server, collections.deque(maxlen=self.keep)).append(dbytes / dbusy)
 
     def observe_step(self, server: int, nbytes: float, span_s: float, tail_s: float) -> None:
@@ -279,6 +287,12 @@ class SpeedEstimator:
             elif upper * self.disagree < v:
                 out[s] = upper
         return out
+
+    def slow_rechecks(self, server: int) -> int:
+        """How many times in a row the server, re-measured after its figure was dropped
+        for idleness, came back as slow as before: a lasting straggler, not a passing
+        one, once it is 2 or more."""
+        return self._slow_rechecks.get(server, 0)
 
     def unknown(self, servers: int) -> set[int]:
         """Servers without a current estimate (new, or idle for long)."""
@@ -341,6 +355,38 @@ def explore_move(
     return tuple(new)
 
 
+def drain_move(
+    sizes: Sequence[int],
+    owners: Sequence[int],
+    speeds: Sequence[float],
+    *,
+    active: Sequence[bool] | None = None,
+    slack: float = 0.05,
+) -> tuple[int, ...] | None:
+    """Every chunk off the slowest active server (the lowest speed), if the other
+    active servers are predicted to carry its load with the slowest time within
+    ``slack`` of now; else None. Pure.
+
+    One fewer server is worth trying when the model says the step stays as fast: the
+    server can then be given back. Its chunks go where :func:`rebalance` puts a
+    draining server's."""
+    n = len(speeds)
+    live = [True] * n if active is None else list(active)
+    candidates = [s for s in range(n) if live[s]]
+    if len(candidates) < 2:
+        return None
+    victim = min(candidates, key=lambda s: (speeds[s], -s))
+    if victim not in owners:
+        return None  # it carries nothing already: nothing to try, only to retire
+    without = [live[s] and s != victim for s in range(n)]
+    plan = rebalance(sizes, owners, speeds, active=without)
+    now = max(server_times(sizes, owners, speeds))
+    after = max(server_times(sizes, plan.owners, speeds))
+    if victim in plan.owners or after > now * (1 + slack):
+        return None
+    return plan.owners
+
+
 @dataclasses.dataclass
 class _Trial:
     previous: tuple[int, ...]
@@ -349,6 +395,7 @@ class _Trial:
     started: int
     speeds: tuple[float, ...]  # the speeds it was made with
     explore: bool = False  # kept only if the step got faster
+    drain: bool = False  # one fewer server: kept if the step got no slower
 
 
 class PsldController:
@@ -366,6 +413,8 @@ class PsldController:
         explore_every: steps without a change before an exploratory move (0: never).
         explore_slack: the model's error allowed for an exploratory move: it is made
             if predicted at most this much slower.
+        min_servers: the policy drains no server below this many active ones (the
+            job's starting count: the servers it adds are the ones it may give back).
     """
 
     def __init__(
@@ -379,8 +428,12 @@ class PsldController:
         straggler_ratio: float = 0.5,
         explore_every: int = 20,
         explore_slack: float = 0.05,
+        min_servers: int = 1,
     ) -> None:
         self.straggler_ratio = straggler_ratio
+        self.min_servers = min_servers
+        self.drains = 0
+        self._empty_since: dict[int, int] = {}  # active server -> owns nothing since
         self.explore_every = explore_every
         self.explore_slack = explore_slack
         self.explorations = 0
@@ -445,8 +498,10 @@ class PsldController:
                 old_now = max(server_times(sizes, trial.previous, speeds))
                 tried_now = max(server_times(sizes, trial.tried, speeds))
                 exonerated = old_now > was * (1 + self.tolerance) and tried_now < old_now
-            # An exploratory move must pay for itself; a plan, not make things worse.
-            limit = trial.step_before * (1 if trial.explore else 1 + self.tolerance)
+            # An exploratory move must pay for itself; a plan, or one fewer server (which
+            # pays by the server it frees), must not make things worse.
+            strict = trial.explore and not trial.drain
+            limit = trial.step_before * (1 if strict else 1 + self.tolerance)
             if after is not None and after >= limit and not exonerated:
                 self.rollbacks += 1
                 # Do not try that map again soon: twice as long each time it fails.
@@ -518,15 +573,52 @@ class PsldController:
         if active is not None and not all(active):
             return None
         self._quiet_since = clock  # one try per quiet period, whatever comes of it
+        before = self._median_step(clock - self.window, clock + 1)
+        if before is None:
+            return None
+        live = [True] * len(speeds) if active is None else list(active)
+        if sum(live) > self.min_servers:
+            tried = drain_move(sizes, owners, speeds, active=live, slack=self.explore_slack)
+            if tried is not None and not self._banned(tried, clock):
+                self.drains += 1
+                self._trial = _Trial(
+                    tuple(owners), tried, before, clock, tuple(speeds), explore=True, drain=True
+                )
+                return tried
         if max(server_times(sizes, owners, speeds)) * self.explore_slack < self.min_gain_s:
             return None  # at best it could save less than a plan must
         tried = explore_move(sizes, owners, speeds, active=active, slack=self.explore_slack)
-        before = self._median_step(clock - self.window, clock + 1)
-        if tried is None or before is None or self._banned(tried, clock):
+        if tried is None or self._banned(tried, clock):
             return None
         self.explorations += 1
         self._trial = _Trial(tuple(owners), tried, before, clock, tuple(speeds), explore=True)
         return tried
+
+    def idle_server(
+        self,
+        clock: int,
+        owners: Sequence[int],
+        active: Sequence[bool],
+        lasting: frozenset[int],
+    ) -> int | None:
+        """Scale in? An active server that owns nothing, has owned nothing for
+        ``window`` steps, and is a lasting straggler (``lasting``: found as slow each time
+        it was re-measured, see :meth:`SpeedEstimator.slow_rechecks`), while no trial
+        runs and more than ``min_servers`` servers are active; else None. A passing
+        straggler is left alone: its re-measurement finds it fast and the plans use it
+        again. Call it at every step boundary."""
+        held = set(owners)
+        for s, a in enumerate(active):
+            if not a or s in held:
+                self._empty_since.pop(s, None)
+            elif s not in self._empty_since:
+                self._empty_since[s] = clock
+        if self._trial is not None or sum(active) <= self.min_servers:
+            return None
+        for s, since in sorted(self._empty_since.items()):
+            if s in lasting and clock - since >= self.window:
+                return s
+        return None
 
     @staticmethod
     def _overtaken(trial: _Trial, sizes: Sequence[int], speeds: Sequence[float] | None) -> bool:

@@ -10,6 +10,7 @@ from trimtab._launcher import LaunchConfig
 from trimtab._psld import (
     PsldController,
     SpeedEstimator,
+    drain_move,
     explore_move,
     rebalance,
     server_times,
@@ -168,12 +169,16 @@ def test_a_server_found_slow_again_is_probed_less_often() -> None:
 
     work(1e6)
     assert idle_until_forgotten() == 2
+    assert est.slow_rechecks(0) == 0
     work(1e6)  # probed: as slow as before
     assert idle_until_forgotten() == 4
+    assert est.slow_rechecks(0) == 1
     work(1e6)
     assert idle_until_forgotten() == 8
+    assert est.slow_rechecks(0) == 2  # a lasting straggler: psld may retire it when idle
     work(1e8)  # probed: fast now; patience back to its base
     assert idle_until_forgotten() == 2
+    assert est.slow_rechecks(0) == 0
 
 
 def test_a_rolled_back_map_is_not_tried_again_soon() -> None:
@@ -365,14 +370,15 @@ def test_an_exploratory_move_is_kept_only_if_the_step_got_faster() -> None:
             tried = ctl.decide(k, sizes, owners, speeds) or tried
         return tried
 
-    ctl = PsldController(interval=1, window=3, explore_every=10)
+    # (min_servers=4: at the job's starting count, one fewer server is not an option.)
+    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=4)
     tried = quiet(ctl, 10)
     assert tried is not None and tried.count(3) == 2 and ctl.explorations == 1
     for k in range(11, 14):
         ctl.observe_step(k, 0.9)  # faster: kept
     assert ctl.decide(13, sizes, tried, speeds) is None and ctl.rollbacks == 0
 
-    ctl = PsldController(interval=1, window=3, explore_every=10)
+    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=4)
     tried = quiet(ctl, 10)
     assert tried is not None
     for k in range(11, 14):
@@ -407,3 +413,73 @@ def test_no_plan_or_exploration_saves_less_than_the_absolute_floor() -> None:
     fast = PsldController(interval=1, horizon=1000, window=3, min_gain_s=0.0)
     fast.observe_step(0, 0.01)
     assert fast.decide(1, sizes, owners, speeds) is not None
+
+
+def test_one_fewer_server_is_tried_when_the_others_can_carry_its_load() -> None:
+    # 30 chunks; server 3 runs at an eighth of the others' speed and carries 1 chunk
+    # (0.83 s against their 1 s): without it the slowest time stays 1 s.
+    sizes = [10] * 30
+    owners = [0] * 10 + [1] * 10 + [2] * 9 + [3]
+    speeds = [100.0, 100.0, 100.0, 12.0]
+    tried = drain_move(sizes, owners, speeds)
+    assert tried is not None and 3 not in tried and len(tried) == 30
+    assert max(server_times(sizes, tried, speeds)) <= 1.05 * max(
+        server_times(sizes, owners, speeds)
+    )
+    # At half the others' speed, server 3 carries a real share: not without it.
+    balanced = [0] * 8 + [1] * 8 + [2] * 8 + [3] * 4 + [0, 1]
+    assert drain_move([10] * 30, balanced, [100.0, 100.0, 100.0, 50.0]) is None
+    # One active server (the other draining): nothing to try.
+    assert drain_move(sizes, owners, speeds, active=[True, False, False, False]) is None
+
+
+def _quiet(ctl: PsldController, sizes, owners, speeds, until: int, start: int = 0):
+    tried = None
+    for k in range(start, until + 1):
+        ctl.observe_step(k, 1.0)
+        tried = ctl.decide(k, sizes, owners, speeds) or tried
+    return tried
+
+
+def test_one_fewer_server_is_kept_if_no_slower_and_rolled_back_if_slower() -> None:
+    sizes = [10] * 30
+    owners = tuple([0] * 10 + [1] * 10 + [2] * 9 + [3])
+    speeds = [100.0, 100.0, 100.0, 12.0]  # no plan helps (server 3 is not the slowest)
+
+    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=3)
+    tried = _quiet(ctl, sizes, owners, speeds, 10)
+    assert tried is not None and 3 not in tried and ctl.drains == 1
+    for k in range(11, 14):
+        ctl.observe_step(k, 1.02)  # within the tolerance: kept (the server is freed)
+    assert ctl.decide(13, sizes, tried, speeds) is None and ctl.rollbacks == 0
+
+    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=3)
+    tried = _quiet(ctl, sizes, owners, speeds, 10)
+    assert tried is not None
+    for k in range(11, 14):
+        ctl.observe_step(k, 1.2)  # slower: undone
+    assert ctl.decide(13, sizes, tried, speeds) == owners and ctl.rollbacks == 1
+
+    # At the job's starting count, no server is given back: a chunk is explored instead.
+    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=4)
+    _quiet(ctl, sizes, owners, speeds, 10)
+    assert ctl.drains == 0
+
+
+def test_only_a_lasting_straggler_left_with_nothing_retires() -> None:
+    ctl = PsldController(window=3, min_servers=2)
+    active = [True, True, True]
+    emptied = (0, 0, 2, 2)  # server 1 gave everything away at clock 10
+    lasting = frozenset({1})
+    for k in range(10, 13):
+        assert ctl.idle_server(k, emptied, active, lasting) is None  # not for 3 steps yet
+    assert ctl.idle_server(13, emptied, active, frozenset()) is None  # may be passing
+    assert ctl.idle_server(13, emptied, active, lasting) == 1
+    # Not while a trial runs, nor at the job's starting count of servers.
+    ctl._trial = object()  # type: ignore[assignment]
+    assert ctl.idle_server(14, emptied, active, lasting) is None
+    ctl._trial = None
+    assert ctl.idle_server(14, emptied, [True, False, True], frozenset({2})) is None
+    # Given a chunk again (a re-measurement), its idle count starts over.
+    assert ctl.idle_server(15, (0, 1, 2, 2), active, lasting) is None
+    assert ctl.idle_server(16, emptied, active, lasting) is None

@@ -49,8 +49,8 @@ def model(scenario: str) -> list[int]:
 
 
 def stragglers(scenario: str, steps: int, args: argparse.Namespace) -> list[str]:
-    """Every server at the link speed, the straggler at a quarter of it."""
-    link, slow = args.link, args.link / 4
+    """Every server at the link speed, the straggler at ``1 / --slowdown`` of it."""
+    link, slow = args.link, args.link / args.slowdown
     servers = SERVERS + 1
     if scenario == "skew":
         return [f"server:{s}:bandwidth={link:g}B/s" for s in range(servers)]
@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": WORKERS,
         "servers": SERVERS,
         "link_bytes_per_s": args.link,
+        "slowdown": args.slowdown,
         "emulated_compute_ms": args.compute_ms,
         "steps": args.steps,
         "stragglers": stragglers(args.scenario, args.steps, args),
@@ -191,12 +192,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--link", type=float, default=80e6, help="every server's emulated link, bytes/s (80e6)"
     )
     p.add_argument("--move-every", type=int, default=40, help="moving: steps per straggler")
+    p.add_argument(
+        "--slowdown",
+        type=float,
+        default=4.0,
+        help="the straggler's link is this many times slower (4; e.g. 20: psld gives it "
+        "nothing, re-measures it, and retires it once it was found slow twice)",
+    )
     p.add_argument("--chunk-bytes", type=int, default=256 << 10)
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.add_argument("--plot", metavar="PNG", help="step-time plot (needs matplotlib)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.slowdown >= 1:
+        print("trimtab experiment psld: --slowdown must be at least 1", file=sys.stderr)
+        return 2
     out = run(args)
     if args.plot:
         plot(out, args.plot)
