@@ -19,6 +19,13 @@ def test_zmq_round_trips_give_a_positive_rate() -> None:
     assert r["rtt_s"] == pytest.approx(1 / r["per_s"])
 
 
+@pytest.mark.timeout(60)
+def test_framed_round_trips_use_trimtabs_sockets_and_give_a_positive_rate() -> None:
+    r = baselines.zmq_rtt_per_s(1024, round_trips=300, warmup=20, framed=True)
+    assert r["round_trips"] == 300
+    assert math.isfinite(r["per_s"]) and r["per_s"] > 0
+
+
 def test_zmq_round_trips_refuse_bad_arguments() -> None:
     with pytest.raises(ValueError):
         baselines.zmq_rtt_per_s(0)

@@ -9,7 +9,9 @@ trimtab's numbers can be read against them:
   takes to allreduce a given set of float32 tensors (the peer that trimtab is
   compared against);
 * :func:`zmq_rtt_per_s` -- raw pyzmq REQ/REP round trips of a small payload between
-  two processes (the ceiling for trimtab's small messages, which also ride ZeroMQ).
+  two processes (the ceiling for trimtab's small messages, which also ride ZeroMQ);
+  with ``framed=True``, over trimtab's own socket pattern and framing (DEALER/ROUTER,
+  a header frame and a payload frame), with nothing else in Python.
 
 All spawn helper processes (``multiprocessing`` "spawn" context), bind and connect
 on 127.0.0.1 only, and never hang: every wait has a timeout, and helper processes
@@ -538,20 +540,36 @@ def _run_gloo(
 # --------------------------------------------------------------------------- zmq
 
 
+#: The header frame of ``zmq_rtt_per_s(framed=True)``: about a data message's msgpack
+#: header (op, request id, chunk, epoch, clock, dtype, elements...).
+_FRAMED_HEADER = b"\x8a" + bytes(range(47))
+
+
 def _zmq_echo(
-    payload_bytes: int, round_trips: int, timeout_s: float, ports: MpQueue[int | str]
+    payload_bytes: int,
+    round_trips: int,
+    timeout_s: float,
+    ports: MpQueue[int | str],
+    framed: bool = False,
 ) -> None:
-    """Spawned REP side: bind 127.0.0.1, report the port, echo ``round_trips`` messages."""
+    """Spawned echo side: bind 127.0.0.1, report the port, echo ``round_trips``
+    messages (REP; ROUTER with ``framed``)."""
     try:
         import zmq
 
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.REP)
+        sock = ctx.socket(zmq.ROUTER if framed else zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
         port = sock.bind_to_random_port(f"tcp://{_HOST}")
         ports.put(port)
         for _ in range(round_trips):
+            if framed:  # [identity, header, payload], answered with the same shape
+                parts = sock.recv_multipart(copy=False)
+                if len(parts) != 3 or len(parts[2].buffer) != payload_bytes:
+                    raise ValueError(f"got {len(parts)} frames, expected 3 of them")
+                sock.send_multipart(parts, copy=False)
+                continue
             msg = sock.recv()
             if len(msg) != payload_bytes:
                 raise ValueError(f"got {len(msg)} bytes, expected {payload_bytes}")
@@ -569,6 +587,7 @@ def zmq_rtt_per_s(
     *,
     warmup: int = 200,
     timeout_s: float = 10.0,
+    framed: bool = False,
 ) -> dict[str, float]:
     """Raw pyzmq REQ/REP round trips per second between two processes over loopback.
 
@@ -577,6 +596,11 @@ def zmq_rtt_per_s(
     a ``payload_bytes`` message, each out and back (as a push carries a gradient and its
     reply the updated value), after ``warmup`` untimed ones. Plain ``send``/``recv``
     (pyzmq copies small messages anyway). Every reply is checked for size and content.
+
+    With ``framed``, the sockets and framing trimtab's data path uses and nothing else:
+    a DEALER sends a 48-byte header frame and the payload frame, a ROUTER echoes both
+    (``recv_multipart``/``send_multipart`` with ``copy=False``), the DEALER receives
+    them. What no Python design over these sockets can beat here.
 
     Blocks for the spawn (~0.2 s) plus the round trips (~0.1 ms each on a 2-core host:
     about a second for the defaults).
@@ -603,13 +627,13 @@ def zmq_rtt_per_s(
     ports: MpQueue[int | str] = ctx.Queue()
     proc = ctx.Process(
         target=_zmq_echo,
-        args=(payload_bytes, warmup + round_trips, timeout_s, ports),
+        args=(payload_bytes, warmup + round_trips, timeout_s, ports, framed),
         name="trimtab-zmq-echo",
         daemon=True,
     )
     payload = bytes(range(256)) * (payload_bytes // 256) + b"\xa5" * (payload_bytes % 256)
     zctx = zmq.Context()
-    sock = zctx.socket(zmq.REQ)
+    sock = zctx.socket(zmq.DEALER if framed else zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
     proc.start()
@@ -625,6 +649,12 @@ def zmq_rtt_per_s(
         for i in range(warmup + round_trips):
             if i == warmup:
                 start = time.perf_counter()
+            if framed:
+                sock.send_multipart([_FRAMED_HEADER, payload], copy=False)
+                header, body = sock.recv_multipart(copy=False)
+                if body.bytes != payload or header.bytes != _FRAMED_HEADER:
+                    raise RuntimeError("zmq round trips: the echo came back changed")
+                continue
             sock.send(payload)
             if sock.recv() != payload:
                 raise RuntimeError("zmq round trips: the echo came back changed")

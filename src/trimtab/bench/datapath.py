@@ -169,6 +169,7 @@ def measure(
     )
     small_ops = len(small) / sum(small)
     zmq = zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100)
+    framed = zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100, framed=True)
     ceiling = tcp_ceiling_gbps(total, repeats=5)
     gloo = gloo_allreduce_s([b // 4 for b in sizes], repeats=max(5, steps // 2))
     step_s = statistics.median(times)
@@ -200,6 +201,8 @@ def measure(
         "small_ops_per_s": round(small_ops, 1),
         "zmq_rtt_per_s": round(zmq["per_s"], 1),
         "small_over_zmq": round(small_ops / zmq["per_s"], 3),
+        "zmq_framed_per_s": round(framed["per_s"], 1),
+        "small_over_framed": round(small_ops / framed["per_s"], 3),
     }
 
 
