@@ -22,7 +22,7 @@ import torch
 from trimtab._compression import compressor
 from trimtab._context import Context
 from trimtab._exceptions import ChunkMoved, ConfigError, RemoteError, UsageError
-from trimtab._messages import Control, Data
+from trimtab._messages import Control, Data, inline
 from trimtab._node import as_bytes, tensor_from, wire_dtype
 from trimtab._optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab._placement import ChunkSpec, TensorSpec
@@ -351,18 +351,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
             if hp_changed is not None:
                 header["hp"] = hp_changed
+            nbytes = 0
             if raw is None:
                 header["z"] = True
                 frames = []
             else:
                 header["dt"] = dt
-                frames = [raw[c.offset * size : (c.offset + c.numel) * size]]
+                nbytes = c.numel * size
+                frames = inline(header, raw[c.offset * size : c.offset * size + nbytes])
             owner = self._ctx.owner_of(c.id, self._clock)
             request = self._ctx.client.request(self._ctx.address(owner), header, frames)
             futs.append((request, header, frames, owner))
             if self._timed:
                 traffic = self._traffic.get(owner)
-                nbytes = frames[0].nbytes if frames else 0
                 if traffic is None:
                     self._traffic[owner] = [sent, sent, nbytes]
                 else:

@@ -16,7 +16,17 @@ import torch
 
 from trimtab._consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
-from trimtab._messages import Control, Data, ErrorCode, Header, decode, error_of, field
+from trimtab._messages import (
+    Control,
+    Data,
+    ErrorCode,
+    Header,
+    decode,
+    error_of,
+    field,
+    inline,
+    payload_frames,
+)
 from trimtab._node import (
     TORCH_DTYPES,
     WIRE_DTYPES,
@@ -569,6 +579,7 @@ class Server:
         )
 
     def _on_push(self, peer: Peer, header: Header, frames: Sequence[memoryview]) -> None:
+        frames = payload_frames(header, frames)
         chunk = self._owned(header)
         rank = field(header, "r", int)
         clock = field(header, "k", int)
@@ -716,7 +727,7 @@ class Server:
         self._bytes += frame.nbytes  # what this server moves, both ways, for its speed figure
         if self._straggler:
             self._straggler.on_bytes(frame.nbytes, self._step)
-        self._loop.send(peer, header, [frame])
+        self._loop.send(peer, header, inline(header, frame))
 
     def stats(self) -> dict[str, Any]:
         """Counters and versions, for tests and the coordinator. Loop thread only."""

@@ -33,7 +33,7 @@ from trimtab._exceptions import (
     ProtocolError,
     RemoteError,
 )
-from trimtab._messages import Control, Data, Header, decode, encode
+from trimtab._messages import Control, Data, Header, decode, encode, payload_frames
 from trimtab._node import Heartbeat
 from trimtab._transport import Frame, Peer, Transport, ZmqTransport
 
@@ -304,7 +304,12 @@ class WorkerClient:
         elif op == Data.MOVED:
             fut.set_exception(ChunkMoved(header["c"], header["s"], header["e"]))
         else:
-            fut.set_result(Reply(header, frames[1:], time.perf_counter()))
+            try:
+                payload = payload_frames(header, frames[1:])
+            except ProtocolError as exc:
+                fut.set_exception(exc)
+                return
+            fut.set_result(Reply(header, payload, time.perf_counter()))
 
     def _fail(self, why: str) -> None:
         if self._dead is None:

@@ -144,6 +144,8 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         replies["future clock"] = push(k=50)
         replies["unknown worker"] = push(r=7)
         replies["wrong job"] = push(j="someone-else")
+        replies["inline payload not bytes"] = push(b="not bytes")
+        replies["inline payload and a frame"] = push(b=b"\0" * c.nbytes)
         replies["oversized header"] = raw_request(
             server, [encode({"j": job_id, "o": int(Data.PUSH), "pad": "x" * MAX_HEADER_BYTES})]
         )
@@ -174,7 +176,7 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         after = ctx.server_stats()[0]
         assert after["versions"] == before["versions"], "bad input changed chunk versions"
         assert after["pushes"] == before["pushes"]
-        assert after["errors"] == before["errors"] + 12
+        assert after["errors"] == before["errors"] + 14
 
     def worker(rank: int) -> None:
         try:
@@ -214,6 +216,8 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         "future clock": "bad_state",
         "unknown worker": "bad_state",
         "wrong job": "wrong_job",
+        "inline payload not bytes": "malformed",
+        "inline payload and a frame": "malformed",
         "oversized header": "too_large",
         "garbage": "malformed",
         "unknown op": "unknown_op",

@@ -6,7 +6,18 @@ import msgpack
 import pytest
 
 from trimtab import ProtocolError
-from trimtab._messages import MAX_HEADER_BYTES, Control, Data, decode, encode, error_of, field
+from trimtab._messages import (
+    INLINE_MAX,
+    MAX_HEADER_BYTES,
+    Control,
+    Data,
+    decode,
+    encode,
+    error_of,
+    field,
+    inline,
+    payload_frames,
+)
 
 
 def code_of(frame: bytes, job: str = "j1") -> str:
@@ -39,3 +50,18 @@ def test_field_checks_types() -> None:
 
 def test_control_and_data_codes_are_disjoint() -> None:
     assert not {int(c) for c in Control} & {int(d) for d in Data}
+
+
+def test_small_payloads_ride_in_the_header_and_come_back_as_frames() -> None:
+    small = memoryview(bytes(range(200)))
+    header: dict = {"o": int(Data.PUSH), "j": "job"}
+    assert inline(header, small) == [] and header["b"] is small
+    got = decode(encode(header), "job")
+    frames = payload_frames(got, [])
+    assert "b" not in got and len(frames) == 1 and bytes(frames[0]) == bytes(small)
+    big = memoryview(bytearray(INLINE_MAX + 1))
+    header = {"o": int(Data.PUSH), "j": "job"}
+    assert inline(header, big) == [big] and "b" not in header
+    assert payload_frames(decode(encode(header), "job"), [big]) == [big]
+    with pytest.raises(ProtocolError, match="not bytes"):
+        payload_frames({"b": "text"}, [])
