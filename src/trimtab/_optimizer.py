@@ -459,26 +459,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Write a chunk's new value into parameter ``p``: small chunks of a CPU
         parameter as bytes, the others as :meth:`_write` does."""
         frame = reply.frames[0] if reply.frames else None
-        size = c.numel * p.element_size()
+        item = p.element_size()
+        size = c.numel * item
+        view = None
         if (
-            frame is None
-            or size > _BYTE_WRITE_MAX
-            or frame.nbytes != size
-            or reply.header.get("dt") != c.dtype
-            or p.device.type != "cpu"
+            frame is not None
+            and size <= _BYTE_WRITE_MAX
+            and frame.nbytes == size
+            and reply.header.get("dt") == c.dtype
         ):
+            view = self._byte_view(p)
+        if view is None or frame is None:
             self._write(p.data, c, reply)
             return
+        self._versions[c.id] = reply.header["v"]
+        view[c.offset * item : c.offset * item + size] = frame
+
+    def _byte_view(self, p: torch.Tensor) -> memoryview | None:
+        """A byte view of ``p``'s memory, kept while ``p.data`` stays the same; None for
+        a parameter not on the CPU or not contiguous."""
+        if p.device.type != "cpu":
+            return None
         ptr = p.data_ptr()
         cached = self._bytes_of.get(p)
         if cached is None or cached[0] != ptr:  # first write, or p.data was replaced
             if not p.is_contiguous():
-                self._write(p.data, c, reply)
-                return
+                return None
             cached = self._bytes_of[p] = (ptr, as_bytes(p.data))
-        self._versions[c.id] = reply.header["v"]
-        start = c.offset * p.element_size()
-        cached[1][start : start + size] = frame
+        return cached[1]
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
