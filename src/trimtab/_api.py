@@ -18,6 +18,7 @@ from trimtab._compression import compressor
 from trimtab._context import Context
 from trimtab._exceptions import ConfigError, UsageError
 from trimtab._messages import Control
+from trimtab._node import enable_stack_dumps
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 from trimtab._worker import WorkerConfig
@@ -81,6 +82,7 @@ def init(config: WorkerConfig | None = None) -> None:
         compression=compression,
     )
     atexit.register(shutdown)
+    enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
 
 
 def shutdown() -> None:

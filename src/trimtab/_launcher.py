@@ -26,12 +26,16 @@ from trimtab._compression import ENV as COMPRESSION_ENV
 from trimtab._compression import compressor
 from trimtab._exceptions import ConfigError, NodeTimeout, ProtocolError
 from trimtab._messages import Control, Header, decode, encode
+from trimtab._node import STACK_SIGNAL
 from trimtab._placement import is_live
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 
 #: Called with (source, line) for every line a process prints, e.g. ("worker 0", "...").
 OutputHandler = Callable[[str, str], None]
+
+#: :meth:`Job.run`'s status for a job stopped at its deadline (as ``timeout(1)``'s).
+DEADLINE_STATUS = 124
 
 
 def print_prefixed(source: str, line: str) -> None:
@@ -64,6 +68,9 @@ class LaunchConfig:
         startup_timeout_s: how long the coordinator may take to come up.
         grace_s: after the workers finish (or on a failure), how long the other
             processes get to exit before they are killed.
+        deadline_s: stop the job if it is still running after this many seconds (0:
+            never); every process prints its threads' stacks first, and :meth:`Job.run`
+            returns :data:`DEADLINE_STATUS`.
         verbose: let the roles log at INFO level.
     """
 
@@ -82,11 +89,14 @@ class LaunchConfig:
     max_servers: int = 0
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
+    deadline_s: float = 0.0
     verbose: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.servers < 1:
             raise ConfigError("--workers and --servers must be at least 1")
+        if self.deadline_s < 0:
+            raise ConfigError(f"--deadline must be positive (0: none), not {self.deadline_s}")
         compressor(self.compression)  # refuse an unknown name before starting
         if self.max_servers and self.max_servers < self.servers:
             raise ConfigError(
@@ -136,10 +146,13 @@ class Job:
         self.extra_env = extra_env or {}
         self._procs: list[_Proc] = []
         self.coordinator_address = ""
+        self._started = 0.0
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
-        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C)."""
+        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C,
+        :data:`DEADLINE_STATUS` past ``config.deadline_s``)."""
+        self._started = time.monotonic()
         previous = signal.getsignal(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -317,8 +330,12 @@ class Job:
         workers = [p for p in self._procs if p.source.startswith("worker")]
         elastic = self.config.max_servers > self.config.servers
         next_poll = time.monotonic()
+        deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
         while True:
             others = [p for p in self._procs if not p.source.startswith("worker")]
+            if deadline is not None and time.monotonic() >= deadline:
+                self._dump_stacks()
+                return DEADLINE_STATUS
             if elastic and time.monotonic() >= next_poll:
                 self._grow()
                 next_poll = time.monotonic() + 0.5
@@ -341,6 +358,18 @@ class Job:
                     )
                     return 1
             time.sleep(0.05)
+
+    def _dump_stacks(self) -> None:
+        """Ask every live process for its threads' stacks (they print them and go on)."""
+        self._say(
+            f"the job ran past its deadline ({self.config.deadline_s:g} s): every process "
+            "prints its threads' stacks, then the job stops"
+        )
+        for p in self._procs:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.popen.pid, STACK_SIGNAL)
+        time.sleep(1.0)  # the stacks reach the output through the readers
 
     def _await_exit(self, procs: list[_Proc]) -> None:
         deadline = time.monotonic() + self.config.grace_s

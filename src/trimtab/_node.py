@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +23,21 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 WIRE_DTYPES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+#: Sent to a process of a job, makes it print every thread's stack to stderr and go on
+#: (``kill -USR1 PID``; the launcher sends it to every process of a job that ran past
+#: its deadline).
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def enable_stack_dumps() -> None:
+    """Print every thread's stack to stderr on :data:`STACK_SIGNAL`, if the process does
+    not handle that signal already and this is its main thread. Does not block or
+    raise."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(STACK_SIGNAL) is signal.SIG_DFL:
+        faulthandler.register(STACK_SIGNAL, all_threads=True)
 
 
 def wire_dtype(dtype: torch.dtype) -> str:

@@ -16,6 +16,7 @@ from trimtab._batching import BATCHING
 from trimtab._consistency import CONSISTENCY
 from trimtab._exceptions import ConfigError, JobAborted, TrimtabError
 from trimtab._launcher import Job, LaunchConfig
+from trimtab._node import enable_stack_dumps
 from trimtab._placement import PLACEMENTS
 
 
@@ -77,6 +78,14 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="force a live migration of every chunk every N steps (testing; bsp only)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop a job still running after S seconds, every process printing its stacks "
+        "first (exit status 124); default none",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="roles log at INFO level")
 
@@ -205,6 +214,7 @@ def _logging(verbose: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trimtab`` command. Returns the process exit status."""
     args = _parser().parse_args(argv)
+    enable_stack_dumps()  # kill -USR1 prints where a coordinator or server is
     try:
         if args.cmd == "run":
             return _cmd_run(args)
@@ -252,6 +262,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
         compression=args.compression,
         rebalance_every=args.rebalance_every,
         max_servers=args.max_servers,
+        deadline_s=args.deadline,
         verbose=args.verbose,
     )
 

@@ -3,6 +3,7 @@ parameters of one process running the same optimizer over the same global batche
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,9 +13,28 @@ import torch
 
 from tests.conftest import processes_of
 from tests.equivalence_job import Setup, max_difference, reference
-from trimtab._launcher import Job, LaunchConfig
+from trimtab._launcher import DEADLINE_STATUS, Job, LaunchConfig
 
 SCRIPT = Path(__file__).with_name("equiv_worker.py")
+
+
+def _run(
+    config: LaunchConfig,
+    command: list[str],
+    env: dict[str, str] | None = None,
+    deadline_s: float = 90.0,
+) -> list[str]:
+    """Run a job to its end; return its output lines. Fails the test if the job fails,
+    with the end of its output, or, if it ran past ``deadline_s`` (before the test's own
+    timeout), with every process's stacks."""
+    lines: list[str] = []
+    config = dataclasses.replace(config, deadline_s=deadline_s)
+    job = Job(
+        config, command, output=lambda src, line: lines.append(f"[{src}] {line}"), extra_env=env
+    )
+    status = job.run()
+    assert status == 0, "\n".join(lines[-(400 if status == DEADLINE_STATUS else 40) :])
+    return lines
 
 
 def _train(
@@ -25,12 +45,8 @@ def _train(
     env: dict[str, str] | None = None,
 ) -> None:
     """Run the equivalence job's workers under ``config``; each saves its parameters."""
-    lines: list[str] = []
     command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(out)]
-    job = Job(
-        config, command, output=lambda src, line: lines.append(f"[{src}] {line}"), extra_env=env
-    )
-    assert job.run() == 0, "\n".join(lines[-40:])
+    _run(config, command, env)
 
 
 CASES = [
@@ -124,7 +140,6 @@ def test_compressed_pushes_match_one_process_with_rounded_gradients(
 def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) -> None:
     """LB-BSP picks every step's split from measured speeds (worker 2 emulated 4x
     slower); the parameters still match one process over the same global batches."""
-    lines: list[str] = []
     config = LaunchConfig(
         workers=3,
         servers=2,
@@ -133,8 +148,7 @@ def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) ->
         stragglers=("worker:2:slowdown=4@0-",),
     )
     command = [sys.executable, str(SCRIPT), "adam", "8,8,8", str(tmp_path)]
-    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
-    assert status == 0, "\n".join(lines[-40:])
+    _run(config, command)
     expected = reference(Setup("adam", (8, 8, 8)))
     sizes = torch.load(tmp_path / "sizes0.pt")
     for rank in range(3):
@@ -164,11 +178,9 @@ def test_bsp_with_live_migrations_matches_one_process(
     """Every 3 steps every chunk moves to the next server (value, optimizer state and
     version handed over live); the parameters still match one process, and every
     pushed gradient was applied exactly once."""
-    lines: list[str] = []
     config = LaunchConfig(workers=len(sizes), servers=servers, chunk_bytes=512, rebalance_every=3)
     command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
-    status = Job(config, command, output=lambda src, line: lines.append(f"[{src}] {line}")).run()
-    assert status == 0, "\n".join(lines[-40:])
+    _run(config, command)
     setup = Setup(optimizer, sizes)
     expected = reference(setup)
     for rank in range(len(sizes)):
@@ -196,17 +208,9 @@ def test_bsp_with_a_server_added_and_one_removed_matches_one_process(tmp_path: P
     """Forced migrations every 4 steps; after step 6 the job grows to 3 servers (the
     launcher starts one, chunks move onto it), after step 13 it shrinks to 2 (one
     drains and exits). Same parameters as one process; each gradient applied once."""
-    lines: list[str] = []
     config = LaunchConfig(workers=2, servers=2, max_servers=3, chunk_bytes=512, rebalance_every=4)
     command = [sys.executable, str(SCRIPT), "adam", "7,17", str(tmp_path)]
-    job = Job(
-        config,
-        command,
-        output=lambda src, line: lines.append(f"[{src}] {line}"),
-        extra_env={"EQUIV_SCALE": "6:3,13:2"},
-    )
-    status = job.run()
-    assert status == 0, "\n".join(lines[-40:])
+    lines = _run(config, command, {"EQUIV_SCALE": "6:3,13:2"}, deadline_s=150.0)
     setup = Setup("adam", (7, 17))
     expected = reference(setup)
     for rank in range(2):

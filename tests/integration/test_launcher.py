@@ -189,3 +189,40 @@ def test_train_reaches_accuracy_and_prints_json_last() -> None:
         ["pgrep", "-af", pattern], capture_output=True, text=True, check=False
     ).stdout
     assert [line for line in leftovers.splitlines() if "pgrep" not in line] == []
+
+
+@pytest.mark.timeout(90)
+def test_job_past_its_deadline_prints_every_stack_and_stops(tmp_path: Path) -> None:
+    """`--deadline`: a hung job ends with status 124, and every process of it (workers,
+    coordinator, server) printed where each of its threads was, for the hang's report."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    command = [sys.executable, str(script), "hang"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trimtab",
+            "run",
+            "-w",
+            "2",
+            "-s",
+            "1",
+            "--deadline",
+            "20",
+            "--",
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 124, out[-3000:]
+    assert "ran past its deadline (20 s)" in out
+    for source in ("worker 0", "worker 1", "coordinator", "server 0"):
+        stacks = [line for line in out.splitlines() if line.startswith(f"[{source}]")]
+        assert any("most recent call first" in line for line in stacks), (source, out[-3000:])
+    worker = [line for line in out.splitlines() if line.startswith("[worker 0]")]
+    assert any("train.py" in line for line in worker)  # the user's own frames
+    assert processes_of(str(script)) == []
