@@ -47,8 +47,10 @@ class CoordinatorConfig:
         dead_after_s: a node silent this long is dead and the job is aborted.
         rebalance_every: every this many steps, move every chunk to the next server
             (a forced migration, for tests and demonstrations; 0 = never). Needs bsp.
-        max_servers: servers the job may grow to (``psld`` adds one when a server
-            straggles; ``trimtab scale`` asks for a count). Defaults to ``num_servers``.
+        max_servers: active servers the job may grow to (``psld`` adds one when a
+            server straggles; ``trimtab scale`` asks for a count); retired servers do
+            not count, so a job that gave one back may start another. Defaults to
+            ``num_servers``.
     """
 
     num_workers: int
@@ -617,7 +619,7 @@ class Coordinator:
             new = self._psld.decide(
                 clock, costs, self._map.owners, speeds, active=active, probe=probe
             )
-            grow = len(self._servers) < self.config.max_servers
+            grow = len(self._active_servers()) < self.config.max_servers
             wanted = len(self._active_servers()) + 1
             if grow and self._target_servers < wanted and self._psld.wants_server(speeds, active):
                 self._target_servers = wanted

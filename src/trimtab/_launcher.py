@@ -61,8 +61,9 @@ class LaunchConfig:
             ``bf16`` (what ``DistributedOptimizer`` uses unless given ``compression=``).
         rebalance_every: force a migration of every chunk every this many steps (0 =
             never; for tests and demonstrations of live migration; needs bsp).
-        max_servers: servers the job may grow to (psld's scale-out, ``trimtab
-            scale``); the launcher starts them when the coordinator asks. 0 = ``servers``.
+        max_servers: live servers the job may grow to (psld's scale-out, ``trimtab
+            scale``); the launcher starts them when the coordinator asks, and may start
+            another after one retired. 0 = ``servers``.
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -317,9 +318,12 @@ class Job:
             )
         except NodeTimeout:
             return  # busy or ending: the supervisor notices a dead coordinator anyway
-        started = sum(p.source.startswith("server") for p in self._procs)
-        wanted = min(int(status.get("wanted_servers", 0)), self.config.max_servers)
-        for _ in range(wanted - started):
+        servers = [p for p in self._procs if p.source.startswith("server")]
+        started = len(servers)
+        # The coordinator keeps its active servers within max_servers; this bounds the
+        # live processes too, in case a retired one has not exited yet.
+        room = self.config.max_servers - sum(p.popen.poll() is None for p in servers)
+        for _ in range(min(int(status.get("wanted_servers", 0)) - started, room)):
             self._say(f"the coordinator asks for another server: starting server {started}")
             self._spawn_server()
             started += 1

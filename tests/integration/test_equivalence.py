@@ -204,13 +204,15 @@ def test_bsp_with_live_migrations_matches_one_process(
 
 
 @pytest.mark.timeout(180)
-def test_bsp_with_a_server_added_and_one_removed_matches_one_process(tmp_path: Path) -> None:
-    """Forced migrations every 4 steps; after step 6 the job grows to 3 servers (the
-    launcher starts one, chunks move onto it), after step 13 it shrinks to 2 (one
-    drains and exits). Same parameters as one process; each gradient applied once."""
+def test_bsp_with_servers_added_and_one_removed_matches_one_process(tmp_path: Path) -> None:
+    """Forced migrations every 4 steps; after step 5 the job grows to 3 servers (the
+    launcher starts one, chunks move onto it), after step 10 it shrinks to 2 (one drains
+    and exits), after step 15 it grows to 3 again (``max_servers`` counts live servers,
+    so a fourth process starts). Same parameters as one process; each gradient applied
+    once."""
     config = LaunchConfig(workers=2, servers=2, max_servers=3, chunk_bytes=512, rebalance_every=4)
     command = [sys.executable, str(SCRIPT), "adam", "7,17", str(tmp_path)]
-    lines = _run(config, command, {"EQUIV_SCALE": "6:3,13:2"}, deadline_s=150.0)
+    lines = _run(config, command, {"EQUIV_SCALE": "5:3,10:2,15:3"}, deadline_s=150.0)
     setup = Setup("adam", (7, 17))
     expected = reference(setup)
     for rank in range(2):
@@ -218,11 +220,12 @@ def test_bsp_with_a_server_added_and_one_removed_matches_one_process(tmp_path: P
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
     stats = json.loads((tmp_path / "stats.json").read_text())
     job_status, servers_stats = stats["job"], stats["servers"]
-    assert len(job_status["servers"]) == 3  # one joined
-    assert len(job_status["active_servers"]) == 2  # one left
-    left = (set(range(3)) - set(job_status["active_servers"])).pop()
+    assert len(job_status["servers"]) == 4  # two joined
+    assert len(job_status["active_servers"]) == 3  # one left
+    left = (set(range(4)) - set(job_status["active_servers"])).pop()
     assert left not in job_status["owners"]
     assert any("starting server 2" in line for line in lines)
+    assert any("starting server 3" in line for line in lines)
     live = [s for s in servers_stats if s["index"] != left]
     chunks = len(job_status["owners"])
     versions = {int(c): v for s in live for c, v in s["versions"].items()}
