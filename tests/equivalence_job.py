@@ -19,22 +19,25 @@ GLOBAL_BATCH = 24
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    optimizer: str  # "sgd" (momentum, nesterov, weight decay), "adam", "rmsprop-sum"
+    # "sgd" (momentum, nesterov, weight decay), "sgd-sum" (the same, run in summation
+    # mode: servers average, workers apply it), "adam", "rmsprop-sum"
+    optimizer: str
     batch_sizes: tuple[int, ...]
     steps: int = STEPS
     lr_drop_at: int = 10  # a scheduler-like change of the learning rate mid-run
     overlap: bool = False  # DistributedOptimizer(model=...): forward waits per module
+    hidden: int = 32  # the hidden layer's width (192: weights too big to ride in a header)
 
     @property
     def workers(self) -> int:
         return len(self.batch_sizes)
 
 
-def make_model(seed: int = 42) -> nn.Module:
+def make_model(seed: int = 42, hidden: int = 32) -> nn.Module:
     # A local generator, not the global one: tests run several workers as threads.
     g = torch.Generator().manual_seed(seed)
     model = nn.Sequential(
-        nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 3)
+        nn.Linear(10, hidden), nn.Tanh(), nn.Linear(hidden, 16), nn.Tanh(), nn.Linear(16, 3)
     )
     with torch.no_grad():
         for p in model.parameters():
@@ -43,7 +46,7 @@ def make_model(seed: int = 42) -> nn.Module:
 
 
 def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
-    if name == "sgd":
+    if name in ("sgd", "sgd-sum"):
         return torch.optim.SGD(
             model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3
         )
@@ -78,7 +81,7 @@ def reference(setup: Setup, wire: torch.dtype | None = None) -> list[torch.Tenso
     """One process over the global batches. With ``wire`` (gradient compression), the
     gradient of each worker's slice is rounded to ``wire`` before the weighted mean, as
     the workers' pushes are."""
-    model = make_model()
+    model = make_model(hidden=setup.hidden)
     opt = make_optimizer(setup.optimizer, model)
     for step, (x, y) in enumerate(global_batches(setup.steps)):
         if step == setup.lr_drop_at:
@@ -117,13 +120,14 @@ def train_worker(
     import trimtab
 
     # Workers other than the root start from other values: the root's must win.
-    model = make_model(42 if rank == 0 else 1000 + rank)
+    model = make_model(42 if rank == 0 else 1000 + rank, setup.hidden)
     inner = make_optimizer(setup.optimizer, model)
     opt = trimtab.DistributedOptimizer(
         inner,
         model.named_parameters(),
         context=context,  # type: ignore[arg-type]
         model=model if setup.overlap else None,
+        mode="summation" if setup.optimizer == "sgd-sum" else "auto",
     )
     for step, (x, y) in enumerate(global_batches(setup.steps)):
         sizes = opt.batch_sizes or list(setup.batch_sizes)

@@ -83,6 +83,7 @@ class Context:
         for opt in self.optimizers:
             with contextlib.suppress(Exception):  # the job may be over already
                 opt.wait_parameters()
+            opt._release_arena()
         self.straggler.close()
         self.client.close()
 

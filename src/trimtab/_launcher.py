@@ -28,6 +28,7 @@ from trimtab._exceptions import ConfigError, NodeTimeout, ProtocolError
 from trimtab._messages import Control, Header, decode, encode
 from trimtab._node import STACK_SIGNAL
 from trimtab._placement import is_live
+from trimtab._shm import remove_job_arenas
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 
@@ -398,6 +399,7 @@ class Job:
                 os.killpg(p.popen.pid, signal.SIGKILL)
         for p in self._procs:
             p.reader.join(timeout=2.0)
+        remove_job_arenas(self.config.job)  # what a killed worker could not remove
 
     def _say(self, message: str) -> None:
         self.output("trimtab", message)

@@ -72,9 +72,11 @@ class Data(enum.IntEnum):
     """Worker <-> server traffic about chunks."""
 
     INIT = 64  # {c, e, dt, n} + value; reply ACK. Sets a chunk's value (root worker).
-    PUSH = 65  # {c, e, k, w, dt, n, z, hp?} + gradient; reply VALUE when updated
+    PUSH = 65  # {c, e, k, w, dt, n, z, hp?, sm?} + gradient (none with sm: the gradient
+    #            is in shared memory, sm = [arena, offset, capacity]); reply VALUE when updated
     PULL = 66  # {c, e}; reply VALUE now
-    VALUE = 67  # {c, v, k, dt, n} + value (or aggregated gradient in summation mode)
+    VALUE = 67  # {c, v, k, dt, n, sm?} + value (or aggregated gradient in summation mode);
+    #             with sm, no frame: the value is in the push's shared-memory slot
     MOVED = 68  # {c, s, e}: not the owner; s is the owner as this server knows it
     ACK = 69
     ERROR = 70  # {code, msg}
@@ -94,6 +96,7 @@ class ErrorCode(str, enum.Enum):
     BAD_SHAPE = "bad_shape"  # element count or byte length does not match the chunk
     BAD_STATE = "bad_state"  # legal message at an illegal time (e.g. push before init)
     MISMATCH = "mismatch"  # workers declared different tensors
+    NO_SHM = "no_shm"  # the server cannot map the push's shared memory: send bytes instead
 
 
 #: Wire dtype names and their sizes. bfloat16 travels as raw bytes.

@@ -22,10 +22,12 @@ import torch
 from trimtab._compression import compressor
 from trimtab._context import Context
 from trimtab._exceptions import ChunkMoved, ConfigError, RemoteError, UsageError
-from trimtab._messages import Control, Data, inline
+from trimtab._messages import DTYPE_SIZES, INLINE_MAX, Control, Data, ErrorCode, inline
 from trimtab._node import as_bytes, tensor_from, wire_dtype
 from trimtab._optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab._placement import ChunkSpec, TensorSpec
+from trimtab._shm import Arena, is_local
+from trimtab._shm import enabled as shm_enabled
 from trimtab._worker import Reply, wait
 
 log = logging.getLogger("trimtab")
@@ -213,7 +215,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
         tensors = [p for _, p, _ in self._params]
         for c in ctx.chunks:
             self._chunks_of[tensors[c.tensor]].append(c)
+        self._arena, self._slots = self._make_arena()
+        self._local: dict[str, bool] = {}  # server address -> shares our arena
         self._reseed_servers(tensors, root_rank=0, force=True)
+
+    def _make_arena(self) -> tuple[Arena | None, dict[int, tuple[int, int]]]:
+        """This worker's shared memory for its servers on this machine (see ``_shm``): a
+        slot per chunk too big to ride inside a header, of the chunk's bytes. Returns the
+        arena (None if shared memory is off or ``/dev/shm`` lacks the room) and each
+        chunk's (offset, capacity). Does not block."""
+        slots: dict[int, tuple[int, int]] = {}
+        if not shm_enabled():
+            return None, slots
+        total = 0
+        for p, chunks in self._chunks_of.items():
+            for c in chunks:
+                nbytes = c.numel * p.element_size()
+                if nbytes > INLINE_MAX:
+                    slots[c.id] = (total, nbytes)
+                    total += -(-nbytes // 64) * 64  # cache-line aligned
+        if not slots:
+            return None, slots
+        try:
+            arena = Arena.create(self._ctx.config.job, f"w{self._ctx.rank}", total)
+        except (OSError, ValueError) as exc:
+            log.info("trimtab: no shared memory for pushes (%s); using the sockets", exc)
+            return None, {}
+        return arena, slots
+
+    def _release_arena(self) -> None:
+        """Remove this worker's shared memory (the job is over for it). Idempotent."""
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+            self._slots = {}
+
+    def _shares(self, address: str) -> bool:
+        """Whether pushes to the server at ``address`` go through our shared memory."""
+        local = self._local.get(address)
+        if local is None:
+            local = self._local[address] = self._arena is not None and is_local(address)
+        return local
 
     def _hook_forward(self, model: torch.nn.Module) -> list[Any]:
         """Make each module's forward wait for its own parameters, and the model's
@@ -352,15 +394,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if hp_changed is not None:
                 header["hp"] = hp_changed
             nbytes = 0
+            owner = self._ctx.owner_of(c.id, self._clock)
+            address = self._ctx.address(owner)
+            frames: list[memoryview] = []
             if raw is None:
                 header["z"] = True
-                frames = []
             else:
                 header["dt"] = dt
                 nbytes = c.numel * size
-                frames = inline(header, raw[c.offset * size : c.offset * size + nbytes])
-            owner = self._ctx.owner_of(c.id, self._clock)
-            request = self._ctx.client.request(self._ctx.address(owner), header, frames)
+                data = raw[c.offset * size : c.offset * size + nbytes]
+                slot = self._slots.get(c.id)
+                if slot is not None and INLINE_MAX < nbytes <= slot[1] and self._shares(address):
+                    assert self._arena is not None
+                    # The chunk's previous reply was read before this push (see _shm).
+                    self._arena.buf[slot[0] : slot[0] + nbytes] = data
+                    header["sm"] = [self._arena.name, slot[0], slot[1]]
+                else:
+                    frames = inline(header, data)
+            request = self._ctx.client.request(address, header, frames)
             futs.append((request, header, frames, owner))
             if self._timed:
                 traffic = self._traffic.get(owner)
@@ -412,6 +463,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 futs, clock = sent
                 for c, (f, header, frames, owner) in zip(self._chunks_of[p], futs, strict=True):
                     reply = self._await(f, c, header, frames, clock)
+                    if reply.header.get("sm"):
+                        reply = self._shared_reply(c, reply)
                     traffic = self._traffic.get(owner) if self._timed else None
                     if traffic is not None and f.exception() is None:
                         # Answered by the server it was sent to (not resent after a
@@ -445,9 +498,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 ctx.refresh_map(moved.epoch)
                 header["e"] = self._epoch
                 fut = ctx.client.request(ctx.server_of(c.id, clock), header, frames)
+            except RemoteError as exc:
+                if exc.code != ErrorCode.NO_SHM.value or "sm" not in header:
+                    raise
+                # That server cannot map our shared memory: it gets the bytes, from now on.
+                address = ctx.server_of(c.id, clock)
+                log.info("trimtab: %s: %s", address, exc)
+                self._local[address] = False
+                _, offset, _ = header.pop("sm")
+                assert self._arena is not None
+                nbytes = c.numel * DTYPE_SIZES[header["dt"]]
+                frames = [self._arena.view(offset, nbytes)]
+                fut = ctx.client.request(address, header, frames)
         raise RemoteError(
             "moved", f"chunk {c.id} moved {_MAX_MOVES} times during one request; giving up"
         )
+
+    def _shared_reply(self, c: ChunkSpec, reply: Reply) -> Reply:
+        """A reply whose value the server wrote into chunk ``c``'s slot of our shared
+        memory, with that value as its frame. Raises :class:`RemoteError` if the server
+        says so of a chunk that has no slot, or of a value that would not fit it."""
+        slot = self._slots.get(c.id)
+        h = reply.header
+        nbytes = int(h.get("n", 0)) * DTYPE_SIZES.get(str(h.get("dt")), 0)
+        if self._arena is None or slot is None or not 0 < nbytes <= slot[1]:
+            raise RemoteError(
+                ErrorCode.MALFORMED.value, f"chunk {c.id}: a shared-memory reply with no slot"
+            )
+        return reply._replace(frames=[self._arena.view(slot[0], nbytes)])
 
     def _write(self, dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
         h = reply.header

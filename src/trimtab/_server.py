@@ -17,6 +17,7 @@ import torch
 from trimtab._consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import (
+    DTYPE_SIZES,
     Control,
     Data,
     ErrorCode,
@@ -38,6 +39,7 @@ from trimtab._node import (
 )
 from trimtab._optim import ChunkOptimizer, OptimizerMode, hyperparameters, warm_up
 from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
+from trimtab._shm import Arena, job_prefix
 from trimtab._straggle import ServerStraggler, StragglerSpec
 from trimtab._transport import Envelope, Peer, Transport, ZmqTransport
 
@@ -127,6 +129,15 @@ class _Chunk:
         self.discounted = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """Where a push's gradient was, in a worker's shared memory (see ``_shm``)."""
+
+    arena: Arena
+    offset: int
+    capacity: int
+
+
 @dataclasses.dataclass
 class _Waiter:
     """A push waiting for its reply."""
@@ -136,6 +147,7 @@ class _Waiter:
     rank: int
     clock_after: int
     value: torch.Tensor | None = None
+    slot: _Slot | None = None  # the push's shared-memory slot: the reply's value goes there
 
 
 class Server:
@@ -180,6 +192,8 @@ class Server:
         self._step = 0
         self._busy_s = 0.0
         self._bytes = 0
+        self._arenas: dict[str, Arena] = {}  # workers' shared memory, mapped on first use
+        self._shared_pushes = 0  # pushes whose gradient came through shared memory
         self._requests = 0
         self._load_due = 0.0
         self.moved_in = 0
@@ -236,6 +250,8 @@ class Server:
         finally:
             self.state = ServerState.STOPPED
             self._straggler.close()
+            for arena in self._arenas.values():
+                arena.close()
             self._transport.close()
         if self._abort is not None:
             raise JobAborted(f"server {self.index}: {self._abort}")
@@ -581,6 +597,9 @@ class Server:
     def _on_push(self, peer: Peer, header: Header, frames: Sequence[memoryview]) -> None:
         frames = payload_frames(header, frames)
         chunk = self._owned(header)
+        slot = None
+        if "sm" in header:
+            slot, frames = self._shared(header, frames)
         rank = field(header, "r", int)
         clock = field(header, "k", int)
         leaving = self._outgoing.get(chunk.spec.id)
@@ -614,6 +633,7 @@ class Server:
             chunk.optimizer.set_hparams(hp)
         discount = self._consistency.discount(info)
         chunk.pushes += 1
+        self._shared_pushes += slot is not None
         if discount is None:
             chunk.dropped += 1
         else:
@@ -649,7 +669,7 @@ class Server:
                     chunk.any_grad = True
         chunk.arrived.add(rank)
         chunk.last_clock[rank] = clock
-        chunk.waiting.append(_Waiter(peer, header["i"], rank, clock + 1))
+        chunk.waiting.append(_Waiter(peer, header["i"], rank, clock + 1, slot=slot))
         if self._consistency.ready(chunk.arrived, self._workers):
             self._update(chunk)
 
@@ -670,7 +690,7 @@ class Server:
             # Zero-copy is safe under BSP: no worker pushes this chunk again (and so nothing
             # overwrites this buffer) before it has received this message.
             for waiter in chunk.waiting:
-                self._send_value(waiter.peer, waiter.rid, chunk, result)
+                self._send_value(waiter.peer, waiter.rid, chunk, result, waiter.slot)
         else:
             # Asynchronous: the buffer changes with the next push, so replies carry a copy.
             snapshot = None if result is None else result.clone()
@@ -699,12 +719,67 @@ class Server:
         keep = []
         for waiter in chunk.held:
             if self._consistency.may_release(waiter.clock_after, progress, self._workers):
-                self._send_value(waiter.peer, waiter.rid, chunk, waiter.value)
+                self._send_value(waiter.peer, waiter.rid, chunk, waiter.value, waiter.slot)
             else:
                 keep.append(waiter)
         chunk.held = keep
 
-    def _send_value(self, peer: Peer, rid: int, chunk: _Chunk, t: torch.Tensor | None) -> None:
+    def _shared(
+        self, header: Header, frames: Sequence[memoryview]
+    ) -> tuple[_Slot, list[memoryview]]:
+        """A push whose gradient is in the worker's shared memory: its slot, and the
+        gradient's bytes there. Raises :class:`ProtocolError`: MALFORMED for a bad ``sm``
+        or a slot outside the arena, NO_SHM if the arena cannot be mapped here."""
+        sm = header["sm"]
+        if (
+            frames
+            or not isinstance(sm, list)
+            or len(sm) != 3
+            or not isinstance(sm[0], str)
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in sm[1:])
+        ):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value,
+                "'sm' must be [arena, offset, capacity], with no tensor frame",
+            )
+        name, offset, capacity = sm
+        arena = self._arenas.get(name)
+        if arena is None:
+            if not name.startswith(job_prefix(self.config.job)):
+                raise ProtocolError(
+                    ErrorCode.MALFORMED.value, f"{name!r} is not an arena of this job"
+                )
+            try:
+                arena = Arena.attach(name)
+            except (OSError, ValueError) as exc:
+                raise ProtocolError(
+                    ErrorCode.NO_SHM.value,
+                    f"server {self.index} cannot map shared memory {name!r} ({exc}); "
+                    "send it the bytes",
+                ) from None
+            self._arenas[name] = arena
+        nbytes = field(header, "n", int) * DTYPE_SIZES.get(field(header, "dt", str), 0)
+        try:
+            if nbytes > capacity:
+                raise ValueError(f"{nbytes} bytes do not fit a slot of {capacity}")
+            arena.view(offset, capacity)
+            data = arena.view(offset, nbytes)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
+        # What a socket would have carried: for the speed figure and a bandwidth cap.
+        self._bytes += nbytes
+        if self._straggler:
+            self._straggler.on_bytes(nbytes, self._step)
+        return _Slot(arena, offset, capacity), [data]
+
+    def _send_value(
+        self,
+        peer: Peer,
+        rid: int,
+        chunk: _Chunk,
+        t: torch.Tensor | None,
+        slot: _Slot | None = None,
+    ) -> None:
         header: Header = {
             "o": int(Data.VALUE),
             "i": rid,
@@ -727,6 +802,12 @@ class Server:
         self._bytes += frame.nbytes  # what this server moves, both ways, for its speed figure
         if self._straggler:
             self._straggler.on_bytes(frame.nbytes, self._step)
+        if slot is not None and frame.nbytes <= slot.capacity:
+            # The push's gradient was consumed on arrival: its slot takes the value.
+            slot.arena.buf[slot.offset : slot.offset + frame.nbytes] = frame
+            header["sm"] = 1
+            self._loop.send(peer, header)
+            return
         self._loop.send(peer, header, inline(header, frame))
 
     def stats(self) -> dict[str, Any]:
@@ -736,6 +817,7 @@ class Server:
             "epoch": self._epoch,
             "versions": {str(c): ch.version for c, ch in self._chunks.items()},
             "pushes": sum(ch.pushes for ch in self._chunks.values()),
+            "shared": self._shared_pushes,
             "dropped": sum(ch.dropped for ch in self._chunks.values()),
             "discounted": sum(ch.discounted for ch in self._chunks.values()),
             "held": sum(len(ch.held) for ch in self._chunks.values()),

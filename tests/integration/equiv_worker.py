@@ -23,7 +23,8 @@ from trimtab._messages import Control
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 trimtab.init()
 overlap = os.environ.get("EQUIV_OVERLAP") == "1"  # forward waits per module (model=)
-setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")), overlap=overlap)
+hidden = int(os.environ.get("EQUIV_HIDDEN", "32"))  # 192: chunks too big for a header
+setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")), overlap=overlap, hidden=hidden)
 used: list[tuple[int, ...]] = []
 # EQUIV_SCALE="7:3,14:2": after step 7 rank 0 asks for 3 servers, after 14 for 2. For a
 # server to add, it waits until the new server has joined (the launcher starts it), so

@@ -20,6 +20,7 @@ import zmq
 import trimtab
 from trimtab import Context, WorkerConfig
 from trimtab._messages import MAX_HEADER_BYTES, Control, Data, encode
+from trimtab._shm import Arena, job_prefix
 
 STEPS = 6
 
@@ -127,7 +128,8 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
             }
             frame = over.pop("frame", b"\0" * c.nbytes)  # type: ignore[arg-type]
             h.pop("frame", None)
-            return raw_request(server, [encode(h), frame])  # type: ignore[list-item]
+            frames = [encode(h)] + ([] if frame is None else [frame])
+            return raw_request(server, frames)  # type: ignore[arg-type]
 
         # Wait until worker 1 has pushed all its chunks for step 1, so the counters are
         # still while we attack.
@@ -146,6 +148,18 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         replies["wrong job"] = push(j="someone-else")
         replies["inline payload not bytes"] = push(b="not bytes")
         replies["inline payload and a frame"] = push(b=b"\0" * c.nbytes)
+        # A push naming a slot of shared memory instead of carrying its gradient.
+        arena = Arena.create(job_id, "attacker", 1024)
+        try:
+            replies["shm: not a list"] = push(sm="x", frame=None)
+            replies["shm: another job's arena"] = push(sm=["trimtab-other-x", 0, 1024], frame=None)
+            gone = job_prefix(job_id) + "gone"
+            replies["shm: no such arena"] = push(sm=[gone, 0, 1024], frame=None)
+            replies["shm: slot outside the arena"] = push(sm=[arena.name, 512, 1024], frame=None)
+            replies["shm: gradient over its slot"] = push(sm=[arena.name, 0, 8], frame=None)
+            replies["shm: and a frame"] = push(sm=[arena.name, 0, 1024])
+        finally:
+            arena.close()
         replies["oversized header"] = raw_request(
             server, [encode({"j": job_id, "o": int(Data.PUSH), "pad": "x" * MAX_HEADER_BYTES})]
         )
@@ -176,7 +190,7 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         after = ctx.server_stats()[0]
         assert after["versions"] == before["versions"], "bad input changed chunk versions"
         assert after["pushes"] == before["pushes"]
-        assert after["errors"] == before["errors"] + 14
+        assert after["errors"] == before["errors"] + 20
 
     def worker(rank: int) -> None:
         try:
@@ -218,6 +232,12 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         "wrong job": "wrong_job",
         "inline payload not bytes": "malformed",
         "inline payload and a frame": "malformed",
+        "shm: not a list": "malformed",
+        "shm: another job's arena": "malformed",
+        "shm: no such arena": "no_shm",
+        "shm: slot outside the arena": "malformed",
+        "shm: gradient over its slot": "malformed",
+        "shm: and a frame": "malformed",
         "oversized header": "too_large",
         "garbage": "malformed",
         "unknown op": "unknown_op",

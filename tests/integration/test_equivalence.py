@@ -14,6 +14,7 @@ import torch
 from tests.conftest import processes_of
 from tests.equivalence_job import Setup, max_difference, reference
 from trimtab._launcher import DEADLINE_STATUS, Job, LaunchConfig
+from trimtab._shm import SHM_DIR, job_prefix
 
 SCRIPT = Path(__file__).with_name("equiv_worker.py")
 
@@ -158,6 +159,50 @@ def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) ->
     assert all(sum(s) == 24 for s in sizes)
     assert len(set(sizes)) >= 3, sizes
     assert sizes[-1][2] < 8, sizes  # the straggler ends with less than an equal share
+
+
+SHARED_CASES = [
+    # (optimizer, shared memory on, forced migration every N steps (0: none))
+    ("adam", True, 3),
+    ("sgd", True, 0),
+    ("sgd", False, 0),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("optimizer", "shared", "every"),
+    SHARED_CASES,
+    ids=[f"{o}-{'shm' if s else 'sockets'}{f'-moves{e}' if e else ''}" for o, s, e in SHARED_CASES],
+)
+def test_big_chunks_through_shared_memory_or_sockets_match_one_process(
+    tmp_path: Path, optimizer: str, shared: bool, every: int
+) -> None:
+    """Chunks too big to ride inside a header (a hidden layer of 192: weights of 7.5 and
+    12 KiB, cut at 8 KiB): between processes of one machine their gradients and values go
+    through each worker's shared memory (with pushes resent to a chunk's new owner after
+    a migration); with TRIMTAB_SHM=0 through the sockets. Both give one process's
+    parameters, and no arena is left in /dev/shm."""
+    sizes = (5, 19)
+    config = LaunchConfig(workers=2, servers=2, chunk_bytes=8192, rebalance_every=every)
+    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
+    _run(config, command, {"EQUIV_HIDDEN": "192", "TRIMTAB_SHM": "1" if shared else "0"})
+    setup = Setup(optimizer, sizes, hidden=192)
+    expected = reference(setup)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    job, servers_stats = stats["job"], stats["servers"]
+    pushes = sum(s["pushes"] for s in servers_stats)
+    assert pushes == len(job["owners"]) * 2 * setup.steps  # each applied exactly once
+    # Over 4 KiB: the 10x192 weight (7.5 KiB) and both 6 KiB halves of the 192x16 one.
+    big = 3
+    shared_pushes = sum(s["shared"] for s in servers_stats)
+    assert shared_pushes == (big * 2 * setup.steps if shared else 0)
+    if every:
+        assert job["migrations"] >= setup.steps // every - 1, job
+    assert list(SHM_DIR.glob(job_prefix(config.job) + "*")) == []
 
 
 MIGRATION_CASES = [
