@@ -125,8 +125,9 @@ def local_size() -> int:
 
 
 def server_stats() -> list[dict[str, Any]]:
-    """Each server's counters: chunk versions, pushes, dropped and discounted gradients,
-    errors answered. Blocks (one round trip per server)."""
+    """Each server's counters: chunk versions, pushes (``shared``: those whose gradient
+    came through a worker's shared memory), dropped and discounted gradients, errors
+    answered. Blocks (one round trip per server)."""
     return default_context().server_stats()
 
 

@@ -48,6 +48,15 @@ def test_role_env_keeps_every_role_on_loopback(role: str) -> None:
             assert value == LOOPBACK, key
 
 
+def test_role_env_local_mode_is_asked_for_only() -> None:
+    """DMLC_LOCAL=1 (ps-lite over Unix-domain sockets) only for the one-machine run; an
+    inherited one is dropped like every other DMLC_ setting."""
+    base = {"DMLC_LOCAL": "1"}
+    assert "DMLC_LOCAL" not in mxnet_peer.role_env("worker", 40123, servers=2, workers=2, base=base)
+    env = mxnet_peer.role_env("server", 40123, servers=2, workers=2, base={}, local=True)
+    assert env["DMLC_LOCAL"] == "1" and env["DMLC_PS_ROOT_URI"] == LOOPBACK
+
+
 def test_role_env_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="role"):
         mxnet_peer.role_env("master", 40123, servers=2, workers=2, base={})

@@ -85,7 +85,9 @@ def main() -> None:
     if abs(got - expected) > 1e-6 + 1e-4 * abs(expected):
         raise SystemExit(f"datapath produced wrong values: {got} != {expected}")
     if lead:
-        print(RESULT + json.dumps({"times": times}), flush=True)
+        # How many pushes the servers read from shared memory (0: all through sockets).
+        shared = sum(int(s.get("shared", 0)) for s in trimtab.server_stats())
+        print(RESULT + json.dumps({"times": times, "shared_pushes": shared}), flush=True)
     trimtab.shutdown()
 
 

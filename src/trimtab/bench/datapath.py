@@ -6,12 +6,20 @@ In one run it measures, for the same bytes:
   * the loopback TCP ceiling: raw socket transfer between two processes;
   * torch.distributed gloo allreduce of the same tensors with 2 processes;
   * with ``--peers mxnet``, MXNet 1.9.1's ``dist_sync`` KVStore (2 workers x 2 servers,
-    push then pull, SGD on the servers), from a venv of its own made on first use;
+    push then pull, SGD on the servers), from a venv of its own made on first use,
+    over TCP (``mxnet_step_s``) and in ps-lite's one-machine mode (``DMLC_LOCAL=1``:
+    Unix-domain sockets, ``mxnet_ipc_step_s``);
   * small messages: trimtab round trips of one 1 KiB tensor (1 worker, 1 server; a step
     is a push and the wait for the updated value) against raw pyzmq REQ/REP round trips
     of the same 1 KiB between two processes.
 ``floor_step_s`` = 4 x model bytes / ceiling: the bytes a PS step moves through loopback
 (2 workers each push and pull the model once).
+
+Between processes of one machine, trimtab moves chunks over 4 KiB through the workers'
+shared memory (``trimtab._shm``), where the sockets' floor does not bound it: ``step_s``
+is that default path, ``step_sockets_s`` the same job with ``TRIMTAB_SHM=0`` (every byte
+through the sockets, as between machines), and ``shm_floor_step_s`` = 4 x model bytes /
+one core's memcpy rate (each worker's gradient copied in, its value copied out).
 
 ``--profile DIR`` runs only the trimtab job, under :mod:`trimtab.bench.profile`.
 """
@@ -27,8 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from trimtab._launcher import Job, LaunchConfig
+from trimtab._shm import ENV as SHM_ENV
 from trimtab.bench._datapath_worker import RESULT
-from trimtab.bench.baselines import gloo_allreduce_s, tcp_ceiling_gbps, zmq_rtt_per_s
+from trimtab.bench.baselines import (
+    gloo_allreduce_s,
+    memcpy_gbps,
+    tcp_ceiling_gbps,
+    zmq_rtt_per_s,
+)
 
 MIB = 1 << 20
 PEERS = ("mxnet",)
@@ -65,12 +79,16 @@ def run_trimtab(
     go_file: Path | None = None,
     on_line: Callable[[str, str], None] | None = None,
     compression: str = "none",
+    shm: bool = True,
+    info: dict[str, Any] | None = None,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
     ``go_file`` and ``on_line`` are the profiler's handshake (see
     ``_datapath_worker.py``): every line the job prints is handed to ``on_line`` first.
-    Blocks for the job; raises RuntimeError on failure.
+    ``shm=False`` sends every byte through the sockets (``TRIMTAB_SHM=0``); ``info``
+    receives the job's other figures (``shared_pushes``). Blocks for the job; raises
+    RuntimeError on failure.
     """
     command = [
         sys.executable,
@@ -92,7 +110,8 @@ def run_trimtab(
         placement="greedy",
         compression=compression,
     )
-    return run_timed_job(config, command, on_line=on_line)
+    env = None if shm else {SHM_ENV: "0"}
+    return run_timed_job(config, command, on_line=on_line, env=env, info=info)
 
 
 def run_timed_job(
@@ -101,10 +120,12 @@ def run_timed_job(
     *,
     on_line: Callable[[str, str], None] | None = None,
     env: dict[str, str] | None = None,
+    info: dict[str, Any] | None = None,
 ) -> list[float]:
     """Run a benchmark job whose rank 0 prints its step times after :data:`RESULT`;
-    return them. Every line the job prints is handed to ``on_line`` first. Blocks;
-    raises RuntimeError if the job fails or prints no times."""
+    return them (and the result's other fields into ``info``). Every line the job
+    prints is handed to ``on_line`` first. Blocks; raises RuntimeError if the job fails
+    or prints no times."""
     found: list[float] = []
     log: list[str] = []
 
@@ -112,7 +133,10 @@ def run_timed_job(
         if on_line is not None:
             on_line(source, line)
         if line.startswith(RESULT):
-            found.extend(json.loads(line[len(RESULT) :])["times"])
+            result = json.loads(line[len(RESULT) :])
+            found.extend(result.pop("times"))
+            if info is not None:
+                info.update(result)
         else:
             log.append(f"[{source}] {line}")
 
@@ -125,10 +149,11 @@ def run_timed_job(
 
 
 def _mxnet(
-    sizes: list[int], steps: int, venv: Path, install: bool
+    sizes: list[int], steps: int, venv: Path, install: bool, local: bool = False
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """The MXNet peer's figures, or ``None`` and why it was skipped. Blocks; never raises
-    for a peer that cannot run (that is a skip, said on stderr)."""
+    """The MXNet peer's figures (``local``: in ps-lite's one-machine mode), or ``None``
+    and why it was skipped. Blocks; never raises for a peer that cannot run (that is a
+    skip, said on stderr)."""
     from trimtab.bench.mxnet_peer import ToolUnavailable, mxnet_python, run_mxnet
 
     try:
@@ -137,7 +162,7 @@ def _mxnet(
         why = f"MXNet unavailable: {exc}"
     else:
         try:
-            return run_mxnet(python, sizes, steps), None
+            return run_mxnet(python, sizes, steps, local=local), None
         except RuntimeError as exc:
             why = f"MXNet run failed: {exc}"
     print(f"trimtab bench datapath: skipping the MXNet peer. {why}", file=sys.stderr, flush=True)
@@ -161,13 +186,22 @@ def measure(
     sizes = model_sizes(model_mib)
     total = sum(sizes)
     mxnet: dict[str, Any] | None = None
+    mxnet_ipc: dict[str, Any] | None = None
     mxnet_skipped: str | None = "not asked for (--peers mxnet)"
     if "mxnet" in peers:
         from trimtab.bench.mxnet_peer import default_venv
 
         # The venv first, so that no install runs beside a measurement.
-        mxnet, mxnet_skipped = _mxnet(sizes, steps, mxnet_venv or default_venv(), install)
-    times = run_trimtab(sizes, steps, chunk_bytes, compression=compression)
+        venv = mxnet_venv or default_venv()
+        mxnet, mxnet_skipped = _mxnet(sizes, steps, venv, install)
+        if mxnet is not None:
+            # ps-lite's own one-machine transport (DMLC_LOCAL: Unix-domain sockets), the
+            # peer's counterpart of trimtab's shared memory.
+            mxnet_ipc, _ = _mxnet(sizes, steps, venv, install, local=True)
+    info: dict[str, Any] = {}
+    times = run_trimtab(sizes, steps, chunk_bytes, compression=compression, info=info)
+    # The same job with every byte through the sockets, as across machines.
+    sockets = run_trimtab(sizes, steps, chunk_bytes, compression=compression, shm=False)
     # The 1 KiB figures swing by 2x within minutes here, each of them: three rounds of
     # the trimtab job and both raw echoes, one right after the other, and the medians.
     rounds: dict[str, list[float]] = {"small": [], "zmq": [], "framed": []}
@@ -184,9 +218,15 @@ def measure(
     zmq_per_s = statistics.median(rounds["zmq"])
     framed_per_s = statistics.median(rounds["framed"])
     ceiling = tcp_ceiling_gbps(total, repeats=5)
+    memcpy = memcpy_gbps(total, repeats=5)
     gloo = gloo_allreduce_s([b // 4 for b in sizes], repeats=max(5, steps // 2))
     step_s = statistics.median(times)
+    sockets_s = statistics.median(sockets)
     floor = 4 * total / ceiling["bytes_per_s"]
+    # Through shared memory a step needs at least 4 model-sized copies (each worker's
+    # gradient in, its value out) where the sockets moved 4 models' bytes.
+    shm_floor = 4 * total / memcpy["bytes_per_s"]
+    mx = mxnet["median_s"] if mxnet else None
     return {
         "benchmark": "datapath",
         "model_bytes": total,
@@ -203,9 +243,18 @@ def measure(
         "gloo_allreduce_s": round(gloo["median_s"], 5),
         "step_over_floor": round(step_s / floor, 3),
         "step_over_gloo": round(step_s / gloo["median_s"], 3),
+        "shared_memory": bool(info.get("shared_pushes")),
+        "step_sockets_s": round(sockets_s, 5),
+        "step_sockets_over_floor": round(sockets_s / floor, 3),
+        "step_sockets_over_mxnet": round(sockets_s / mx, 3) if mx else None,
+        "memcpy_gbps": round(memcpy["gbps"], 3),
+        "shm_floor_step_s": round(shm_floor, 5),
+        "step_over_shm_floor": round(step_s / shm_floor, 3),
         "mxnet_step_s": round(mxnet["median_s"], 5) if mxnet else None,
         "mxnet_step_p90_s": round(mxnet["p90_s"], 5) if mxnet else None,
         "step_over_mxnet": round(step_s / mxnet["median_s"], 3) if mxnet else None,
+        "mxnet_ipc_step_s": round(mxnet_ipc["median_s"], 5) if mxnet_ipc else None,
+        "step_over_mxnet_ipc": round(step_s / mxnet_ipc["median_s"], 3) if mxnet_ipc else None,
         "mxnet_version": mxnet["version"] if mxnet else None,
         "mxnet_bigarray_bound": mxnet["bigarray_bound"] if mxnet else None,
         "mxnet_skipped": mxnet_skipped,

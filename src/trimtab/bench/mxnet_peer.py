@@ -65,10 +65,18 @@ def mxnet_python(venv: Path, *, install: bool = True) -> tuple[Path, str]:
 
 
 def role_env(
-    role: str, port: int, *, servers: int, workers: int, base: Mapping[str, str]
+    role: str,
+    port: int,
+    *,
+    servers: int,
+    workers: int,
+    base: Mapping[str, str],
+    local: bool = False,
 ) -> dict[str, str]:
     """The environment of one ps-lite process: ``base`` less any inherited ``DMLC_*``,
     Python path or venv setting, plus the job's ``DMLC_*`` settings, loopback only.
+    ``local``: ``DMLC_LOCAL=1``, ps-lite's one-machine mode (Unix-domain ``ipc://``
+    sockets under /tmp instead of TCP).
 
     Pure. Raises ``ValueError`` for an unknown role or a port outside 1-65535.
     """
@@ -90,6 +98,8 @@ def role_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if local:
+        env["DMLC_LOCAL"] = "1"
     return env
 
 
@@ -181,12 +191,14 @@ def run_mxnet(
     servers: int = 2,
     workers: int = 2,
     timeout_s: float | None = None,
+    local: bool = False,
 ) -> dict[str, Any]:
     """Time ``steps`` push+pull steps of a ``dist_sync`` KVStore job after ``warmup``.
 
     Starts a scheduler, ``servers`` servers and ``workers`` workers with ``python`` (an
     interpreter that imports MXNet, see :func:`mxnet_python`), all on 127.0.0.1 with a
-    free scheduler port, and waits for them. Every process runs in its own process
+    free scheduler port (``local``: over ps-lite's ``ipc://`` sockets, see
+    :func:`role_env`), and waits for them. Every process runs in its own process
     group; on success, failure or timeout, whatever is still alive is terminated, then
     killed, and reaped before this returns: nothing is left behind.
 
@@ -212,7 +224,7 @@ def run_mxnet(
     base = dict(os.environ)
 
     def env(role: str) -> dict[str, str]:
-        return role_env(role, port, servers=servers, workers=workers, base=base)
+        return role_env(role, port, servers=servers, workers=workers, base=base, local=local)
 
     started = time.monotonic()
     try:
