@@ -1,13 +1,20 @@
-"""The ZeroMQ transport over real loopback sockets."""
+"""The ZeroMQ transport over real loopback sockets, and its local lane (Unix sockets)."""
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
 
 import pytest
+
+from trimtab._transport import Envelope, ZmqTransport, lane
+from trimtab._transport.zmq import lane_default
 
 # One process binds, one connects; the receiver holds a round's 16 frames of 2 MiB, then
 # drops them all (as a worker does once a step's values are copied into the parameters),
@@ -17,8 +24,8 @@ _RECEIVE = textwrap.dedent(
     import json, resource, sys
     from trimtab._transport import ZmqTransport
     reuse = sys.argv[1] == "1"
-    server = ZmqTransport(bind=True, reuse_buffers=reuse)
-    client = ZmqTransport(bind=False, reuse_buffers=reuse)
+    server = ZmqTransport(bind=True, reuse_buffers=reuse, lane=False)
+    client = ZmqTransport(bind=False, reuse_buffers=reuse, lane=False)
     peer = client.connect(server.address)
     payload = bytes(2 << 20)
     faults = 0
@@ -61,3 +68,160 @@ def test_received_frames_reuse_freed_memory() -> None:
     reused = _faults(reuse=True)
     assert fresh > 10_000, fresh
     assert reused < fresh / 10, (reused, fresh)
+
+
+# -- the local lane -------------------------------------------------------------------
+
+
+def _recv(
+    transport: ZmqTransport, sender: ZmqTransport | None = None, timeout_s: float = 10.0
+) -> Envelope:
+    """The next message ``transport`` receives; meanwhile ``sender`` polls too, as every
+    node does while it waits (a lane message the kernel could not take at once leaves
+    during its sender's polls)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sender is not None:
+            assert sender.recv(0) is None
+        env = transport.recv(0.05)
+        if env is not None:
+            return env
+    raise AssertionError("nothing arrived")
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[ZmqTransport, ZmqTransport]]:
+    server = ZmqTransport(bind=True, lane=True)
+    client = ZmqTransport(bind=False, lane=True)
+    yield server, client
+    client.close()
+    server.close()
+
+
+@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+def test_local_peers_talk_over_the_lane_in_order_both_ways(
+    pair: tuple[ZmqTransport, ZmqTransport],
+) -> None:
+    server, client = pair
+    peer = client.connect(server.address)
+    assert client.through_lane(peer)
+    big = bytes(range(256)) * (12 << 10)  # 3 MiB: received straight into its own buffer
+    messages = [[b"h0"], [b"h1", b""], [b"h2", b"x" * 1024, big], [b"h3", memoryview(big)[5:9]]]
+    for frames in messages:
+        client.send(peer, frames)
+    got = [_recv(server, client) for _ in messages]
+    for env, frames in zip(got, messages, strict=True):
+        assert [bytes(f) for f in env.frames] == [bytes(f) for f in frames]
+    back = got[0].peer
+    assert back.startswith(b"i:") and server.through_lane(back)
+    server.send(back, [b"reply", big])
+    env = _recv(client, server)
+    assert env.peer == peer and bytes(env.frames[1]) == big
+    # Frames are writable buffers of their own (torch.frombuffer takes them as is).
+    env.frames[1][0] = 7
+
+
+@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+def test_the_lane_queues_what_the_kernel_cannot_take_without_blocking(
+    pair: tuple[ZmqTransport, ZmqTransport],
+) -> None:
+    server, client = pair
+    peer = client.connect(server.address)
+    client.send(peer, [b"hello"])
+    back = _recv(server).peer
+    # Both sides send far more than the kernel buffers before either reads: no send may
+    # block (that would deadlock two processes doing the same), and nothing is lost.
+    block = bytes(1 << 20)
+    for i in range(40):
+        client.send(peer, [b"c%d" % i, block])
+        server.send(back, [b"s%d" % i, block])
+    from_client: list[bytes] = []
+    from_server: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while (len(from_client) < 40 or len(from_server) < 40) and time.monotonic() < deadline:
+        env = server.recv(0.01)
+        if env is not None:
+            from_client.append(bytes(env.frames[0]))
+        env = client.recv(0.01)
+        if env is not None:
+            from_server.append(bytes(env.frames[0]))
+    assert from_client == [b"c%d" % i for i in range(40)]
+    assert from_server == [b"s%d" % i for i in range(40)]
+
+
+@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+def test_without_a_lane_on_the_other_side_messages_go_through_zeromq() -> None:
+    server = ZmqTransport(bind=True, lane=False)
+    client = ZmqTransport(bind=False, lane=True)
+    try:
+        peer = client.connect(server.address)
+        assert not client.through_lane(peer)
+        client.send(peer, [b"over tcp"])
+        env = _recv(server)
+        assert bytes(env.frames[0]) == b"over tcp" and not server.through_lane(env.peer)
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+def test_the_lane_is_off_with_trimtab_shm_0_or_trimtab_lane_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert lane_default()
+    monkeypatch.setenv("TRIMTAB_LANE", "0")
+    assert not lane_default()
+    monkeypatch.delenv("TRIMTAB_LANE")
+    monkeypatch.setenv("TRIMTAB_SHM", "0")
+    assert not lane_default()
+
+
+@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        struct.pack("<I", 0),  # no frames
+        struct.pack("<I", 1 << 30),  # absurd frame count
+        struct.pack("<IQ", 1, 1 << 40),  # a frame over max_frame_bytes
+    ],
+    ids=["no-frames", "huge-count", "over-max-frame"],
+)
+def test_a_malformed_lane_message_closes_only_that_connection(garbage: bytes) -> None:
+    server = ZmqTransport(bind=True, lane=True, max_frame_bytes=1 << 20)
+    good = ZmqTransport(bind=False, lane=True)
+    rogue = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        rogue.connect(lane.lane_name(server.address))
+        rogue.sendall(garbage + b"trailing bytes")
+        peer = good.connect(server.address)
+        good.send(peer, [b"still served"])
+        env = _recv(server)
+        assert bytes(env.frames[0]) == b"still served"
+        rogue.settimeout(10.0)
+        assert rogue.recv(16) == b""  # the server closed the rogue connection
+        server.send(env.peer, [b"answer"])
+        assert bytes(_recv(good).frames[0]) == b"answer"
+    finally:
+        rogue.close()
+        good.close()
+        server.close()
+
+
+@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+def test_a_departed_lane_peer_is_forgotten_and_a_broken_lane_reconnects() -> None:
+    server = ZmqTransport(bind=True, lane=True)
+    client = ZmqTransport(bind=False, lane=True)
+    try:
+        peer = client.connect(server.address)
+        client.send(peer, [b"one"])
+        back = _recv(server).peer
+        client.close()
+        assert server.recv(0.2) is None  # the hang-up is noticed, no message made of it
+        server.send(back, [b"to nobody"])  # dropped, as ZeroMQ drops for a gone peer
+        client = ZmqTransport(bind=False, lane=True)
+        peer = client.connect(server.address)
+        client.send(peer, [b"two"])
+        assert bytes(_recv(server).frames[0]) == b"two"
+    finally:
+        client.close()
+        server.close()

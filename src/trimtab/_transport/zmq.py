@@ -7,6 +7,10 @@ the bytes are not copied again in Python.
 
 A pipe wakes the poller, so other threads can hand the I/O thread work without a
 socket of their own (ZeroMQ sockets must stay on one thread).
+
+Between processes of one machine, messages take the local lane instead
+(:mod:`trimtab._transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
+skip ZeroMQ's I/O threads. Peers are named the same whichever way their messages go.
 """
 
 from __future__ import annotations
@@ -15,17 +19,43 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
+import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Sequence
 
 import zmq
 
+from trimtab._shm import ENV as LOCAL_ENV
+from trimtab._shm import is_local
 from trimtab._transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
+from trimtab._transport.lane import LaneClosed, LaneConnection, lane_name, supported
+
+log = logging.getLogger("trimtab.transport")
 
 #: How many messages one ready socket may yield per poll before others get a turn.
 _BURST = 64
+#: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
+_LINGER_S = 2.0
+
+
+#: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
+LANE_ENV = "TRIMTAB_LANE"
+
+
+def lane_default() -> bool:
+    """Whether transports use the local lane unless told: on Linux, unless
+    ``TRIMTAB_LANE=0``, or ``TRIMTAB_SHM=0`` (everything through TCP, as between
+    machines)."""
+    return (
+        supported()
+        and os.environ.get(LOCAL_ENV, "1") != "0"
+        and os.environ.get(LANE_ENV, "1") != "0"
+    )
+
 
 # glibc's mallopt() parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -100,6 +130,12 @@ class ZmqTransport(Transport):
             for no limit.
         reuse_buffers: tune the process's allocator so received frames reuse freed
             memory (:func:`keep_freed_memory`).
+        lane: listen on, and connect through, the local lane for peers on this
+            machine's loopback; ``None`` for :func:`lane_default`.
+
+    A lane message the kernel cannot take at once (its socket buffer is full) leaves
+    during this transport's later :meth:`recv` calls, which every node makes while it
+    waits; ZeroMQ's messages leave from its own I/O thread.
     """
 
     def __init__(
@@ -110,6 +146,7 @@ class ZmqTransport(Transport):
         port: int = 0,
         max_frame_bytes: int | None = None,
         reuse_buffers: bool = True,
+        lane: bool | None = None,
         _shared: _SharedContext | None = None,
     ) -> None:
         if reuse_buffers:
@@ -122,6 +159,7 @@ class ZmqTransport(Transport):
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
         self._ready: collections.deque[Envelope] = collections.deque()
+        self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
         self._max_frame = max_frame_bytes
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
@@ -141,6 +179,29 @@ class ZmqTransport(Transport):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poller.register(self._wake_r, zmq.POLLIN)
+        # The local lane: connections by address (ours) and by identity (theirs).
+        self._lane = lane_default() if lane is None else lane and supported()
+        self._lane_out: dict[str, LaneConnection] = {}
+        self._lane_in: dict[bytes, LaneConnection] = {}
+        self._lane_fds: dict[int, LaneConnection] = {}
+        self._lane_ids = itertools.count(1)
+        self._scratch = memoryview(bytearray(0))
+        self._listener: socket.socket | None = None
+        if bind and self._lane:
+            self._listen(self._address)
+
+    def _listen(self, address: str) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(lane_name(address))
+            listener.listen(128)
+        except OSError as exc:  # unusual (another process has the name): TCP still works
+            log.warning("no local lane for %s: %s", address, exc)
+            listener.close()
+            return
+        listener.setblocking(False)
+        self._listener = listener
+        self._poller.register(listener.fileno(), zmq.POLLIN)
 
     @staticmethod
     def _tune(sock: zmq.Socket[bytes]) -> None:
@@ -155,6 +216,18 @@ class ZmqTransport(Transport):
         return self._address
 
     def connect(self, address: str) -> Peer:
+        if address in self._lane_out:
+            return out_peer(address)
+        if address not in self._dealers and self._lane and is_local(address):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(lane_name(address))
+            except OSError:
+                sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
+            else:
+                self._add_lane(LaneConnection(sock, out_peer(address), self._max_frame))
+                self._lane_out[address] = self._lane_fds[sock.fileno()]
+                return out_peer(address)
         if address not in self._dealers:
             dealer = self._ctx.socket(zmq.DEALER)
             self._tune(dealer)
@@ -168,11 +241,90 @@ class ZmqTransport(Transport):
 
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
         if peer.startswith(b"i:"):
+            conn = self._lane_in.get(peer[2:])
+            if conn is not None:
+                self._lane_send(conn, frames)
+                return
             if self._router is None:
                 raise KeyError(peer)
+            # A lane peer that has gone is unknown to the router, which drops the message
+            # as it does for its own departed peers.
             self._router.send_multipart([peer[2:], *frames], copy=False)
+            return
+        address = peer[2:].decode()
+        conn = self._lane_out.get(address)
+        if conn is not None:
+            self._lane_send(conn, frames)
+        elif address in self._dealers:
+            self._dealers[address].send_multipart(frames, copy=False)
+        elif address in self._lost:
+            self.connect(address)  # its lane broke: reconnect (the lane, or ZeroMQ)
+            self.send(peer, frames)
         else:
-            self._dealers[peer[2:].decode()].send_multipart(frames, copy=False)
+            raise KeyError(peer)
+
+    def through_lane(self, peer: Peer) -> bool:
+        """Whether messages to ``peer`` take the local lane now. Never blocks."""
+        if peer.startswith(b"i:"):
+            return peer[2:] in self._lane_in
+        return peer[2:].decode() in self._lane_out
+
+    # -- the local lane ---------------------------------------------------------------
+
+    def _add_lane(self, conn: LaneConnection) -> None:
+        self._lane_fds[conn.fd] = conn
+        self._poller.register(conn.fd, zmq.POLLIN)
+        if not self._scratch:
+            self._scratch = memoryview(bytearray(1 << 18))
+
+    def _lane_send(self, conn: LaneConnection, frames: Sequence[Frame]) -> None:
+        try:
+            if conn.send(frames):
+                self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
+        except LaneClosed as exc:
+            self._drop_lane(conn, str(exc))
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors, say: the peer falls back to nothing
+                log.warning("local lane: could not accept a connection: %s", exc)
+                return
+            identity = b"lane-%d" % next(self._lane_ids)
+            conn = LaneConnection(sock, in_peer(identity), self._max_frame)
+            self._lane_in[identity] = conn
+            self._add_lane(conn)
+
+    def _on_lane(self, conn: LaneConnection, events: int) -> None:
+        try:
+            if events & zmq.POLLOUT and not conn.flush():
+                self._poller.register(conn.fd, zmq.POLLIN)
+            if events & (zmq.POLLIN | zmq.POLLERR):
+                messages, closed = conn.read(self._scratch)
+                for frames in messages:
+                    self._ready.append(Envelope(conn.peer, frames))
+                if closed:
+                    self._drop_lane(conn, "")
+        except LaneClosed as exc:
+            self._drop_lane(conn, str(exc))
+
+    def _drop_lane(self, conn: LaneConnection, why: str) -> None:
+        if why:
+            log.warning("local lane to %r closed: %s", conn.peer, why)
+        if self._lane_fds.pop(conn.fd, None) is None:
+            return
+        self._poller.unregister(conn.fd)
+        if conn.peer.startswith(b"i:"):
+            self._lane_in.pop(conn.peer[2:], None)
+        else:
+            address = conn.peer[2:].decode()
+            self._lane_out.pop(address, None)
+            self._lost.add(address)
+        conn.close()
 
     def recv(self, timeout_s: float | None) -> Envelope | None:
         if self._ready:
@@ -182,8 +334,13 @@ class ZmqTransport(Transport):
         if self._wake_r in events:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
-        for sock in events:
+        for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
+                conn = self._lane_fds.get(sock)
+                if conn is not None:
+                    self._on_lane(conn, flags)
+                elif self._listener is not None and sock == self._listener.fileno():
+                    self._accept()
                 continue
             for _ in range(_BURST):
                 try:
@@ -210,13 +367,25 @@ class ZmqTransport(Transport):
 
     def companion(self) -> ZmqTransport:
         return ZmqTransport(
-            bind=False, max_frame_bytes=self._max_frame, reuse_buffers=False, _shared=self._shared
+            bind=False,
+            max_frame_bytes=self._max_frame,
+            reuse_buffers=False,
+            lane=self._lane,
+            _shared=self._shared,
         )
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        for conn in list(self._lane_fds.values()):
+            conn.close(linger_s=_LINGER_S)
+        self._lane_fds.clear()
+        self._lane_in.clear()
+        self._lane_out.clear()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
             sock.close()
         self._dealers.clear()
