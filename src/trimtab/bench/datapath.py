@@ -16,10 +16,13 @@ In one run it measures, for the same bytes:
 (2 workers each push and pull the model once).
 
 Between processes of one machine, trimtab moves chunks over 4 KiB through the workers'
-shared memory (``trimtab._shm``), where the sockets' floor does not bound it: ``step_s``
-is that default path, ``step_sockets_s`` the same job with ``TRIMTAB_SHM=0`` (every byte
-through the sockets, as between machines), and ``shm_floor_step_s`` = 4 x model bytes /
-one core's memcpy rate (each worker's gradient copied in, its value copied out).
+shared memory (``trimtab._shm``), where the sockets' floor does not bound it, and its
+messages over the local lane (Unix-domain sockets, ``trimtab._transport.lane``): ``step_s``
+is that default path, ``step_no_lane_s`` the same job with ZeroMQ for the messages
+(``TRIMTAB_LANE=0``; ``small_no_lane_ops_per_s`` likewise), ``step_sockets_s`` with
+``TRIMTAB_SHM=0`` (every byte through TCP, as between machines), and
+``shm_floor_step_s`` = 4 x model bytes / one core's memcpy rate (each worker's gradient
+copied in, its value copied out).
 
 ``--profile DIR`` runs only the trimtab job, under :mod:`trimtab.bench.profile`.
 """
@@ -36,6 +39,7 @@ from typing import Any
 
 from trimtab._launcher import Job, LaunchConfig
 from trimtab._shm import ENV as SHM_ENV
+from trimtab._transport.zmq import LANE_ENV
 from trimtab.bench._datapath_worker import RESULT
 from trimtab.bench.baselines import (
     gloo_allreduce_s,
@@ -80,13 +84,15 @@ def run_trimtab(
     on_line: Callable[[str, str], None] | None = None,
     compression: str = "none",
     shm: bool = True,
+    lane: bool = True,
     info: dict[str, Any] | None = None,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
     ``go_file`` and ``on_line`` are the profiler's handshake (see
     ``_datapath_worker.py``): every line the job prints is handed to ``on_line`` first.
-    ``shm=False`` sends every byte through the sockets (``TRIMTAB_SHM=0``); ``info``
+    ``shm=False`` sends every byte through TCP (``TRIMTAB_SHM=0``), ``lane=False`` the
+    messages through ZeroMQ rather than the local lane (``TRIMTAB_LANE=0``); ``info``
     receives the job's other figures (``shared_pushes``). Blocks for the job; raises
     RuntimeError on failure.
     """
@@ -110,8 +116,12 @@ def run_trimtab(
         placement="greedy",
         compression=compression,
     )
-    env = None if shm else {SHM_ENV: "0"}
-    return run_timed_job(config, command, on_line=on_line, env=env, info=info)
+    env = {}
+    if not shm:
+        env[SHM_ENV] = "0"
+    if not lane:
+        env[LANE_ENV] = "0"
+    return run_timed_job(config, command, on_line=on_line, env=env or None, info=info)
 
 
 def run_timed_job(
@@ -200,21 +210,32 @@ def measure(
             mxnet_ipc, _ = _mxnet(sizes, steps, venv, install, local=True)
     info: dict[str, Any] = {}
     times = run_trimtab(sizes, steps, chunk_bytes, compression=compression, info=info)
-    # The same job with every byte through the sockets, as across machines.
+    # The same job with every byte through TCP, as across machines; and with shared
+    # memory but ZeroMQ for the messages (what the local lane saves).
     sockets = run_trimtab(sizes, steps, chunk_bytes, compression=compression, shm=False)
+    no_lane = run_trimtab(sizes, steps, chunk_bytes, compression=compression, lane=False)
     # The 1 KiB figures swing by 2x within minutes here, each of them: three rounds of
     # the trimtab job and both raw echoes, one right after the other, and the medians.
-    rounds: dict[str, list[float]] = {"small": [], "zmq": [], "framed": []}
+    rounds: dict[str, list[float]] = {"small": [], "small_no_lane": [], "zmq": [], "framed": []}
     for _ in range(SMALL_ROUNDS):
-        small = run_trimtab(
-            [SMALL_BYTES], small_steps, chunk_bytes, 1, 1, warmup=100, compression=compression
-        )
-        rounds["small"].append(len(small) / sum(small))
+        for key, lane in (("small", True), ("small_no_lane", False)):
+            small = run_trimtab(
+                [SMALL_BYTES],
+                small_steps,
+                chunk_bytes,
+                1,
+                1,
+                warmup=100,
+                compression=compression,
+                lane=lane,
+            )
+            rounds[key].append(len(small) / sum(small))
         rounds["zmq"].append(zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100)["per_s"])
         rounds["framed"].append(
             zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100, framed=True)["per_s"]
         )
     small_ops = statistics.median(rounds["small"])
+    small_no_lane = statistics.median(rounds["small_no_lane"])
     zmq_per_s = statistics.median(rounds["zmq"])
     framed_per_s = statistics.median(rounds["framed"])
     ceiling = tcp_ceiling_gbps(total, repeats=5)
@@ -222,6 +243,7 @@ def measure(
     gloo = gloo_allreduce_s([b // 4 for b in sizes], repeats=max(5, steps // 2))
     step_s = statistics.median(times)
     sockets_s = statistics.median(sockets)
+    no_lane_s = statistics.median(no_lane)
     floor = 4 * total / ceiling["bytes_per_s"]
     # Through shared memory a step needs at least 4 model-sized copies (each worker's
     # gradient in, its value out) where the sockets moved 4 models' bytes.
@@ -244,6 +266,8 @@ def measure(
         "step_over_floor": round(step_s / floor, 3),
         "step_over_gloo": round(step_s / gloo["median_s"], 3),
         "shared_memory": bool(info.get("shared_pushes")),
+        "step_no_lane_s": round(no_lane_s, 5),
+        "step_over_no_lane": round(step_s / no_lane_s, 3),
         "step_sockets_s": round(sockets_s, 5),
         "step_sockets_over_floor": round(sockets_s / floor, 3),
         "step_sockets_over_mxnet": round(sockets_s / mx, 3) if mx else None,
@@ -262,6 +286,8 @@ def measure(
         "small_steps": len(small),
         "small_rounds": SMALL_ROUNDS,
         "small_ops_per_s": round(small_ops, 1),
+        "small_no_lane_ops_per_s": round(small_no_lane, 1),
+        "small_over_no_lane": round(small_ops / small_no_lane, 3),
         "zmq_rtt_per_s": round(zmq_per_s, 1),
         "small_over_zmq": round(small_ops / zmq_per_s, 3),
         "zmq_framed_per_s": round(framed_per_s, 1),
