@@ -172,6 +172,11 @@ class LaneConnection:
                 return messages, True
             self._in += scratch[:n]
             self._parse(messages)
+            if n < len(scratch) and self._body is None:
+                # The socket was drained (a stream hands over all it holds, up to the
+                # buffer): asking again would only raise BlockingIOError. What arrives
+                # meanwhile makes the next poll return.
+                return messages, False
 
     def _parse(self, messages: list[list[memoryview]]) -> None:
         buf = self._in

@@ -25,6 +25,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import zmq
@@ -378,8 +379,9 @@ class ZmqTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + _LINGER_S  # one grace period for all, as ZeroMQ's
         for conn in list(self._lane_fds.values()):
-            conn.close(linger_s=_LINGER_S)
+            conn.close(linger_s=max(0.0, deadline - time.monotonic()))
         self._lane_fds.clear()
         self._lane_in.clear()
         self._lane_out.clear()
