@@ -194,6 +194,7 @@ class Server:
         self._bytes = 0
         self._arenas: dict[str, Arena] = {}  # workers' shared memory, mapped on first use
         self._shared_pushes = 0  # pushes whose gradient came through shared memory
+        self._lane_pushes = 0  # pushes that came over the transport's local lane
         self._requests = 0
         self._load_due = 0.0
         self.moved_in = 0
@@ -634,6 +635,7 @@ class Server:
         discount = self._consistency.discount(info)
         chunk.pushes += 1
         self._shared_pushes += slot is not None
+        self._lane_pushes += self._transport.through_lane(peer)
         if discount is None:
             chunk.dropped += 1
         else:
@@ -818,6 +820,7 @@ class Server:
             "versions": {str(c): ch.version for c, ch in self._chunks.items()},
             "pushes": sum(ch.pushes for ch in self._chunks.values()),
             "shared": self._shared_pushes,
+            "lane": self._lane_pushes,
             "dropped": sum(ch.dropped for ch in self._chunks.values()),
             "discounted": sum(ch.discounted for ch in self._chunks.values()),
             "held": sum(len(ch.held) for ch in self._chunks.values()),

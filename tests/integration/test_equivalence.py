@@ -162,31 +162,40 @@ def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) ->
 
 
 SHARED_CASES = [
-    # (optimizer, shared memory on, forced migration every N steps (0: none))
-    ("adam", True, 3),
-    ("sgd", True, 0),
-    ("sgd", False, 0),
+    # (optimizer, shared memory on, local lane on, forced migration every N steps (0: none))
+    ("adam", True, True, 3),
+    ("sgd", True, True, 0),
+    ("sgd", True, False, 3),  # shared memory with ZeroMQ for the messages
+    ("sgd", False, False, 0),  # every byte through TCP
 ]
+
+
+def _shared_case_id(optimizer: str, shared: bool, lane: bool, every: int) -> str:
+    path = ("shm" if lane else "shm-zeromq") if shared else "sockets"
+    return f"{optimizer}-{path}{f'-moves{every}' if every else ''}"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("optimizer", "shared", "every"),
+    ("optimizer", "shared", "lane", "every"),
     SHARED_CASES,
-    ids=[f"{o}-{'shm' if s else 'sockets'}{f'-moves{e}' if e else ''}" for o, s, e in SHARED_CASES],
+    ids=[_shared_case_id(*case) for case in SHARED_CASES],
 )
 def test_big_chunks_through_shared_memory_or_sockets_match_one_process(
-    tmp_path: Path, optimizer: str, shared: bool, every: int
+    tmp_path: Path, optimizer: str, shared: bool, lane: bool, every: int
 ) -> None:
     """Chunks too big to ride inside a header (a hidden layer of 192: weights of 7.5 and
     12 KiB, cut at 8 KiB): between processes of one machine their gradients and values go
     through each worker's shared memory (with pushes resent to a chunk's new owner after
-    a migration); with TRIMTAB_SHM=0 through the sockets. Both give one process's
-    parameters, and no arena is left in /dev/shm."""
+    a migration), their messages over the local lane or, with TRIMTAB_LANE=0, ZeroMQ;
+    with TRIMTAB_SHM=0 everything goes through TCP. All give one process's parameters,
+    and no arena is left in /dev/shm."""
     sizes = (5, 19)
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=8192, rebalance_every=every)
     command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
-    _run(config, command, {"EQUIV_HIDDEN": "192", "TRIMTAB_SHM": "1" if shared else "0"})
+    env = {"EQUIV_HIDDEN": "192", "TRIMTAB_SHM": "1" if shared else "0"}
+    env["TRIMTAB_LANE"] = "1" if lane else "0"
+    _run(config, command, env)
     setup = Setup(optimizer, sizes, hidden=192)
     expected = reference(setup)
     for rank in range(2):
@@ -200,6 +209,7 @@ def test_big_chunks_through_shared_memory_or_sockets_match_one_process(
     big = 3
     shared_pushes = sum(s["shared"] for s in servers_stats)
     assert shared_pushes == (big * 2 * setup.steps if shared else 0)
+    assert sum(s["lane"] for s in servers_stats) == (pushes if lane else 0)
     if every:
         assert job["migrations"] >= setup.steps // every - 1, job
     assert list(SHM_DIR.glob(job_prefix(config.job) + "*")) == []

@@ -63,6 +63,11 @@ class Transport(abc.ABC):
         """Return the next message, or ``None`` after ``timeout_s`` or a :meth:`wake`.
         Blocks up to ``timeout_s`` (forever for ``None``)."""
 
+    def through_lane(self, peer: Peer) -> bool:
+        """Whether messages to and from ``peer`` skip the network stack (a transport's
+        same-machine path, e.g. :mod:`trimtab._transport.lane`). Never blocks."""
+        return False
+
     def recv_queued(self) -> Envelope | None:
         """The next message this transport already holds, if any: cheaper than
         ``recv(0)`` where a transport receives in bursts (it need not ask the network).

@@ -265,7 +265,7 @@ class ZmqTransport(Transport):
             raise KeyError(peer)
 
     def through_lane(self, peer: Peer) -> bool:
-        """Whether messages to ``peer`` take the local lane now. Never blocks."""
+        """Whether messages to and from ``peer`` take the local lane now. Never blocks."""
         if peer.startswith(b"i:"):
             return peer[2:] in self._lane_in
         return peer[2:].decode() in self._lane_out
