@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trimtab._transport import Envelope, ZmqTransport, lane
+from trimtab._transport import Envelope, Peer, ZmqTransport, lane
 from trimtab._transport.zmq import lane_default
 
 # One process binds, one connects; the receiver holds a round's 16 frames of 2 MiB, then
@@ -72,6 +72,8 @@ def test_received_frames_reuse_freed_memory() -> None:
 
 # -- the local lane -------------------------------------------------------------------
 
+lane_only = pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+
 
 def _recv(
     transport: ZmqTransport, sender: ZmqTransport | None = None, timeout_s: float = 10.0
@@ -90,20 +92,20 @@ def _recv(
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[ZmqTransport, ZmqTransport]]:
+def pair() -> Iterator[tuple[ZmqTransport, ZmqTransport, Peer]]:
+    """A bound transport, one connected to it over the lane, and its name for the first."""
     server = ZmqTransport(bind=True, lane=True)
     client = ZmqTransport(bind=False, lane=True)
-    yield server, client
+    yield server, client, client.connect(server.address)
     client.close()
     server.close()
 
 
-@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@lane_only
 def test_local_peers_talk_over_the_lane_in_order_both_ways(
-    pair: tuple[ZmqTransport, ZmqTransport],
+    pair: tuple[ZmqTransport, ZmqTransport, Peer],
 ) -> None:
-    server, client = pair
-    peer = client.connect(server.address)
+    server, client, peer = pair
     assert client.through_lane(peer)
     big = bytes(range(256)) * (12 << 10)  # 3 MiB: received straight into its own buffer
     messages = [[b"h0"], [b"h1", b""], [b"h2", b"x" * 1024, big], [b"h3", memoryview(big)[5:9]]]
@@ -121,12 +123,11 @@ def test_local_peers_talk_over_the_lane_in_order_both_ways(
     env.frames[1][0] = 7
 
 
-@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@lane_only
 def test_the_lane_queues_what_the_kernel_cannot_take_without_blocking(
-    pair: tuple[ZmqTransport, ZmqTransport],
+    pair: tuple[ZmqTransport, ZmqTransport, Peer],
 ) -> None:
-    server, client = pair
-    peer = client.connect(server.address)
+    server, client, peer = pair
     client.send(peer, [b"hello"])
     back = _recv(server).peer
     # Both sides send far more than the kernel buffers before either reads: no send may
@@ -149,7 +150,7 @@ def test_the_lane_queues_what_the_kernel_cannot_take_without_blocking(
     assert from_server == [b"s%d" % i for i in range(40)]
 
 
-@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@lane_only
 def test_without_a_lane_on_the_other_side_messages_go_through_zeromq() -> None:
     server = ZmqTransport(bind=True, lane=False)
     client = ZmqTransport(bind=False, lane=True)
@@ -164,7 +165,7 @@ def test_without_a_lane_on_the_other_side_messages_go_through_zeromq() -> None:
         server.close()
 
 
-@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@lane_only
 def test_the_lane_is_off_with_trimtab_shm_0_or_trimtab_lane_0(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -176,7 +177,7 @@ def test_the_lane_is_off_with_trimtab_shm_0_or_trimtab_lane_0(
     assert not lane_default()
 
 
-@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@lane_only
 @pytest.mark.parametrize(
     "garbage",
     [
@@ -207,7 +208,7 @@ def test_a_malformed_lane_message_closes_only_that_connection(garbage: bytes) ->
         server.close()
 
 
-@pytest.mark.skipif(not lane.supported(), reason="abstract Unix sockets are Linux's")
+@lane_only
 def test_a_departed_lane_peer_is_forgotten_and_a_broken_lane_reconnects() -> None:
     server = ZmqTransport(bind=True, lane=True)
     client = ZmqTransport(bind=False, lane=True)

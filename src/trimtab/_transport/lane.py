@@ -148,28 +148,22 @@ class LaneConnection:
         blocks. Raises :class:`LaneClosed` for a malformed message."""
         messages: list[list[memoryview]] = []
         while True:
-            if self._body is not None:
-                try:
-                    n = self.sock.recv_into(memoryview(self._body)[self._filled :])
-                except BlockingIOError:
-                    return messages, False
-                except OSError:
-                    return messages, True
-                if n == 0:
-                    return messages, True
-                self._filled += n
-                if self._filled == len(self._body):
-                    messages.append(_split(self._body, self._lengths))
-                    self._body = None
-                continue
+            big = self._body
+            target = scratch if big is None else memoryview(big)[self._filled :]
             try:
-                n = self.sock.recv_into(scratch)
+                n = self.sock.recv_into(target)
             except BlockingIOError:
                 return messages, False
             except OSError:
                 return messages, True
             if n == 0:
                 return messages, True
+            if big is not None:  # a big message, received in place
+                self._filled += n
+                if self._filled == len(big):
+                    messages.append(_split(big, self._lengths))
+                    self._body = None
+                continue
             self._in += scratch[:n]
             self._parse(messages)
             if n < len(scratch) and self._body is None:
