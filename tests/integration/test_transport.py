@@ -134,7 +134,7 @@ def test_the_lane_queues_what_the_kernel_cannot_take_without_blocking(
     # block (that would deadlock two processes doing the same), and nothing is lost.
     block = bytes(1 << 20)
     for i in range(40):
-        client.send(peer, [b"c%d" % i, block])
+        client.send(peer, [b"c%d" % i, block, b""])  # an empty frame queued too
         server.send(back, [b"s%d" % i, block])
     from_client: list[bytes] = []
     from_server: list[bytes] = []
@@ -142,6 +142,7 @@ def test_the_lane_queues_what_the_kernel_cannot_take_without_blocking(
     while (len(from_client) < 40 or len(from_server) < 40) and time.monotonic() < deadline:
         env = server.recv(0.01)
         if env is not None:
+            assert [f.nbytes for f in env.frames] == [len(b"c%d" % len(from_client)), 1 << 20, 0]
             from_client.append(bytes(env.frames[0]))
         env = client.recv(0.01)
         if env is not None:

@@ -91,11 +91,6 @@ class LaneConnection:
         self._filled = 0
         self._lengths: tuple[int, ...] = ()
 
-    @property
-    def pending(self) -> bool:
-        """Whether queued bytes wait for the socket to become writable."""
-        return bool(self._out)
-
     def send(self, frames: Sequence[Frame]) -> bool:
         """Write one message, queueing what the kernel did not take; return whether bytes
         are queued. The frames' memory must stay unchanged until sent (the transport
@@ -104,7 +99,7 @@ class LaneConnection:
         prefix = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views))
         if self._out:
             self._out.append(memoryview(prefix))
-            self._out.extend(views)
+            self._out.extend(v for v in views if v.nbytes)
             return self.flush()
         bufs = [memoryview(prefix), *views]
         try:
@@ -132,14 +127,10 @@ class LaneConnection:
                 return True
             except OSError as exc:
                 raise LaneClosed(str(exc)) from exc
-            while sent:
-                head = out[0]
-                if head.nbytes <= sent:
-                    sent -= head.nbytes
-                    out.popleft()
-                else:
-                    out[0] = head[sent:]
-                    sent = 0
+            while out and out[0].nbytes <= sent:
+                sent -= out.popleft().nbytes
+            if sent:
+                out[0] = out[0][sent:]
         return False
 
     def read(self, scratch: memoryview) -> tuple[list[list[memoryview]], bool]:
