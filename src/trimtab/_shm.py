@@ -35,9 +35,15 @@ SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"trimtab-[A-Za-z0-9_.-]+")
 
 
+def turned_off() -> bool:
+    """Whether ``TRIMTAB_SHM=0`` asks for everything through TCP, as between machines
+    (no shared memory, no local lane)."""
+    return os.environ.get(ENV, "1") == "0"
+
+
 def enabled() -> bool:
     """Whether workers may use shared memory (``TRIMTAB_SHM`` and ``/dev/shm``)."""
-    return os.environ.get(ENV, "1") != "0" and SHM_DIR.is_dir()
+    return not turned_off() and SHM_DIR.is_dir()
 
 
 def is_local(address: str) -> bool:

@@ -30,8 +30,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from trimtab._shm import ENV as LOCAL_ENV
-from trimtab._shm import is_local
+from trimtab._shm import is_local, turned_off
 from trimtab._transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
 from trimtab._transport.lane import LaneClosed, LaneConnection, lane_name, supported
 
@@ -51,11 +50,7 @@ def lane_default() -> bool:
     """Whether transports use the local lane unless told: on Linux, unless
     ``TRIMTAB_LANE=0``, or ``TRIMTAB_SHM=0`` (everything through TCP, as between
     machines)."""
-    return (
-        supported()
-        and os.environ.get(LOCAL_ENV, "1") != "0"
-        and os.environ.get(LANE_ENV, "1") != "0"
-    )
+    return supported() and not turned_off() and os.environ.get(LANE_ENV, "1") != "0"
 
 
 # glibc's mallopt() parameters (malloc.h).
@@ -226,9 +221,10 @@ class ZmqTransport(Transport):
             except OSError:
                 sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
             else:
-                self._add_lane(LaneConnection(sock, out_peer(address), self._max_frame))
-                self._lane_out[address] = self._lane_fds[sock.fileno()]
-                return out_peer(address)
+                conn = LaneConnection(sock, out_peer(address), self._max_frame)
+                self._lane_out[address] = conn
+                self._add_lane(conn)
+                return conn.peer
         if address not in self._dealers:
             dealer = self._ctx.socket(zmq.DEALER)
             self._tune(dealer)
