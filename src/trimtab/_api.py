@@ -21,6 +21,7 @@ from trimtab._messages import Control
 from trimtab._node import enable_stack_dumps
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
+from trimtab._transport.zmq import spin_from_env
 from trimtab._worker import WorkerConfig
 
 _default: Context | None = None
@@ -57,6 +58,7 @@ def config_from_env() -> WorkerConfig:
             job=_env("TRIMTAB_JOB") or "trimtab",
             rank=int(rank) if rank is not None else -1,
             request_timeout_s=float(_env("TRIMTAB_REQUEST_TIMEOUT_S") or 600.0),
+            spin_s=spin_from_env(),
         )
     except ValueError as exc:
         raise ConfigError(f"bad TRIMTAB_* setting: {exc}") from None

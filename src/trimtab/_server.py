@@ -42,6 +42,7 @@ from trimtab._placement import ChunkSpec, TensorSpec, make_chunks
 from trimtab._shm import Arena, job_prefix
 from trimtab._straggle import ServerStraggler, StragglerSpec
 from trimtab._transport import Envelope, Peer, Transport, ZmqTransport
+from trimtab._transport.zmq import check_spin
 
 log = logging.getLogger("trimtab.server")
 
@@ -68,6 +69,8 @@ class ServerConfig:
         priority: of the pushes queued at once, merge those of lower chunk ids (the
             first layers, in ``named_parameters`` order) first, so that their values
             return first and the next forward can start (P3); off only to compare.
+        spin_s: seconds a server waiting for its next message polls before it sleeps
+            (``TRIMTAB_SPIN_US`` for ``trimtab server``; 0: it sleeps at once).
     """
 
     coordinator: str
@@ -79,8 +82,10 @@ class ServerConfig:
     max_frame_bytes: int = 64 << 20
     priority: bool = True
     stragglers: tuple[StragglerSpec, ...] = ()
+    spin_s: float = 0.0
 
     def __post_init__(self) -> None:
+        check_spin(self.spin_s)
         if not self.coordinator.startswith(("tcp://", "inproc://")):
             raise ConfigError(
                 f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT"
@@ -164,6 +169,7 @@ class Server:
         self._transport = transport or ZmqTransport(
             bind=True, host=config.host, port=config.port, max_frame_bytes=config.max_frame_bytes
         )
+        self._transport.spin_s = config.spin_s
         self._loop = NodeLoop(config.job, self._transport, log)
         self.state = ServerState.JOINING
         self.index = -1

@@ -36,6 +36,7 @@ from trimtab._exceptions import (
 from trimtab._messages import Control, Data, Header, decode, encode, payload_frames
 from trimtab._node import Heartbeat
 from trimtab._transport import Frame, Peer, Transport, ZmqTransport
+from trimtab._transport.zmq import check_spin
 
 log = logging.getLogger("trimtab.worker")
 
@@ -52,6 +53,8 @@ class WorkerConfig:
         coordinator_timeout_s: the job is considered dead if the coordinator is
             silent this long.
         request_timeout_s: the longest wait for any single reply.
+        spin_s: seconds a wait for a server's reply polls before it sleeps
+            (``TRIMTAB_SPIN_US``; 0: it sleeps at once).
     """
 
     coordinator: str
@@ -60,8 +63,10 @@ class WorkerConfig:
     heartbeat_s: float = 1.0
     coordinator_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
+    spin_s: float = 0.0
 
     def __post_init__(self) -> None:
+        check_spin(self.spin_s)
         if not self.coordinator.startswith(("tcp://", "inproc://")):
             raise ConfigError(
                 f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT; "
@@ -113,6 +118,8 @@ class WorkerClient:
         self._transport = transport or ZmqTransport(bind=False)
         self._coord = self._transport.connect(config.coordinator)
         self._data = self._transport.companion()
+        # Only the data sockets spin: their waits are a reply's, due within microseconds.
+        self._data.spin_s = config.spin_s
         self._data_lock = threading.Lock()
         self._data_out: collections.deque[tuple[str, list[Frame]]] = collections.deque()
         self._rids = itertools.count(1)

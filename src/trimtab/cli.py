@@ -326,6 +326,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
     import torch
 
     from trimtab._server import Server, ServerConfig
+    from trimtab._transport.zmq import spin_from_env
 
     _logging(args.verbose)
     if args.coordinator is None:
@@ -344,6 +345,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
             port=args.port,
             stragglers=tuple(parse_stragglers(args.straggler)),
             priority=not args.no_priority,
+            spin_s=spin_from_env(),
         )
     ).run()
     return 0

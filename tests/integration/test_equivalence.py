@@ -162,39 +162,42 @@ def test_lbbsp_over_tcp_changes_sizes_and_matches_one_process(tmp_path: Path) ->
 
 
 SHARED_CASES = [
-    # (optimizer, shared memory on, local lane on, forced migration every N steps (0: none))
-    ("adam", True, True, 3),
-    ("sgd", True, True, 0),
-    ("sgd", True, False, 3),  # shared memory with ZeroMQ for the messages
-    ("sgd", False, False, 0),  # every byte through TCP
+    # (optimizer, shared memory on, local lane on, forced migration every N steps (0: none),
+    # TRIMTAB_SPIN_US: how long every wait polls before it sleeps)
+    ("adam", True, True, 3, 50),
+    ("sgd", True, True, 0, 0),
+    ("sgd", True, False, 3, 50),  # shared memory with ZeroMQ for the messages
+    ("sgd", False, False, 0, 0),  # every byte through TCP
 ]
 
 
-def _shared_case_id(optimizer: str, shared: bool, lane: bool, every: int) -> str:
+def _shared_case_id(optimizer: str, shared: bool, lane: bool, every: int, spin: int) -> str:
     path = ("shm" if lane else "shm-zeromq") if shared else "sockets"
-    return f"{optimizer}-{path}{f'-moves{every}' if every else ''}"
+    return f"{optimizer}-{path}{f'-moves{every}' if every else ''}{'-polling' if spin else ''}"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("optimizer", "shared", "lane", "every"),
+    ("optimizer", "shared", "lane", "every", "spin"),
     SHARED_CASES,
     ids=[_shared_case_id(*case) for case in SHARED_CASES],
 )
 def test_big_chunks_through_shared_memory_or_sockets_match_one_process(
-    tmp_path: Path, optimizer: str, shared: bool, lane: bool, every: int
+    tmp_path: Path, optimizer: str, shared: bool, lane: bool, every: int, spin: int
 ) -> None:
     """Chunks too big to ride inside a header (a hidden layer of 192: weights of 7.5 and
     12 KiB, cut at 8 KiB): between processes of one machine their gradients and values go
     through each worker's shared memory (with pushes resent to a chunk's new owner after
     a migration), their messages over the local lane or, with TRIMTAB_LANE=0, ZeroMQ;
-    with TRIMTAB_SHM=0 everything goes through TCP. All give one process's parameters,
-    and no arena is left in /dev/shm."""
+    with TRIMTAB_SHM=0 everything goes through TCP; workers and servers poll before they
+    sleep (TRIMTAB_SPIN_US) or not. All give one process's parameters, and no arena is
+    left in /dev/shm."""
     sizes = (5, 19)
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=8192, rebalance_every=every)
     command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(tmp_path)]
     env = {"EQUIV_HIDDEN": "192", "TRIMTAB_SHM": "1" if shared else "0"}
     env["TRIMTAB_LANE"] = "1" if lane else "0"
+    env["TRIMTAB_SPIN_US"] = str(spin)
     _run(config, command, env)
     setup = Setup(optimizer, sizes, hidden=192)
     expected = reference(setup)

@@ -160,6 +160,20 @@ def test_run_without_a_command_says_what_to_do() -> None:
     assert "trimtab run -w 2 -s 2 -- python train.py" in proc.stderr
 
 
+def test_run_with_a_bad_spin_says_what_to_give_and_starts_nothing() -> None:
+    env = {**os.environ, "TRIMTAB_SPIN_US": "fast"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trimtab", "run", "-w", "1", "-s", "1", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 2
+    assert "TRIMTAB_SPIN_US='fast'" in proc.stdout + proc.stderr
+    assert "[coordinator]" not in proc.stdout
+
+
 def test_script_without_a_job_says_how_to_start_one(tmp_path: Path) -> None:
     script = tmp_path / "alone.py"
     script.write_text("import trimtab\ntrimtab.init()\n")

@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -224,6 +225,62 @@ def test_a_departed_lane_peer_is_forgotten_and_a_broken_lane_reconnects() -> Non
         peer = client.connect(server.address)
         client.send(peer, [b"two"])
         assert bytes(_recv(server).frames[0]) == b"two"
+    finally:
+        client.close()
+        server.close()
+
+
+# -- polling before sleeping (TRIMTAB_SPIN_US) ------------------------------------------
+
+
+def _cpu_of_a_quiet_wait(transport: ZmqTransport, timeout_s: float) -> float:
+    started = time.process_time()
+    assert transport.recv(timeout_s) is None
+    return time.process_time() - started
+
+
+@pytest.mark.parametrize("use_lane", [True, False], ids=["lane", "zeromq"])
+def test_a_polling_receive_reads_what_arrives_and_waits_out_its_timeout(use_lane: bool) -> None:
+    if use_lane and not lane.supported():
+        pytest.skip("abstract Unix sockets are Linux's")
+    server = ZmqTransport(bind=True, lane=use_lane)
+    client = ZmqTransport(bind=False, lane=use_lane)
+    try:
+        peer = client.connect(server.address)
+        assert client.through_lane(peer) == use_lane
+        client.send(peer, [b"hello"])
+        back = _recv(server).peer
+        # Polls for 10 ms before each sleep: no message is lost, reordered or made up.
+        server.spin_s = client.spin_s = 0.01
+
+        def later() -> None:
+            for i in range(20):
+                time.sleep(0.001 * (i % 3))
+                client.send(peer, [b"m%d" % i, b"x" * i])
+
+        sender = threading.Thread(target=later)
+        sender.start()
+        got = [server.recv(10.0) for _ in range(20)]
+        sender.join()
+        assert [(bytes(e.frames[0]), bytes(e.frames[1])) for e in got if e is not None] == [
+            (b"m%d" % i, b"x" * i) for i in range(20)
+        ]
+        server.send(back, [b"answer"])
+        assert bytes(_recv(client).frames[0]) == b"answer"
+        # Nothing to read: the wait polls (spending CPU) for spin_s, then sleeps out the
+        # rest of its timeout; without spin_s it sleeps all of it.
+        assert _cpu_of_a_quiet_wait(server, 0.05) > 0.002
+        server.spin_s = 0.0
+        assert _cpu_of_a_quiet_wait(server, 0.05) < 0.002
+        assert server.recv(0) is None  # and recv(0) never polls for long
+        # wake() from another thread ends a polling wait, as a sleeping one.
+        server.spin_s = 0.005
+        waker = threading.Timer(0.02, server.wake)
+        waker.start()
+        started = time.monotonic()
+        assert server.recv(30.0) is None
+        assert time.monotonic() - started < 10.0
+        waker.join()
     finally:
         client.close()
         server.close()

@@ -41,7 +41,14 @@ class Envelope(NamedTuple):
 
 
 class Transport(abc.ABC):
-    """Framed, ordered, reliable messaging between nodes (per pair of peers)."""
+    """Framed, ordered, reliable messaging between nodes (per pair of peers).
+
+    Attributes:
+        spin_s: seconds a :meth:`recv` that has to wait polls before it sleeps (0: it
+            sleeps at once). Its owner sets it; transports that cannot poll ignore it.
+    """
+
+    spin_s: float = 0.0
 
     @property
     @abc.abstractmethod

@@ -27,9 +27,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import zmq
 
+from trimtab._exceptions import ConfigError
 from trimtab._shm import is_local, turned_off
 from trimtab._transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
 from trimtab._transport.lane import LaneClosed, LaneConnection, lane_name, supported
@@ -44,6 +46,50 @@ _LINGER_S = 2.0
 
 #: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
 LANE_ENV = "TRIMTAB_LANE"
+#: Microseconds a waiting worker or server polls for its next message before it sleeps.
+SPIN_ENV = "TRIMTAB_SPIN_US"
+#: What ``trimtab run`` sets (unless set already) when the job's workers and servers on
+#: this machine are no more than its cores. A sleeping process woken by a message answers
+#: it tens to a hundred us later; a 1 KiB round trip here waits about 100 us on each
+#: side, so 50 us of polling gained 10%, 100 us doubled the round trips per second and
+#: more gained nothing more (BENCHMARKS.md): twice the knee, for slower machines.
+SPIN_DEFAULT_US = 200
+#: The longest spin accepted: beyond a few ms, sleeping costs nothing measurable.
+_SPIN_MAX_US = 10_000
+
+
+def check_spin(spin_s: float) -> None:
+    """Raise :class:`ConfigError` unless ``spin_s`` is from 0 to 0.01 s. Never blocks."""
+    if not 0 <= spin_s <= _SPIN_MAX_US / 1e6:
+        raise ConfigError(
+            f"spin_s={spin_s!r}: a waiting node polls from 0 to {_SPIN_MAX_US / 1e6} s "
+            f"before it sleeps ({SPIN_ENV} gives it in microseconds)"
+        )
+
+
+def spin_from_env() -> float:
+    """Seconds from ``TRIMTAB_SPIN_US`` (unset: 0, no spinning). Never blocks.
+
+    Raises :class:`ConfigError` unless it is a number of microseconds from 0 to 10000.
+    """
+    return parse_spin(os.environ.get(SPIN_ENV, ""))
+
+
+def parse_spin(raw: str) -> float:
+    """Seconds from a ``TRIMTAB_SPIN_US`` value (empty: 0). Raises as :func:`spin_from_env`."""
+    raw = raw.strip()
+    if not raw:
+        return 0.0
+    try:
+        us = float(raw)
+    except ValueError:
+        us = -1.0
+    if not 0 <= us <= _SPIN_MAX_US:
+        raise ConfigError(
+            f"{SPIN_ENV}={raw!r}: give the microseconds a waiting node polls before it "
+            f"sleeps, from 0 (never) to {_SPIN_MAX_US}; e.g. {SPIN_ENV}={SPIN_DEFAULT_US}"
+        )
+    return us / 1e6
 
 
 def lane_default() -> bool:
@@ -327,7 +373,7 @@ class ZmqTransport(Transport):
         if self._ready:
             return self._ready.popleft()
         timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
-        events = dict(self._poller.poll(timeout_ms))
+        events = self._poll(timeout_ms)
         if self._wake_r in events:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
@@ -354,6 +400,21 @@ class ZmqTransport(Transport):
                 if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     break
         return self._ready.popleft() if self._ready else None
+
+    def _poll(self, timeout_ms: int | None) -> dict[Any, int]:
+        """Ready sockets and descriptors, after up to ``timeout_ms`` (forever for None).
+        With :attr:`spin_s`, polls without sleeping that long first: a message that
+        arrives meanwhile is read at once, not after the scheduler wakes this thread
+        (tens of us here, and caches gone cold). Blocks."""
+        if self.spin_s > 0 and timeout_ms != 0:
+            until = time.perf_counter() + self.spin_s
+            while True:
+                events = self._poller.poll(0)
+                if events:
+                    return dict(events)
+                if time.perf_counter() >= until:
+                    break
+        return dict(self._poller.poll(timeout_ms))
 
     def recv_queued(self) -> Envelope | None:
         return self._ready.popleft() if self._ready else None

@@ -1,0 +1,73 @@
+"""``TRIMTAB_SPIN_US``: what it accepts, and when ``trimtab run`` turns polling on."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimtab import WorkerConfig
+from trimtab._exceptions import ConfigError
+from trimtab._launcher import Job, LaunchConfig
+from trimtab._server import ServerConfig
+from trimtab._transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin, spin_from_env
+
+COORD = "tcp://127.0.0.1:5555"
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("", 0.0), (" 0 ", 0.0), ("50", 5e-5), ("2.5", 2.5e-6)]
+)
+def test_spin_is_read_in_microseconds(raw: str, seconds: float) -> None:
+    assert parse_spin(raw) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "10001", "nan", "1e9"])
+def test_a_bad_spin_says_what_to_give(raw: str) -> None:
+    with pytest.raises(ConfigError, match=f"{SPIN_ENV}=.*from 0 \\(never\\) to 10000"):
+        parse_spin(raw)
+
+
+def test_spin_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    assert spin_from_env() == 0.0  # unset: a node sleeps at once
+    monkeypatch.setenv(SPIN_ENV, "80")
+    assert spin_from_env() == pytest.approx(8e-5)
+
+
+@pytest.mark.parametrize("spin_s", [-1e-6, 0.02])
+def test_configs_refuse_a_spin_out_of_range(spin_s: float) -> None:
+    with pytest.raises(ConfigError, match="spin_s"):
+        WorkerConfig(coordinator=COORD, job="j", spin_s=spin_s)
+    with pytest.raises(ConfigError, match="spin_s"):
+        ServerConfig(coordinator=COORD, job="j", spin_s=spin_s)
+
+
+@pytest.mark.parametrize(
+    ("workers", "servers", "max_servers", "cores", "expected"),
+    [
+        (1, 1, 0, 2, str(SPIN_DEFAULT_US)),  # a core each
+        (2, 2, 0, 2, "0"),  # oversubscribed: polling would take a core another needs
+        (2, 2, 0, 4, str(SPIN_DEFAULT_US)),
+        (2, 2, 3, 4, "0"),  # the servers it may add count too
+    ],
+)
+def test_trimtab_run_polls_only_where_every_process_has_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    servers: int,
+    max_servers: int,
+    cores: int,
+    expected: str,
+) -> None:
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    monkeypatch.setattr("trimtab._launcher.available_cores", lambda: cores)
+    config = LaunchConfig(workers=workers, servers=servers, max_servers=max_servers)
+    assert Job(config, ["true"])._role_env()[SPIN_ENV] == expected
+
+
+def test_trimtab_run_keeps_the_users_spin_and_checks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trimtab._launcher.available_cores", lambda: 64)
+    monkeypatch.setenv(SPIN_ENV, "0")
+    assert Job(LaunchConfig(workers=1, servers=1), ["true"])._role_env()[SPIN_ENV] == "0"
+    job = Job(LaunchConfig(workers=1, servers=1), ["true"], extra_env={SPIN_ENV: "fast"})
+    with pytest.raises(ConfigError, match=SPIN_ENV):
+        job._role_env()
