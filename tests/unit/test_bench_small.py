@@ -20,6 +20,14 @@ def test_zmq_round_trips_give_a_positive_rate() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("framed", [False, True], ids=["req-rep", "framed"])
+def test_polling_round_trips_check_every_echo_and_give_a_positive_rate(framed: bool) -> None:
+    r = baselines.zmq_rtt_per_s(1024, round_trips=300, warmup=20, framed=framed, spin_s=2e-4)
+    assert r["round_trips"] == 300
+    assert math.isfinite(r["per_s"]) and r["per_s"] > 0
+
+
+@pytest.mark.timeout(60)
 def test_framed_round_trips_use_trimtabs_sockets_and_give_a_positive_rate() -> None:
     r = baselines.zmq_rtt_per_s(1024, round_trips=300, warmup=20, framed=True)
     assert r["round_trips"] == 300
@@ -33,6 +41,8 @@ def test_zmq_round_trips_refuse_bad_arguments() -> None:
         baselines.zmq_rtt_per_s(1024, round_trips=0)
     with pytest.raises(ValueError):
         baselines.zmq_rtt_per_s(1024, warmup=-1)
+    with pytest.raises(ValueError):
+        baselines.zmq_rtt_per_s(1024, spin_s=-1)
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import torch
 import trimtab
 import trimtab._api
 from trimtab._compression import Compression, compressor
+from trimtab._transport.zmq import spin_from_env
 
 RESULT = "TRIMTAB_BENCH "
 READY = "TRIMTAB_BENCH_READY"
@@ -87,7 +88,12 @@ def main() -> None:
     if lead:
         # How many pushes the servers read from shared memory (0: all through sockets).
         shared = sum(int(s.get("shared", 0)) for s in trimtab.server_stats())
-        print(RESULT + json.dumps({"times": times, "shared_pushes": shared}), flush=True)
+        # How long a wait polled before sleeping (trimtab run's choice, or the user's).
+        spin_us = spin_from_env() * 1e6
+        print(
+            RESULT + json.dumps({"times": times, "shared_pushes": shared, "spin_us": spin_us}),
+            flush=True,
+        )
     trimtab.shutdown()
 
 

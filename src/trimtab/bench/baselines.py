@@ -564,15 +564,26 @@ def _run_gloo(
 _FRAMED_HEADER = b"\x8a" + bytes(range(47))
 
 
+def _await_message(sock: Any, spin_s: float) -> None:
+    """Poll ``sock`` without sleeping for up to ``spin_s`` until a message is there (the
+    blocking receive that follows takes it, or sleeps for it after the spin)."""
+    if spin_s <= 0:
+        return
+    until = time.perf_counter() + spin_s
+    while not sock.poll(0) and time.perf_counter() < until:
+        pass
+
+
 def _zmq_echo(
     payload_bytes: int,
     round_trips: int,
     timeout_s: float,
     ports: MpQueue[int | str],
     framed: bool = False,
+    spin_s: float = 0.0,
 ) -> None:
     """Spawned echo side: bind 127.0.0.1, report the port, echo ``round_trips``
-    messages (REP; ROUTER with ``framed``)."""
+    messages (REP; ROUTER with ``framed``), polling ``spin_s`` before each receive."""
     try:
         import zmq
 
@@ -583,6 +594,7 @@ def _zmq_echo(
         port = sock.bind_to_random_port(f"tcp://{_HOST}")
         ports.put(port)
         for _ in range(round_trips):
+            _await_message(sock, spin_s)
             if framed:  # [identity, header, payload], answered with the same shape
                 parts = sock.recv_multipart(copy=False)
                 if len(parts) != 3 or len(parts[2].buffer) != payload_bytes:
@@ -607,6 +619,7 @@ def zmq_rtt_per_s(
     warmup: int = 200,
     timeout_s: float = 10.0,
     framed: bool = False,
+    spin_s: float = 0.0,
 ) -> dict[str, float]:
     """Raw pyzmq REQ/REP round trips per second between two processes over loopback.
 
@@ -621,6 +634,10 @@ def zmq_rtt_per_s(
     (``recv_multipart``/``send_multipart`` with ``copy=False``), the DEALER receives
     them. What no Python design over these sockets can beat here.
 
+    With ``spin_s``, both sides poll their socket without sleeping for up to that long
+    before each receive, as trimtab's nodes do with ``TRIMTAB_SPIN_US``: the raw
+    exchange with the same trick.
+
     Blocks for the spawn (~0.2 s) plus the round trips (~0.1 ms each on a 2-core host:
     about a second for the defaults).
 
@@ -630,15 +647,15 @@ def zmq_rtt_per_s(
 
     Raises:
         ValueError: if ``payload_bytes`` or ``round_trips`` is not positive, or
-            ``warmup`` is negative.
+            ``warmup`` or ``spin_s`` is negative.
         RuntimeError: if the echo process fails to start within 60 s, a reply takes over
             ``timeout_s``, a reply is wrong, or the echo process exits non-zero. It is
             always reaped (terminated if needed).
     """
-    if payload_bytes <= 0 or round_trips <= 0 or warmup < 0:
+    if payload_bytes <= 0 or round_trips <= 0 or warmup < 0 or spin_s < 0:
         raise ValueError(
-            "payload_bytes and round_trips must be positive and warmup non-negative: "
-            f"{payload_bytes}, {round_trips}, {warmup}"
+            "payload_bytes and round_trips must be positive, warmup and spin_s "
+            f"non-negative: {payload_bytes}, {round_trips}, {warmup}, {spin_s}"
         )
     import zmq
 
@@ -646,7 +663,7 @@ def zmq_rtt_per_s(
     ports: MpQueue[int | str] = ctx.Queue()
     proc = ctx.Process(
         target=_zmq_echo,
-        args=(payload_bytes, warmup + round_trips, timeout_s, ports, framed),
+        args=(payload_bytes, warmup + round_trips, timeout_s, ports, framed, spin_s),
         name="trimtab-zmq-echo",
         daemon=True,
     )
@@ -670,11 +687,13 @@ def zmq_rtt_per_s(
                 start = time.perf_counter()
             if framed:
                 sock.send_multipart([_FRAMED_HEADER, payload], copy=False)
+                _await_message(sock, spin_s)
                 header, body = sock.recv_multipart(copy=False)
                 if body.bytes != payload or header.bytes != _FRAMED_HEADER:
                     raise RuntimeError("zmq round trips: the echo came back changed")
                 continue
             sock.send(payload)
+            _await_message(sock, spin_s)
             if sock.recv() != payload:
                 raise RuntimeError("zmq round trips: the echo came back changed")
         seconds = time.perf_counter() - start

@@ -12,6 +12,13 @@ In one run it measures, for the same bytes:
   * small messages: trimtab round trips of one 1 KiB tensor (1 worker, 1 server; a step
     is a push and the wait for the updated value) against raw pyzmq REQ/REP round trips
     of the same 1 KiB between two processes.
+A waiting worker or server polls for up to ``TRIMTAB_SPIN_US`` before it sleeps, which
+``trimtab run`` sets where the job's processes fit the cores (here the 1 KiB job's 1 + 1
+on 2 cores: ``small_spin_us``; not the 2 x 2 job's: ``spin_us``);
+``small_no_spin_ops_per_s`` is the 1 KiB job with ``TRIMTAB_SPIN_US=0``. The raw echoes
+block in ZeroMQ (``zmq_rtt_per_s``, the issue's baseline); ``zmq_polling_per_s`` is the
+raw REQ/REP with the same polling on both sides, so that the trick is not counted as
+trimtab's alone.
 ``floor_step_s`` = 4 x model bytes / ceiling: the bytes a PS step moves through loopback
 (2 workers each push and pull the model once).
 
@@ -39,7 +46,7 @@ from typing import Any
 
 from trimtab._launcher import Job, LaunchConfig
 from trimtab._shm import ENV as SHM_ENV
-from trimtab._transport.zmq import LANE_ENV
+from trimtab._transport.zmq import LANE_ENV, SPIN_ENV
 from trimtab.bench._datapath_worker import RESULT
 from trimtab.bench.baselines import (
     gloo_allreduce_s,
@@ -85,6 +92,7 @@ def run_trimtab(
     compression: str = "none",
     shm: bool = True,
     lane: bool = True,
+    spin: bool = True,
     info: dict[str, Any] | None = None,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
@@ -92,9 +100,10 @@ def run_trimtab(
     ``go_file`` and ``on_line`` are the profiler's handshake (see
     ``_datapath_worker.py``): every line the job prints is handed to ``on_line`` first.
     ``shm=False`` sends every byte through TCP (``TRIMTAB_SHM=0``), ``lane=False`` the
-    messages through ZeroMQ rather than the local lane (``TRIMTAB_LANE=0``); ``info``
-    receives the job's other figures (``shared_pushes``). Blocks for the job; raises
-    RuntimeError on failure.
+    messages through ZeroMQ rather than the local lane (``TRIMTAB_LANE=0``), ``spin=False``
+    makes every wait sleep at once (``TRIMTAB_SPIN_US=0``; otherwise ``trimtab run``
+    decides, or the caller's environment); ``info`` receives the job's other figures
+    (``shared_pushes``, ``spin_us``). Blocks for the job; raises RuntimeError on failure.
     """
     command = [
         sys.executable,
@@ -121,6 +130,8 @@ def run_trimtab(
         env[SHM_ENV] = "0"
     if not lane:
         env[LANE_ENV] = "0"
+    if not spin:
+        env[SPIN_ENV] = "0"
     return run_timed_job(config, command, on_line=on_line, env=env or None, info=info)
 
 
@@ -216,9 +227,21 @@ def measure(
     no_lane = run_trimtab(sizes, steps, chunk_bytes, compression=compression, lane=False)
     # The 1 KiB figures swing by 2x within minutes here, each of them: three rounds of
     # the trimtab job and both raw echoes, one right after the other, and the medians.
-    rounds: dict[str, list[float]] = {"small": [], "small_no_lane": [], "zmq": [], "framed": []}
+    rounds: dict[str, list[float]] = {
+        "small": [],
+        "small_no_spin": [],
+        "small_no_lane": [],
+        "zmq": [],
+        "zmq_polling": [],
+        "framed": [],
+    }
+    small_info: dict[str, Any] = {}
     for _ in range(SMALL_ROUNDS):
-        for key, lane in (("small", True), ("small_no_lane", False)):
+        for key, lane, spin in (
+            ("small", True, True),
+            ("small_no_spin", True, False),
+            ("small_no_lane", False, True),
+        ):
             small = run_trimtab(
                 [SMALL_BYTES],
                 small_steps,
@@ -228,15 +251,24 @@ def measure(
                 warmup=100,
                 compression=compression,
                 lane=lane,
+                spin=spin,
+                info=small_info if key == "small" else None,
             )
             rounds[key].append(len(small) / sum(small))
         rounds["zmq"].append(zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100)["per_s"])
+        # As long as the trimtab job polled (0 if it did not: then the same as "zmq").
+        small_spin_s = float(small_info.get("spin_us") or 0.0) / 1e6
+        rounds["zmq_polling"].append(
+            zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100, spin_s=small_spin_s)["per_s"]
+        )
         rounds["framed"].append(
             zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100, framed=True)["per_s"]
         )
     small_ops = statistics.median(rounds["small"])
     small_no_lane = statistics.median(rounds["small_no_lane"])
+    small_no_spin = statistics.median(rounds["small_no_spin"])
     zmq_per_s = statistics.median(rounds["zmq"])
+    zmq_polling = statistics.median(rounds["zmq_polling"])
     framed_per_s = statistics.median(rounds["framed"])
     ceiling = tcp_ceiling_gbps(total, repeats=5)
     memcpy = memcpy_gbps(total, repeats=5)
@@ -266,6 +298,7 @@ def measure(
         "step_over_floor": round(step_s / floor, 3),
         "step_over_gloo": round(step_s / gloo["median_s"], 3),
         "shared_memory": bool(info.get("shared_pushes")),
+        "spin_us": info.get("spin_us"),
         "step_no_lane_s": round(no_lane_s, 5),
         "step_over_no_lane": round(step_s / no_lane_s, 3),
         "step_sockets_s": round(sockets_s, 5),
@@ -288,8 +321,13 @@ def measure(
         "small_ops_per_s": round(small_ops, 1),
         "small_no_lane_ops_per_s": round(small_no_lane, 1),
         "small_over_no_lane": round(small_ops / small_no_lane, 3),
+        "small_spin_us": small_info.get("spin_us"),
+        "small_no_spin_ops_per_s": round(small_no_spin, 1),
+        "small_over_no_spin": round(small_ops / small_no_spin, 3),
         "zmq_rtt_per_s": round(zmq_per_s, 1),
         "small_over_zmq": round(small_ops / zmq_per_s, 3),
+        "zmq_polling_per_s": round(zmq_polling, 1),
+        "small_over_zmq_polling": round(small_ops / zmq_polling, 3),
         "zmq_framed_per_s": round(framed_per_s, 1),
         "small_over_framed": round(small_ops / framed_per_s, 3),
         "small_rounds_per_s": {k: [round(v, 1) for v in vs] for k, vs in rounds.items()},
