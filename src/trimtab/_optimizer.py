@@ -42,7 +42,9 @@ _BYTE_WRITE_MAX = 64 * 1024
 
 # A chunk request: its future, header and frames (kept to resend it if the chunk moved)
 # and the index of the server it went to.
-_Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any], int]
+#: A chunk's push in flight: its reply's future, header, frames, the server it was sent
+#: to and the gradient bytes it carried.
+_Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any], int, int]
 _said_mode: set[str] = set()
 
 
@@ -412,7 +414,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     frames = inline(header, data)
             request = self._ctx.client.request(address, header, frames)
-            futs.append((request, header, frames, owner))
+            futs.append((request, header, frames, owner, nbytes))
             if self._timed:
                 traffic = self._traffic.get(owner)
                 if traffic is None:
@@ -461,7 +463,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if sent is None:
                     continue
                 futs, clock = sent
-                for c, (f, header, frames, owner) in zip(self._chunks_of[p], futs, strict=True):
+                for c, (f, header, frames, owner, pushed) in zip(
+                    self._chunks_of[p], futs, strict=True
+                ):
                     reply = self._await(f, c, header, frames, clock)
                     if reply.header.get("sm"):
                         reply = self._shared_reply(c, reply)
@@ -471,6 +475,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         # move): the last reply read off the socket closes its span.
                         traffic[1] = max(traffic[1], reply.at)
                         traffic[2] += reply.frames[0].nbytes if reply.frames else 0
+                    elif traffic is not None:
+                        # Moved and resent: the server it was sent to only said so, so
+                        # its bytes are not that server's work. Left in, they credited a
+                        # server just relieved of chunks with all its old load over the
+                        # span of the few it kept (a 20 MB/s server read 56).
+                        traffic[2] -= pushed
                     if self._mode is OptimizerMode.SERVER:
                         self._write_value(p, c, reply)
                     elif not reply.header.get("z"):

@@ -226,6 +226,47 @@ def test_workers_report_what_they_observe_of_each_server(cluster_factory) -> Non
         assert lower > 0 and (upper is None or upper >= lower)
 
 
+def test_a_push_that_was_moved_is_not_counted_as_work_of_the_server_it_reached(
+    cluster_factory,
+) -> None:
+    # After a migration a worker may push to a chunk's old owner, which answers "moved";
+    # the push is resent to the new owner. The old owner did none of that work: its bytes
+    # must not count towards its speed (they made a 20 MB/s server read 56 MB/s).
+    cluster = cluster_factory(workers=1, servers=2, chunk_bytes=256, placement="psld")
+    spans: list[dict[int, float]] = []
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(20, 20)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        real_spans = opt._spans_of_step
+
+        def spy(waited: float) -> list[list[float]]:
+            out = real_spans(waited)
+            spans.append({int(row[0]): row[3] for row in out})
+            return out
+
+        opt._spans_of_step = spy  # type: ignore[method-assign]
+        model(torch.ones(3, 20)).sum().backward()
+        opt.step()
+        # A stale map for the pushes of the next backward: server 0's chunks go to 1.
+        right = ctx.owner_of
+        ctx.owner_of = lambda c, clock=None: 1  # type: ignore[method-assign]
+        model(torch.ones(3, 20)).sum().backward()
+        ctx.owner_of = right  # type: ignore[method-assign]
+        opt.step()  # server 1 answers "moved" for server 0's chunks; they are resent
+        assert ctx.placement is not None and 0 in ctx.placement.owners
+
+    cluster.run_workers(body)
+    first, second = spans[0], spans[-1]
+    assert set(first) == {0, 1} and first[0] > 0 and first[1] > 0
+    # Server 1 is credited with its own chunks' pushes and replies, as in the step
+    # before, and not with server 0's pushes it only turned away.
+    assert second[1] == first[1]
+    assert 0 not in second  # its resent pushes were not timed from the first push
+
+
 def test_values_land_in_a_parameter_whose_memory_was_replaced(cluster_factory) -> None:
     # Workers write small chunks' values through a byte view kept per parameter: a
     # parameter given new memory between steps (p.data = ...) must get them there.
