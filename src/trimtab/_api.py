@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -18,13 +18,14 @@ from trimtab._compression import compressor
 from trimtab._context import Context
 from trimtab._exceptions import ConfigError, UsageError
 from trimtab._messages import Control
-from trimtab._node import enable_stack_dumps
+from trimtab._node import add_state_dump, enable_stack_dumps
 from trimtab._straggle import ENV as STRAGGLER_ENV
 from trimtab._straggle import parse_stragglers
 from trimtab._transport.zmq import spin_from_env
 from trimtab._worker import WorkerConfig
 
 _default: Context | None = None
+_forget_state: Callable[[], None] | None = None  # takes the context's state dump back
 
 
 def _env(*names: str) -> str | None:
@@ -85,6 +86,8 @@ def init(config: WorkerConfig | None = None) -> None:
     )
     atexit.register(shutdown)
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
+    global _forget_state
+    _forget_state = add_state_dump(_default.describe)
 
 
 def shutdown() -> None:
@@ -92,6 +95,8 @@ def shutdown() -> None:
     global _default
     if _default is not None:
         ctx, _default = _default, None
+        if _forget_state is not None:
+            _forget_state()
         ctx.close()
 
 

@@ -129,6 +129,18 @@ class Context:
             return self._prev[chunk]
         return self.placement.owners[chunk]
 
+    def describe(self) -> str:
+        """This worker's protocol state, for a hung job's dump (:data:`STACK_SIGNAL`):
+        its map, its requests in flight, each optimizer's. Only reads; never blocks."""
+        epoch = self.placement.epoch if self.placement else 0
+        moving = {c: (self._prev[c], k) for c, k in self._cuts.items()} if self._prev else {}
+        lines = [
+            f"worker {self.rank}: map epoch {epoch}; chunks moving (from server, at clock): "
+            f"{moving or 'none'}; {self.client.describe()}"
+        ]
+        lines.extend(opt.describe() for opt in self.optimizers)
+        return "\n".join(lines)
+
     def refresh_map(self, epoch: int) -> None:
         """Fetch the placement map of at least ``epoch`` from the coordinator. Blocks
         until the coordinator has published it."""

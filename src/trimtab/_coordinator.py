@@ -16,7 +16,7 @@ from trimtab._consistency import CONSISTENCY
 from trimtab._detection import DETECTORS, StragglerDetector
 from trimtab._exceptions import ConfigError, JobAborted, ProtocolError
 from trimtab._messages import Control, ErrorCode, Header, decode, error_of, field
-from trimtab._node import NodeLoop
+from trimtab._node import NodeLoop, add_state_dump
 from trimtab._placement import PLACEMENTS, PlacementMap, TensorSpec, is_live, make_chunks
 from trimtab._psld import PsldController, SpeedEstimator, chunk_costs, rebalance
 from trimtab._transport import Peer, Transport, ZmqTransport
@@ -220,6 +220,7 @@ class Coordinator:
             self.config.num_servers,
             self.config.num_workers,
         )
+        forget_state_dump = add_state_dump(self.describe)
         try:
             while not self._stop and self._abort is None:
                 env = self._transport.recv(self.config.heartbeat_s)
@@ -232,9 +233,33 @@ class Coordinator:
                         member.peer, {"o": int(Control.ABORT), "i": 0, "why": self._abort}
                     )
         finally:
+            forget_state_dump()
             self._transport.close()
         if self._abort is not None:
             raise JobAborted(self._abort)
+
+    def describe(self) -> str:
+        """Its protocol state, for a hung job's dump (:data:`STACK_SIGNAL`): the map, the
+        migration in flight, each worker's clock and map, each server's state. Only
+        reads; never blocks."""
+        mig = self._migrating
+        lines = [
+            f"coordinator: map epoch {self._map.epoch if self._map else 0}, published "
+            f"{self._published.get('epoch', '-')}, {len(self._map_waiters)} map requests "
+            f"waiting, workers' clocks {dict(sorted(self._clocks.items()))}, workers' maps "
+            f"{ {r: w.epoch for r, w in sorted(self._workers.items())} }"
+        ]
+        if mig is not None:
+            lines.append(
+                f"  migration to epoch {mig.epoch}: acks awaited from servers "
+                f"{sorted(mig.acks)}, chunks not yet handed over {sorted(mig.moving)}, "
+                f"cuts {dict(sorted(mig.cuts.items()))}"
+            )
+        for m in self._servers:
+            state = "retired" if m.done else "draining" if m.draining else "active"
+            owned = self._map.owners.count(m.rank) if self._map else 0
+            lines.append(f"  server {m.rank} at {m.addr}: {state}, owns {owned} chunks")
+        return "\n".join(lines)
 
     def _check_liveness(self) -> None:
         now = time.monotonic()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import faulthandler
 import logging
 import signal
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,13 +32,46 @@ WIRE_DTYPES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 STACK_SIGNAL = signal.SIGUSR1
 
 
+#: What each node of this process says of its protocol state on :data:`STACK_SIGNAL`
+#: (see :func:`add_state_dump`).
+_state_dumps: list[Callable[[], str]] = []
+
+
 def enable_stack_dumps() -> None:
-    """Print every thread's stack to stderr on :data:`STACK_SIGNAL`, if the process does
+    """On :data:`STACK_SIGNAL`, print every thread's stack to stderr, then what each
+    node of this process registered with :func:`add_state_dump` (its requests in
+    flight, chunks, migrations: what a hung job needs explained), if the process does
     not handle that signal already and this is its main thread. Does not block or
     raise."""
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(STACK_SIGNAL) is signal.SIG_DFL:
-        faulthandler.register(STACK_SIGNAL, all_threads=True)
+        # The stacks come from faulthandler's own handler, which works whatever the
+        # threads are doing; it then chains to this one, which runs in the main thread
+        # at its next bytecode (a poll is interrupted and resumed for it).
+        signal.signal(STACK_SIGNAL, _print_state)
+        faulthandler.register(STACK_SIGNAL, all_threads=True, chain=True)
+
+
+def add_state_dump(describe: Callable[[], str]) -> Callable[[], None]:
+    """Have ``describe()`` printed on :data:`STACK_SIGNAL` (after the stacks); returns
+    the function that takes it back. ``describe`` runs in the main thread between two
+    bytecodes of whatever it was doing, so it must only read. Never blocks or raises."""
+    _state_dumps.append(describe)
+
+    def remove() -> None:
+        if describe in _state_dumps:
+            _state_dumps.remove(describe)
+
+    return remove
+
+
+def _print_state(signum: int, frame: object) -> None:
+    for describe in list(_state_dumps):
+        try:
+            text = describe()
+        except Exception as exc:  # a half-updated structure: say so, never raise here
+            text = f"(state unavailable: {type(exc).__name__}: {exc})"
+        print(text, file=sys.stderr, flush=True)
 
 
 def wire_dtype(dtype: torch.dtype) -> str:

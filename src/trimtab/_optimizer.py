@@ -150,6 +150,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Sent, answers not yet written: parameter -> (its requests, their clock).
         self._arriving: dict[torch.Tensor, tuple[list[_Sent], int]] = {}
         self._arrive_s = 0.0  # time forward spent waiting for values, this step
+        # The request being waited for (chunk, request id, clock), for describe().
+        self._awaited: tuple[int, int, int | None] | None = None
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
@@ -503,6 +505,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ctx = self._ctx
         for _ in range(_MAX_MOVES):
             try:
+                self._awaited = (c.id, header["i"], clock)
                 return wait(fut, ctx.timeout_s)
             except ChunkMoved as moved:
                 ctx.refresh_map(moved.epoch)
@@ -523,6 +526,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise RemoteError(
             "moved", f"chunk {c.id} moved {_MAX_MOVES} times during one request; giving up"
         )
+
+    def describe(self) -> str:
+        """Where this optimizer stands, for a hung job's dump (:data:`STACK_SIGNAL`): its
+        clock and the chunk requests not yet answered. Only reads; never blocks."""
+        unanswered = [
+            f"chunk {header['c']} (clock {clock}, request {header.get('i')}) sent to server "
+            f"{owner}" + (f" [{type(f.exception()).__name__}]" if f.done() else "")
+            for futs, clock in self._arriving.values()
+            for f, header, _, owner, _ in futs
+            if not f.done() or f.exception() is not None
+        ]
+        lines = [
+            f"  optimizer: clock {self._clock}, {len(self._inflight)} tensors pushed this step, "
+            f"{len(self._arriving)} awaiting values"
+        ]
+        if self._awaited is not None:
+            cid, rid, clock = self._awaited
+            where = self._ctx.server_of(cid, clock) if self._ctx.placement else "?"
+            lines.append(f"  last waited for: chunk {cid}, request {rid}, at {where}")
+        lines.extend(f"  unanswered: {u}" for u in unanswered[:20])
+        if len(unanswered) > 20:
+            lines.append(f"  ... and {len(unanswered) - 20} more")
+        return "\n".join(lines)
 
     def _shared_reply(self, c: ChunkSpec, reply: Reply) -> Reply:
         """A reply whose value the server wrote into chunk ``c``'s slot of our shared

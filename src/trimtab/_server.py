@@ -33,6 +33,7 @@ from trimtab._node import (
     WIRE_DTYPES,
     Heartbeat,
     NodeLoop,
+    add_state_dump,
     as_bytes,
     check_tensor_frames,
     tensor_from,
@@ -234,6 +235,7 @@ class Server:
         """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""
         torch.set_grad_enabled(False)  # (this thread's setting) nothing here needs autograd
         warm_up()
+        forget_state_dump = add_state_dump(self.describe)
         self._loop.send(
             self._coord,
             {"o": int(Control.REGISTER), "i": 1, "role": "server", "addr": self.address},
@@ -255,6 +257,7 @@ class Server:
                         break
                     self._serve(peer, frames, header)
         finally:
+            forget_state_dump()
             self.state = ServerState.STOPPED
             self._straggler.close()
             for arena in self._arenas.values():
@@ -817,6 +820,32 @@ class Server:
             self._loop.send(peer, header)
             return
         self._loop.send(peer, header, inline(header, frame))
+
+    def describe(self) -> str:
+        """Its protocol state for a hung job's dump (:data:`STACK_SIGNAL`): the chunks
+        with a round in progress or on their way out or in, handovers not yet acked.
+        Only reads; never blocks."""
+        rounds = [ch.round for ch in self._chunks.values()]
+        lines = [
+            f"server {self.index} ({self.state.value}): map epoch {self._epoch}, step "
+            f"{self._step}, owns {len(self._chunks)} chunks, rounds "
+            f"{min(rounds, default=0)}..{max(rounds, default=0)}"
+        ]
+        for cid, ch in sorted(self._chunks.items()):
+            if ch.arrived or ch.waiting or ch.held or cid in self._outgoing:
+                cut, owner = self._outgoing.get(cid, (-1, -1))
+                lines.append(
+                    f"  chunk {cid}: round {ch.round}, pushed by workers {sorted(ch.arrived)}, "
+                    f"{len(ch.waiting)} waiting, {len(ch.held)} held"
+                    + (f", leaving for server {owner} from clock {cut}" if owner >= 0 else "")
+                )
+        for cid, queued in sorted(self._incoming.items()):
+            lines.append(f"  chunk {cid}: arriving, {len(queued)} requests wait for it")
+        if self._handing:
+            lines.append(f"  handed over, not yet acked: chunks {sorted(self._handing.values())}")
+        if self._early:
+            lines.append(f"  {len(self._early)} handovers of a map not yet received")
+        return "\n".join(lines)
 
     def stats(self) -> dict[str, Any]:
         """Counters and versions, for tests and the coordinator. Loop thread only."""

@@ -174,6 +174,12 @@ class WorkerClient:
         """Why the job is over, or ``None`` while it runs."""
         return self._dead
 
+    def describe(self) -> str:
+        """Its requests in flight, for a hung job's dump. Only reads; never blocks."""
+        rids = sorted(self._pending)
+        shown = ", ".join(map(str, rids[:20])) + (" ..." if len(rids) > 20 else "")
+        return f"{len(rids)} requests unanswered ({shown}), {len(self._data_out)} not yet sent"
+
     # -- requests ------------------------------------------------------------------
 
     def control(

@@ -208,7 +208,8 @@ def test_train_reaches_accuracy_and_prints_json_last() -> None:
 @pytest.mark.timeout(90)
 def test_job_past_its_deadline_prints_every_stack_and_stops(tmp_path: Path) -> None:
     """`--deadline`: a hung job ends with status 124, and every process of it (workers,
-    coordinator, server) printed where each of its threads was, for the hang's report."""
+    coordinator, server) printed where each of its threads was, then its protocol state
+    (map, clocks, requests in flight), for the hang's report."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     command = [sys.executable, str(script), "hang"]
@@ -239,4 +240,13 @@ def test_job_past_its_deadline_prints_every_stack_and_stops(tmp_path: Path) -> N
         assert any("most recent call first" in line for line in stacks), (source, out[-3000:])
     worker = [line for line in out.splitlines() if line.startswith("[worker 0]")]
     assert any("train.py" in line for line in worker)  # the user's own frames
+    states = {
+        "worker 0": "worker 0: map epoch 1;",
+        "worker 1": "worker 1: map epoch 1;",
+        "coordinator": "coordinator: map epoch 1,",
+        "server 0": "server 0 (serving): map epoch 1,",
+    }
+    for source, state in states.items():
+        assert f"[{source}] {state}" in out, (source, out[-3000:])
+    assert "  optimizer: clock " in out
     assert processes_of(str(script)) == []
