@@ -550,6 +550,14 @@ class Server:
                 return
             cid = header.get("c")
             if op != Data.HANDOVER and isinstance(cid, int) and cid in self._incoming:
+                sent_by = header.get("e")
+                if isinstance(sent_by, int) and sent_by < self._epoch:
+                    # Routed by a map older than the one moving the chunk here: for its
+                    # clock the chunk may still be its old owner's, which hands it over
+                    # only once that round is complete, this request's push included.
+                    # Held here, both would wait forever; with this map the worker
+                    # sends it where it belongs (here again, if the clock is past the cut).
+                    raise _Moved(cid, self.index, self._epoch)
                 # The chunk is on its way here: answer once it arrived.
                 self._incoming[cid].append((peer, frames))
                 return

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+import time
+from typing import Any
+
 import pytest
 import torch
 
@@ -284,3 +289,73 @@ def test_values_land_in_a_parameter_whose_memory_was_replaced(cluster_factory) -
 
     for got in cluster.run_workers(body):
         assert torch.equal(got, -3.0 * torch.arange(100, dtype=torch.float32))
+
+
+def test_a_push_routed_by_an_old_map_to_a_chunks_next_owner_is_sent_back(
+    cluster_factory,
+) -> None:
+    # A chunk moves A -> B, back to A, then to B again, while worker 0 keeps the map of
+    # the first move. In the third move worker 1 has pushed clock 0 already, so that
+    # round stays with A (cut 1). Worker 0's push of clock 0, sent to B by its old map,
+    # must be answered "moved" (to reach A after a map refresh), not held by B until the
+    # chunk arrives: A hands the chunk over only once that very push is in. Held, both
+    # workers waited forever (a hang seen in CI, with forced migrations and scaling).
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256, rebalance_every=1)
+    gate = threading.Barrier(2, timeout=20)
+    chunk = 0
+
+    def status(ctx: Context) -> dict[str, Any]:
+        return ctx.call({"o": int(Control.STATUS)}).header
+
+    def step_boundary(ctx: Context, clock: int, settled: bool) -> None:
+        # Both workers report step `clock`: rebalance_every=1 then moves every chunk to
+        # the other server (the next map's epoch is clock + 2).
+        ctx.call({"o": int(Control.REPORT), "k": clock, "b": 1, "cs": 0.01, "ms": 0.0, "cpu": 1})
+        gate.wait()
+        deadline = time.monotonic() + 20
+        while (s := status(ctx))["epoch"] < clock + 2 or (settled and s["migrating"]):
+            assert time.monotonic() < deadline, f"no migration to epoch {clock + 2}: {s}"
+            time.sleep(0.01)
+        gate.wait()
+
+    def push(ctx: Context, address: str) -> concurrent.futures.Future[Any]:
+        assert ctx.placement is not None
+        header = {"o": int(Data.PUSH), "c": chunk, "e": ctx.placement.epoch, "r": ctx.rank}
+        header.update(k=0, w=1, v=0, z=True)  # clock 0, no gradient
+        return ctx.client.request(address, header)
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(4, 4)
+        trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        assert ctx.placement is not None
+        a = ctx.server_of(chunk)
+        step_boundary(ctx, 0, settled=True)  # epoch 2: the chunk at B
+        if ctx.rank == 0:
+            ctx.refresh_map(2)  # ... and worker 0 keeps this map
+            b = ctx.server_of(chunk, 0)
+            assert b != a
+        step_boundary(ctx, 1, settled=True)  # epoch 3: back at A
+        first = None
+        if ctx.rank == 1:
+            ctx.refresh_map(3)
+            first = push(ctx, ctx.server_of(chunk, 0))
+            wait(ctx.client.request(a, {"o": int(Data.STATS)}), 10)  # the push is in
+        step_boundary(ctx, 2, settled=False)  # epoch 4: to B, from clock 1
+        if ctx.rank == 0:
+            with pytest.raises(ChunkMoved) as moved:
+                wait(push(ctx, b), 5)
+            assert moved.value.epoch == 4
+            ctx.refresh_map(moved.value.epoch)
+            assert ctx.server_of(chunk, 0) == a  # clock 0 is still A's
+            wait(push(ctx, a), 10)
+        else:
+            assert first is not None
+            wait(first, 10)
+        deadline = time.monotonic() + 20
+        while status(ctx)["migrating"]:  # A hands the chunk over once the round is done
+            assert time.monotonic() < deadline, "the chunk never left A"
+            time.sleep(0.01)
+
+    cluster.run_workers(body)
