@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from trimtab import WorkerConfig
 from trimtab._exceptions import ConfigError
-from trimtab._launcher import Job, LaunchConfig
+from trimtab._launcher import Job, LaunchConfig, available_cores, cgroup_cpu_quota
 from trimtab._server import ServerConfig
 from trimtab._transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin, spin_from_env
 
@@ -71,3 +74,32 @@ def test_trimtab_run_keeps_the_users_spin_and_checks_it(monkeypatch: pytest.Monk
     job = Job(LaunchConfig(workers=1, servers=1), ["true"], extra_env={SPIN_ENV: "fast"})
     with pytest.raises(ConfigError, match=SPIN_ENV):
         job._role_env()
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 2.0),  # cgroup v2: a limit of 2 CPUs
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),  # no limit
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu.max": "garbage"}, None),
+        ({}, None),
+    ],
+)
+def test_a_containers_cpu_quota_is_read_from_its_cgroup(
+    tmp_path: Path, files: dict[str, str], expected: float | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_quota(tmp_path) == expected
+
+
+def test_a_cpu_quota_bounds_the_cores_polling_counts_on(tmp_path: Path) -> None:
+    # A container limited to 1.5 CPUs on a bigger machine: affinity shows every core of
+    # the host, but the processes of a job share two at most.
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert available_cores(tmp_path) == min(2, len(os.sched_getaffinity(0)))
+    assert available_cores(tmp_path / "none") == len(os.sched_getaffinity(0))
