@@ -263,12 +263,13 @@ def test_bsp_with_live_migrations_matches_one_process(
 
 @pytest.mark.timeout(180)
 def test_bsp_with_servers_added_and_one_removed_matches_one_process(tmp_path: Path) -> None:
-    """Forced migrations every 4 steps; after step 5 the job grows to 3 servers (the
-    launcher starts one, chunks move onto it), after step 10 it shrinks to 2 (one drains
-    and exits), after step 15 it grows to 3 again (``max_servers`` counts live servers,
-    so a fourth process starts). Same parameters as one process; each gradient applied
-    once."""
-    config = LaunchConfig(workers=2, servers=2, max_servers=3, chunk_bytes=512, rebalance_every=4)
+    """Forced migrations at every step boundary (so workers often push by a map a few
+    epochs old, and a chunk moves back to a server it left); after step 5 the job grows
+    to 3 servers (the launcher starts one, chunks move onto it), after step 10 it shrinks
+    to 2 (one drains and exits), after step 15 it grows to 3 again (``max_servers``
+    counts live servers, so a fourth process starts). Same parameters as one process;
+    each gradient applied once."""
+    config = LaunchConfig(workers=2, servers=2, max_servers=3, chunk_bytes=512, rebalance_every=1)
     command = [sys.executable, str(SCRIPT), "adam", "7,17", str(tmp_path)]
     lines = _run(config, command, {"EQUIV_SCALE": "5:3,10:2,15:3"}, deadline_s=150.0)
     setup = Setup("adam", (7, 17))
