@@ -54,7 +54,7 @@ class Context:
         self.client = WorkerClient(config, transport)
         self.client.start()
         self.local_rank = self.client.rank if local_rank < 0 else local_rank
-        self.placement: PlacementMap | None = None
+        self._placement: PlacementMap | None = None
         self.tensors: list[TensorSpec] = []
         self.chunks: list[ChunkSpec] = []
         self.optimizers: list[DistributedOptimizer] = []
@@ -65,6 +65,16 @@ class Context:
         self._bcast_seq = itertools.count()
         self._barrier_seq = itertools.count()
         log.debug("worker %d of %d joined", self.rank, self.size)
+
+    @property
+    def placement(self) -> PlacementMap | None:
+        """The placement map this worker routes by (None before :meth:`declare`)."""
+        return self._placement
+
+    @placement.setter
+    def placement(self, value: PlacementMap) -> None:
+        self._placement = value
+        self.client.map_epoch = value.epoch  # its heartbeats tell the coordinator
 
     @property
     def rank(self) -> int:
@@ -106,10 +116,9 @@ class Context:
             "time_servers": bool(reply.get("time_servers", False)),
         }
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])
-        self.placement = PlacementMap(
-            reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
-        )
-        return self.placement
+        placement = PlacementMap(reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"]))
+        self.placement = placement
+        return placement
 
     def server_of(self, chunk: int, clock: int | None = None) -> str:
         """The address of the server that owns ``chunk`` (for the push of step ``clock``:
@@ -141,18 +150,23 @@ class Context:
         lines.extend(opt.describe() for opt in self.optimizers)
         return "\n".join(lines)
 
+    def routing_floor(self) -> int:
+        """:meth:`WorkerClient.routing_floor`. Never blocks (beyond a short lock)."""
+        return self.client.routing_floor()
+
     def refresh_map(self, epoch: int) -> None:
         """Fetch the placement map of at least ``epoch`` from the coordinator. Blocks
         until the coordinator has published it."""
         if self.placement is not None and self.placement.epoch >= epoch:
             return
-        reply = self.call({"o": int(Control.MAP_GET), "e": epoch}).header
+        floor = self.routing_floor()
+        reply = self.call({"o": int(Control.MAP_GET), "e": epoch, "lo": floor}).header
+        self._prev = tuple(reply["prev"])
+        self._cuts = {int(c): int(k) for c, k in reply["cuts"].items()}
         self.placement = PlacementMap(
             reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
         )
-        self._prev = tuple(reply["prev"])
-        self._cuts = {int(c): int(k) for c, k in reply["cuts"].items()}
-        log.debug("worker %d: placement epoch %d", self.rank, self.placement.epoch)
+        log.debug("worker %d: placement epoch %d", self.rank, reply["epoch"])
 
     def _wait_parameters(self) -> None:
         """Write every answer this worker's optimizers are still owed. Blocks."""

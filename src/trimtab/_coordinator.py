@@ -139,7 +139,9 @@ class _Member:
     draining: bool = False  # a server giving its chunks away before it retires
     empty_at: int = 0  # the map epoch from which a draining server owns nothing
     placed: bool = False  # a server that was in the first map or has been given chunks
-    epoch: int = 0  # a worker's placement epoch (the last map it fetched)
+    # A worker's routing floor: the oldest map by which it may still have a data request
+    # in flight (its last MAP_GET's or REPORT's ``lo``; the first map until it says).
+    epoch: int = 0
 
 
 class Coordinator:
@@ -246,7 +248,7 @@ class Coordinator:
         lines = [
             f"coordinator: map epoch {self._map.epoch if self._map else 0}, published "
             f"{self._published.get('epoch', '-')}, {len(self._map_waiters)} map requests "
-            f"waiting, workers' clocks {dict(sorted(self._clocks.items()))}, workers' maps "
+            f"waiting, workers' clocks {dict(sorted(self._clocks.items()))}, workers' oldest maps "
             f"{ {r: w.epoch for r, w in sorted(self._workers.items())} }"
         ]
         if mig is not None:
@@ -299,6 +301,7 @@ class Coordinator:
                 )
             if op == Control.HEARTBEAT:
                 self._loop.send(peer, {"o": int(Control.HEARTBEAT), "i": 0})
+                self._on_floor(member, header)
             elif op == Control.DECLARE:
                 self._on_declare(member, header)
             elif op == Control.MAP_ACK:
@@ -321,9 +324,10 @@ class Coordinator:
             elif op == Control.HANDED:
                 self._on_handed(member, header)
             elif op == Control.MAP_GET:
-                self._map_waiters.append((peer, rid, field(header, "e", int)))
+                wanted = field(header, "e", int)
+                self._on_floor(member, header)
+                self._map_waiters.append((peer, rid, wanted))
                 self._answer_map_waiters()
-                self._retire_drained()
             elif op == Control.LOAD:
                 if member.role is Role.SERVER:
                     self._speeds.observe(
@@ -560,6 +564,7 @@ class Coordinator:
             raise ProtocolError(ErrorCode.MALFORMED.value, f"bad step report: {exc}") from None
         self._history.setdefault(member.rank, collections.deque(maxlen=50)).append(sample)
         self._clocks[member.rank] = clock + 1
+        self._on_floor(member, header)
         self._step_times[clock] = max(
             self._step_times.get(clock, 0.0), sample.compute_s + sample.comm_s
         )
@@ -739,10 +744,23 @@ class Coordinator:
         else:
             self._retire_drained()
 
+    def _on_floor(self, member: _Member, header: Header) -> None:
+        """A worker's ``lo`` (in MAP_GET, REPORT and heartbeats): the oldest map by which
+        it still has a request in flight. Raises a MALFORMED :class:`ProtocolError` if it
+        is not an integer."""
+        if member.role is not Role.WORKER or "lo" not in header:
+            return
+        floor = field(header, "lo", int)
+        if floor > member.epoch:
+            member.epoch = floor
+            self._retire_drained()
+
     def _retire_drained(self) -> None:
-        """Stop draining servers that own nothing, once every worker routes by a map in
-        which they own nothing (until then a late request may still reach them, and
-        they answer it *moved*)."""
+        """Stop draining servers that own nothing, once no worker has a request in flight
+        that an older map routed (each worker's ``lo``): until then such a request may
+        still reach them, and they answer it *moved*. Having sent a worker the newer map
+        is not enough: requests it sent by the old one may not have been read yet, and a
+        server stopped before reading them leaves their sender waiting forever."""
         if self._map is None:
             return
         owned = set(self._map.owners)
@@ -780,8 +798,9 @@ class Coordinator:
             raise ConfigError("a new map gives chunks to a retired server")
         self._migrating = _Migration(epoch, tuple(owners), {m.rank for m in live}, {}, moving)
         log.info(
-            "migration to epoch %d: %d chunks (%d bytes) move",
+            "migration to epoch %d at step %d: %d chunks (%d bytes) move",
             epoch,
+            min(self._clocks.values(), default=0),
             len(moving),
             sum(self._sizes[c] for c in moving),
         )
@@ -835,7 +854,12 @@ class Coordinator:
             return
         self.migrations += 1
         self._migrating = None
-        log.info("migration to epoch %d done (%d so far)", mig.epoch, self.migrations)
+        log.info(
+            "migration to epoch %d done at step %d (%d so far)",
+            mig.epoch,
+            min(self._clocks.values(), default=0),
+            self.migrations,
+        )
         self._retire_drained()
         # A server draining, or one that joined during the migration (not yet given
         # anything), is handled now. A server the policy emptied on purpose is not
@@ -860,9 +884,6 @@ class Coordinator:
                 "cuts": {},
             }
             self._loop.send(peer, {"o": int(Control.MAP), "i": rid, **body})
-            member = self._members.get(peer)
-            if member is not None:
-                member.epoch = max(member.epoch, int(body["epoch"]))
         self._map_waiters = keep
 
     # -- barriers and broadcast ----------------------------------------------------

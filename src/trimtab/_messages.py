@@ -42,7 +42,7 @@ class Control(enum.IntEnum):
 
     REGISTER = 1  # node -> coord {role, rank, addr}; reply REGISTERED
     REGISTERED = 2  # {rank, num_workers, num_servers, chunk_bytes, heartbeat_s}
-    HEARTBEAT = 3  # node -> coord, no reply
+    HEARTBEAT = 3  # node -> coord {lo?: a worker's, as in MAP_GET}, no reply
     DECLARE = 4  # worker -> coord {tensors, opt}; reply MAP once all workers declared
     MAP = 5  # {epoch, tensors, chunks, owners, servers, opt, workers}
     MAP_ACK = 6  # server -> coord, once it holds the chunks the map gives it
@@ -56,14 +56,15 @@ class Control(enum.IntEnum):
     OK = 14  # generic success reply
     ERROR = 15  # {code, msg}
     STATUS = 16  # anyone -> coord; reply OK {members, epoch, clocks}
-    REPORT = 17  # worker -> coord {k, b, cs, ms, cpu}: a step's measurements;
+    REPORT = 17  # worker -> coord {k, b, cs, ms, cpu, lo}: a step's measurements;
     #              reply OK {sizes?, refresh?, lead?} (under lbbsp once all workers reported)
     MIGRATE = 18  # coord -> server {epoch, owners, servers, prev, + MAP fields}: a new map
     MIGRATE_ACK = 19  # server -> coord {epoch, cuts}: the clock from which each chunk it
     #                   gives away belongs to its new owner
     HANDED = 20  # server -> coord {epoch, c}: these chunks reached their new owners
-    MAP_GET = 21  # worker -> coord {e}; reply MAP {epoch, owners, servers, prev, cuts}
-    #               once a map of at least epoch e is published
+    MAP_GET = 21  # worker -> coord {e, lo}; reply MAP {epoch, owners, servers, prev, cuts}
+    #               once a map of at least epoch e is published. lo (also in REPORT): the
+    #               oldest map by which the worker has a data request unanswered
     LOAD = 22  # server -> coord {busy, bytes, n}: cumulative busy seconds, bytes handled
     SCALE = 23  # tool -> coord {servers}: go to this many servers; reply OK {target}
 

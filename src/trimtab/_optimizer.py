@@ -758,6 +758,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "cs": compute,
             "ms": comm,
             "cpu": min(cpu, 1.0),
+            "lo": self._ctx.routing_floor(),
         }
         if spans:
             header["sv"] = spans

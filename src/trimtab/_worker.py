@@ -84,11 +84,13 @@ class Reply(NamedTuple):
 
 
 class _DataFuture(concurrent.futures.Future[Reply]):
-    """The future of a data request: waiting for it receives on the data sockets."""
+    """The future of a data request: waiting for it receives on the data sockets.
+    ``epoch`` is the placement epoch the request was routed by (its header's ``e``)."""
 
-    def __init__(self, client: WorkerClient) -> None:
+    def __init__(self, client: WorkerClient, epoch: int | None) -> None:
         super().__init__()
         self.client = client
+        self.epoch = epoch
 
 
 def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
@@ -134,6 +136,8 @@ class WorkerClient:
         self.num_workers = 0
         self.num_servers = 0
         self.chunk_bytes = 0
+        #: The epoch of the placement map this worker routes by (its Context sets it).
+        self.map_epoch = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -180,6 +184,21 @@ class WorkerClient:
         shown = ", ".join(map(str, rids[:20])) + (" ..." if len(rids) > 20 else "")
         return f"{len(rids)} requests unanswered ({shown}), {len(self._data_out)} not yet sent"
 
+    def routing_floor(self) -> int:
+        """The oldest placement epoch by which a data request of this worker is still
+        unanswered, or :attr:`map_epoch` if none is older. Sent to the coordinator with
+        every MAP_GET, REPORT and heartbeat (``lo``): it retires a drained server only
+        once every worker's floor is past the map that emptied it, since until then a
+        request sent by an older map may still reach that server (and be answered
+        *moved*). Never blocks (beyond a short lock)."""
+        with self._lock:
+            epochs = [
+                f.epoch
+                for f in self._pending.values()
+                if isinstance(f, _DataFuture) and isinstance(f.epoch, int)
+            ]
+        return min([self.map_epoch, *epochs])
+
     # -- requests ------------------------------------------------------------------
 
     def control(
@@ -197,7 +216,7 @@ class WorkerClient:
         thread-safe. The frames' memory must stay unchanged until the future is done."""
         data = isinstance(to, str)
         fut: concurrent.futures.Future[Reply] = (
-            _DataFuture(self) if data else concurrent.futures.Future()
+            _DataFuture(self, header.get("e")) if data else concurrent.futures.Future()
         )
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
@@ -275,9 +294,12 @@ class WorkerClient:
                     peer = self._transport.connect(to) if isinstance(to, str) else to
                     self._transport.send(peer, frames)
                 if self._heartbeat.due():
-                    self._transport.send(
-                        self._coord, [encode({**self._heartbeat.header(), "j": self.config.job})]
-                    )
+                    beat = {**self._heartbeat.header(), "j": self.config.job}
+                    if self.map_epoch:
+                        # A worker between steps (at a barrier, say) sends no REPORT:
+                        # its heartbeat still lets a drained server retire.
+                        beat["lo"] = self.routing_floor()
+                    self._transport.send(self._coord, [encode(beat)])
                 env = self._transport.recv(self.config.heartbeat_s)
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:

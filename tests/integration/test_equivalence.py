@@ -214,7 +214,10 @@ def test_big_chunks_through_shared_memory_or_sockets_match_one_process(
     assert shared_pushes == (big * 2 * setup.steps if shared else 0)
     assert sum(s["lane"] for s in servers_stats) == (pushes if lane else 0)
     if every:
-        assert job["migrations"] >= setup.steps // every - 1, job
+        # A migration is started at a step boundary only when the one before it is done;
+        # under load one can take 4 steps (its chunks are handed over once their last
+        # round before the cut is answered), and the boundaries after it then slip.
+        assert job["migrations"] >= setup.steps // every // 2, job
     assert list(SHM_DIR.glob(job_prefix(config.job) + "*")) == []
 
 
@@ -247,7 +250,7 @@ def test_bsp_with_live_migrations_matches_one_process(
     stats = json.loads((tmp_path / "stats.json").read_text())
     job, servers_stats = stats["job"], stats["servers"]
     chunks = len(job["owners"])
-    assert job["migrations"] >= setup.steps // 3 - 1, job
+    assert job["migrations"] >= setup.steps // 3 // 2, job  # (see the shared-memory test)
     # Every chunk moved at least once, and ended where the last map says.
     assert sum(s["moved_in"] for s in servers_stats) >= chunks
     versions = {int(c): v for s in servers_stats for c, v in s["versions"].items()}

@@ -359,3 +359,71 @@ def test_a_push_routed_by_an_old_map_to_a_chunks_next_owner_is_sent_back(
             time.sleep(0.01)
 
     cluster.run_workers(body)
+
+
+def test_a_drained_server_retires_only_once_no_request_routed_to_it_is_in_flight(
+    cluster_factory,
+) -> None:
+    # Server 1 is drained (scaled to 1 server); its chunks move to server 0 (epoch 2).
+    # Worker 0 has a push in flight that the old map routed (held by server 0, which
+    # waits for worker 1's). Both workers fetch the new map: the coordinator used to
+    # retire server 1 then, though a request sent by the old map may not have been read
+    # yet; stopped before reading it, the server left its sender waiting forever (a hang
+    # seen with scaling and forced migrations under load). It must wait until every
+    # worker says it has nothing in flight from an older map.
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+    gate = threading.Barrier(2, timeout=20)
+
+    def status(ctx: Context) -> dict[str, Any]:
+        return ctx.call({"o": int(Control.STATUS)}).header
+
+    def report(ctx: Context) -> None:
+        header = {"o": int(Control.REPORT), "k": 0, "b": 1, "cs": 0.01, "ms": 0.0, "cpu": 1}
+        ctx.call({**header, "lo": ctx.routing_floor()})
+
+    def push(ctx: Context, chunk: int) -> concurrent.futures.Future[Any]:
+        assert ctx.placement is not None
+        header = {"o": int(Data.PUSH), "c": chunk, "e": ctx.placement.epoch, "r": ctx.rank}
+        header.update(k=0, w=1, v=0, z=True)  # clock 0, no gradient
+        return ctx.client.request(ctx.server_of(chunk, 0), header)
+
+    def body(ctx: Context) -> None:
+        model = torch.nn.Linear(4, 4)
+        trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        assert ctx.placement is not None and ctx.placement.epoch == 1
+        kept = ctx.placement.owners.index(0)  # a chunk that stays on server 0
+        held = push(ctx, kept) if ctx.rank == 0 else None
+        gate.wait()
+        if ctx.rank == 0:
+            ctx.call({"o": int(Control.SCALE), "servers": 1})
+            deadline = time.monotonic() + 20
+            while (s := status(ctx))["epoch"] < 2 or s["migrating"]:
+                assert time.monotonic() < deadline, f"server 1 was never drained: {s}"
+                time.sleep(0.01)
+            assert set(s["owners"]) == {0}
+        gate.wait()
+        ctx.refresh_map(2)
+        assert ctx.routing_floor() == (1 if ctx.rank == 0 else 2)
+        report(ctx)
+        gate.wait()
+        assert status(ctx)["live_servers"] == [0, 1]  # worker 0's push is still out
+        gate.wait()
+        if ctx.rank == 1:
+            wait(push(ctx, kept), 10)  # the round completes: worker 0's push is answered
+        else:
+            assert held is not None
+            wait(held, 10)
+            assert ctx.routing_floor() == 2
+            report(ctx)
+            deadline = time.monotonic() + 20
+            while status(ctx)["live_servers"] != [0]:
+                assert time.monotonic() < deadline, "the drained server never retired"
+                time.sleep(0.01)
+            with pytest.raises(RemoteError, match="'lo'") as bad:
+                ctx.call({"o": int(Control.MAP_GET), "e": 2, "lo": "old"})
+            assert bad.value.code == "malformed"
+        gate.wait()
+
+    cluster.run_workers(body)
