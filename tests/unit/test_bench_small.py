@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +73,15 @@ def test_model_sizes_sum_to_the_model() -> None:
     sizes = datapath.model_sizes(100)
     assert sum(sizes) == 100 * datapath.MIB
     assert max(sizes) == 25 * datapath.MIB and min(sizes) == datapath.MIB
+
+
+def test_the_busy_process_burns_cpu_during_its_block_and_is_gone_after() -> None:
+    def cpu_ticks(pid: int) -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    with datapath.busy_process() as proc:
+        time.sleep(0.5)
+        assert proc.poll() is None
+        assert cpu_ticks(proc.pid) > 0.2 * os.sysconf("SC_CLK_TCK")  # over 0.2 s of CPU
+    assert proc.returncode is not None and not Path(f"/proc/{proc.pid}").exists()

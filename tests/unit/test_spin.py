@@ -1,8 +1,10 @@
-"""``TRIMTAB_SPIN_US``: what it accepts, and when ``trimtab run`` turns polling on."""
+"""``TRIMTAB_SPIN_US``: what it accepts, when ``trimtab run`` turns polling on, and when a
+transport polls (only while its spins catch messages)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from trimtab import WorkerConfig
 from trimtab._exceptions import ConfigError
 from trimtab._launcher import Job, LaunchConfig, available_cores, cgroup_cpu_quota
 from trimtab._server import ServerConfig
+from trimtab._transport import ZmqTransport
+from trimtab._transport.spin import SpinPolicy
 from trimtab._transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin, spin_from_env
 
 COORD = "tcp://127.0.0.1:5555"
@@ -103,3 +107,58 @@ def test_a_cpu_quota_bounds_the_cores_polling_counts_on(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert available_cores(tmp_path) == min(2, len(os.sched_getaffinity(0)))
     assert available_cores(tmp_path / "none") == len(os.sched_getaffinity(0))
+
+
+def _misses_to_stop() -> int:
+    """Consecutive misses after which a fresh policy stops spinning."""
+    rate, n = 1.0, 0
+    while rate >= SpinPolicy.KEEP:
+        rate -= rate / SpinPolicy.WINDOW
+        n += 1
+    return n
+
+
+def test_spinning_stops_when_spins_catch_nothing_and_is_probed_until_they_do() -> None:
+    policy = SpinPolicy()
+    for _ in range(_misses_to_stop()):
+        assert policy.should_spin()
+        policy.spun(False)
+    # Off (another process holds the core the peer needs, or nothing is coming): one
+    # wait in PROBE_EVERY still spins, to find out whether spinning pays again.
+    probes = [policy.should_spin() for _ in range(SpinPolicy.PROBE_EVERY * 4)]
+    assert sum(probes) == 4 and probes[SpinPolicy.PROBE_EVERY - 1]
+    for _ in range(SpinPolicy.PROBE_EVERY * 10):
+        if policy.should_spin():
+            policy.spun(True)  # the probes catch their messages: spinning pays again
+    assert all(policy.should_spin() for _ in range(SpinPolicy.PROBE_EVERY))
+
+
+def test_spinning_goes_on_while_most_spins_catch_their_message() -> None:
+    policy = SpinPolicy()
+    for i in range(1000):
+        assert policy.should_spin()
+        policy.spun(i % 3 != 2)  # two in three
+    assert (policy.hits, policy.misses) == (667, 333)
+
+
+def test_a_transport_spins_only_while_its_spins_catch_messages() -> None:
+    server = ZmqTransport(bind=True, lane=False)
+    client = ZmqTransport(bind=False, lane=False)
+    try:
+        peer = client.connect(server.address)
+        client.send(peer, [b"hello"])  # connects (not timed: it may take a while)
+        assert server.recv(10.0) is not None
+        server.spin_s = 200e-6
+        client.send(peer, [b"ping"])
+        time.sleep(0.05)  # it has arrived: the spin's first poll sees it
+        env = server.recv(1.0)
+        assert env is not None and env.frames[0].tobytes() == b"ping"
+        assert (server.spins.hits, server.spins.misses) == (1, 0)
+        # Waits that nothing answers: spins stop after a few, but for the probes.
+        waits = SpinPolicy.PROBE_EVERY + _misses_to_stop()
+        for _ in range(waits):
+            assert server.recv(0.001) is None
+        assert server.spins.misses == _misses_to_stop() + 1  # one probe
+    finally:
+        client.close()
+        server.close()

@@ -35,6 +35,7 @@ from trimtab._exceptions import ConfigError
 from trimtab._shm import is_local, turned_off
 from trimtab._transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
 from trimtab._transport.lane import LaneClosed, LaneConnection, lane_name, supported
+from trimtab._transport.spin import SpinPolicy
 
 log = logging.getLogger("trimtab.transport")
 
@@ -201,6 +202,8 @@ class ZmqTransport(Transport):
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
         self._ready: collections.deque[Envelope] = collections.deque()
+        #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
+        self.spins = SpinPolicy()
         self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
         self._max_frame = max_frame_bytes
         self._address = ""
@@ -406,14 +409,16 @@ class ZmqTransport(Transport):
         With :attr:`spin_s`, polls without sleeping that long first: a message that
         arrives meanwhile is read at once, not after the scheduler wakes this thread
         (tens of us here, and caches gone cold). Blocks."""
-        if self.spin_s > 0 and timeout_ms != 0:
+        if self.spin_s > 0 and timeout_ms != 0 and self.spins.should_spin():
             until = time.perf_counter() + self.spin_s
             while True:
                 events = self._poller.poll(0)
                 if events:
+                    self.spins.spun(True)
                     return dict(events)
                 if time.perf_counter() >= until:
                     break
+            self.spins.spun(False)
         return dict(self._poller.poll(timeout_ms))
 
     def recv_queued(self) -> Envelope | None:

@@ -18,7 +18,9 @@ on 2 cores: ``small_spin_us``; not the 2 x 2 job's: ``spin_us``);
 ``small_no_spin_ops_per_s`` is the 1 KiB job with ``TRIMTAB_SPIN_US=0``. The raw echoes
 block in ZeroMQ (``zmq_rtt_per_s``, the issue's baseline); ``zmq_polling_per_s`` is the
 raw REQ/REP with the same polling on both sides, so that the trick is not counted as
-trimtab's alone.
+trimtab's alone. ``small_busy_ops_per_s`` and ``small_busy_no_spin_ops_per_s`` time the
+1 KiB job, with and without polling, while one other process keeps a core busy (a
+machine shared with a user the job does not know of: polling must not cost there).
 ``floor_step_s`` = 4 x model bytes / ceiling: the bytes a PS step moves through loopback
 (2 workers each push and pull the model once).
 
@@ -37,10 +39,12 @@ copied in, its value copied out).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +137,18 @@ def run_trimtab(
     if not spin:
         env[SPIN_ENV] = "0"
     return run_timed_job(config, command, on_line=on_line, env=env or None, info=info)
+
+
+@contextlib.contextmanager
+def busy_process() -> Iterator[subprocess.Popen[bytes]]:
+    """Keep one other process busy (a pure Python loop) while the block runs: a user of
+    the machine the job does not know of. Blocks only to stop it (killed, then reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def run_timed_job(
@@ -231,29 +247,34 @@ def measure(
         "small": [],
         "small_no_spin": [],
         "small_no_lane": [],
+        "small_busy": [],
+        "small_busy_no_spin": [],
         "zmq": [],
         "zmq_polling": [],
         "framed": [],
     }
     small_info: dict[str, Any] = {}
     for _ in range(SMALL_ROUNDS):
-        for key, lane, spin in (
-            ("small", True, True),
-            ("small_no_spin", True, False),
-            ("small_no_lane", False, True),
+        for key, lane, spin, busy in (
+            ("small", True, True, False),
+            ("small_no_spin", True, False, False),
+            ("small_no_lane", False, True, False),
+            ("small_busy", True, True, True),
+            ("small_busy_no_spin", True, False, True),
         ):
-            small = run_trimtab(
-                [SMALL_BYTES],
-                small_steps,
-                chunk_bytes,
-                1,
-                1,
-                warmup=100,
-                compression=compression,
-                lane=lane,
-                spin=spin,
-                info=small_info if key == "small" else None,
-            )
+            with busy_process() if busy else contextlib.nullcontext():
+                small = run_trimtab(
+                    [SMALL_BYTES],
+                    small_steps,
+                    chunk_bytes,
+                    1,
+                    1,
+                    warmup=100,
+                    compression=compression,
+                    lane=lane,
+                    spin=spin,
+                    info=small_info if key == "small" else None,
+                )
             rounds[key].append(len(small) / sum(small))
         rounds["zmq"].append(zmq_rtt_per_s(SMALL_BYTES, small_steps, warmup=100)["per_s"])
         # As long as the trimtab job polled (0 if it did not: then the same as "zmq").
@@ -267,6 +288,8 @@ def measure(
     small_ops = statistics.median(rounds["small"])
     small_no_lane = statistics.median(rounds["small_no_lane"])
     small_no_spin = statistics.median(rounds["small_no_spin"])
+    small_busy = statistics.median(rounds["small_busy"])
+    small_busy_no_spin = statistics.median(rounds["small_busy_no_spin"])
     zmq_per_s = statistics.median(rounds["zmq"])
     zmq_polling = statistics.median(rounds["zmq_polling"])
     framed_per_s = statistics.median(rounds["framed"])
@@ -324,6 +347,9 @@ def measure(
         "small_spin_us": small_info.get("spin_us"),
         "small_no_spin_ops_per_s": round(small_no_spin, 1),
         "small_over_no_spin": round(small_ops / small_no_spin, 3),
+        "small_busy_ops_per_s": round(small_busy, 1),
+        "small_busy_no_spin_ops_per_s": round(small_busy_no_spin, 1),
+        "small_busy_over_no_spin": round(small_busy / small_busy_no_spin, 3),
         "zmq_rtt_per_s": round(zmq_per_s, 1),
         "small_over_zmq": round(small_ops / zmq_per_s, 3),
         "zmq_polling_per_s": round(zmq_polling, 1),
