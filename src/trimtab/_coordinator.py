@@ -140,7 +140,8 @@ class _Member:
     empty_at: int = 0  # the map epoch from which a draining server owns nothing
     placed: bool = False  # a server that was in the first map or has been given chunks
     # A worker's routing floor: the oldest map by which it may still have a data request
-    # in flight (its last MAP_GET's or REPORT's ``lo``; the first map until it says).
+    # in flight (the ``lo`` of its MAP_GETs, REPORTs and heartbeats; the first map until
+    # it says).
     epoch: int = 0
 
 
