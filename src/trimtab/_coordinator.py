@@ -142,7 +142,7 @@ class _Member:
     # A worker's routing floor: the oldest map by which it may still have a data request
     # in flight (the ``lo`` of its MAP_GETs, REPORTs and heartbeats; the first map until
     # it says).
-    epoch: int = 0
+    floor: int = 0
 
 
 class Coordinator:
@@ -250,7 +250,7 @@ class Coordinator:
             f"coordinator: map epoch {self._map.epoch if self._map else 0}, published "
             f"{self._published.get('epoch', '-')}, {len(self._map_waiters)} map requests "
             f"waiting, workers' clocks {dict(sorted(self._clocks.items()))}, workers' oldest maps "
-            f"{ {r: w.epoch for r, w in sorted(self._workers.items())} }"
+            f"{ {r: w.floor for r, w in sorted(self._workers.items())} }"
         ]
         if mig is not None:
             lines.append(
@@ -529,7 +529,7 @@ class Coordinator:
             return
         for peer, rid, _, _ in self._declared.values():
             self._loop.send(peer, {**self._map_header, "i": rid})
-            self._members[peer].epoch = self._map_header["epoch"]
+            self._members[peer].floor = self._map_header["epoch"]
         self._declared.clear()
 
     # -- step reports: batch sizing and straggler detection ----------------------
@@ -752,8 +752,8 @@ class Coordinator:
         if member.role is not Role.WORKER or "lo" not in header:
             return
         floor = field(header, "lo", int)
-        if floor > member.epoch:
-            member.epoch = floor
+        if floor > member.floor:
+            member.floor = floor
             self._retire_drained()
 
     def _retire_drained(self) -> None:
@@ -766,7 +766,7 @@ class Coordinator:
             return
         owned = set(self._map.owners)
         known = min(
-            (w.epoch for w in self._workers.values() if not w.done), default=self._map.epoch
+            (w.floor for w in self._workers.values() if not w.done), default=self._map.epoch
         )
         for m in self._servers:
             if not m.draining or m.done or m.rank in owned:
