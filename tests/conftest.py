@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from trimtab import Context, Coordinator, CoordinatorConfig, Server, ServerConfig, WorkerConfig
-from trimtab._straggle import parse_stragglers
-from trimtab._transport import Fabric, Transport
+from trimtab.faults.stragglers import parse_stragglers
+from trimtab.transport import Fabric, Transport
 
 
 class Cluster:

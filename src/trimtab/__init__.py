@@ -11,7 +11,19 @@ Use it like Horovod::
 and start the job with ``trimtab run --workers 2 --servers 2 -- python train.py``.
 """
 
-from trimtab._api import (
+from trimtab.errors import (
+    ChunkMoved,
+    ConfigError,
+    FatalError,
+    JobAborted,
+    NodeTimeout,
+    ProtocolError,
+    RemoteError,
+    RetryableError,
+    TrimtabError,
+    UsageError,
+)
+from trimtab.frontend.api import (
     barrier,
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -26,24 +38,12 @@ from trimtab._api import (
     shutdown,
     size,
 )
-from trimtab._compression import Compression
-from trimtab._context import Context
-from trimtab._coordinator import Coordinator, CoordinatorConfig
-from trimtab._exceptions import (
-    ChunkMoved,
-    ConfigError,
-    FatalError,
-    JobAborted,
-    NodeTimeout,
-    ProtocolError,
-    RemoteError,
-    RetryableError,
-    TrimtabError,
-    UsageError,
-)
-from trimtab._optimizer import DistributedOptimizer
-from trimtab._server import Server, ServerConfig
-from trimtab._worker import WorkerConfig
+from trimtab.frontend.compression import Compression
+from trimtab.frontend.optimizer import DistributedOptimizer
+from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
+from trimtab.roles.server import Server, ServerConfig
+from trimtab.roles.worker.client import WorkerConfig
+from trimtab.roles.worker.context import Context
 
 __version__ = "0.1.0"
 

@@ -18,13 +18,8 @@ from typing import Protocol
 
 import torch
 
-from trimtab._exceptions import ConfigError
-
-
-def equal_split(total: int, parts: int) -> list[int]:
-    """``total`` split into ``parts`` sizes differing by at most one (larger first)."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+from trimtab.errors import ConfigError
+from trimtab.policies.batching import equal_split
 
 
 class GlobalBatchSampler:

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 import trimtab
-import trimtab._api
+import trimtab.frontend.api
 from tests.equivalence_job import Setup, train_worker
-from trimtab._messages import Control
+from trimtab.protocol.messages import Control
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 trimtab.init()
@@ -38,7 +38,7 @@ plan = dict(
 def on_step(step: int) -> None:
     if trimtab.rank() != 0 or step not in plan:
         return
-    trimtab._api.default_context().call({"o": int(Control.SCALE), "servers": plan[step]})
+    trimtab.frontend.api.default_context().call({"o": int(Control.SCALE), "servers": plan[step]})
     deadline = time.monotonic() + 60
     while len(trimtab.job_status()["active_servers"]) != plan[step]:
         if time.monotonic() > deadline:

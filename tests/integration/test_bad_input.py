@@ -19,8 +19,8 @@ import zmq
 
 import trimtab
 from trimtab import Context, WorkerConfig
-from trimtab._messages import MAX_HEADER_BYTES, Control, Data, encode
-from trimtab._shm import Arena, job_prefix
+from trimtab.protocol.messages import MAX_HEADER_BYTES, Control, Data, encode
+from trimtab.transport.shm import Arena, job_prefix
 
 STEPS = 6
 

@@ -13,8 +13,8 @@ import torch
 
 from tests.conftest import processes_of
 from tests.equivalence_job import Setup, max_difference, reference
-from trimtab._launcher import DEADLINE_STATUS, Job, LaunchConfig
-from trimtab._shm import SHM_DIR, job_prefix
+from trimtab.launch.job import DEADLINE_STATUS, Job, LaunchConfig
+from trimtab.transport.shm import SHM_DIR, job_prefix
 
 SCRIPT = Path(__file__).with_name("equiv_worker.py")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import processes_of
-from trimtab._launcher import Job, LaunchConfig
+from trimtab.launch.job import Job, LaunchConfig
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import os, sys, time, torch, trimtab

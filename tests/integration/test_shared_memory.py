@@ -1,4 +1,4 @@
-"""Pushes and values through a worker's shared memory (``trimtab._shm``), over real
+"""Pushes and values through a worker's shared memory (``trimtab.transport.shm``), over real
 loopback sockets with the roles as threads: one process's parameters either way, a
 fallback to the sockets when a server cannot map the arena, and the arena's own checks.
 (The multi-process equivalence tests cover the server-mode path between processes.)"""
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-import trimtab._server
+import trimtab.roles.server.node
 from tests.equivalence_job import Setup, max_difference, reference, train_worker
-from trimtab._shm import SHM_DIR, Arena, is_local, job_prefix
+from trimtab.transport.shm import SHM_DIR, Arena, is_local, job_prefix
 
 # Weights of 7.5 and 12 KiB cut at 8 KiB: three chunks too big to ride inside a header.
 HIDDEN = 192
@@ -54,7 +54,7 @@ def test_a_server_that_cannot_map_the_arena_is_sent_bytes(
         refusals.append(name)
         raise FileNotFoundError(2, "No such file or directory", name)
 
-    monkeypatch.setattr(trimtab._server.Arena, "attach", cannot_map)
+    monkeypatch.setattr(trimtab.roles.server.node.Arena, "attach", cannot_map)
     monkeypatch.setenv("TRIMTAB_SHM", "1")
     assert train(cluster_factory, Setup("adam", (5, 19), hidden=HIDDEN)) == 0
     # Refused: the big chunks' pushes sent before the first refusal came back (the

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trimtab._transport import Envelope, Peer, ZmqTransport, lane
-from trimtab._transport.zmq import lane_default
+from trimtab.transport import Envelope, Peer, ZmqTransport, lane
+from trimtab.transport.zmq import lane_default
 
 # One process binds, one connects; the receiver holds a round's 16 frames of 2 MiB, then
 # drops them all (as a worker does once a step's values are copied into the parameters),
@@ -23,7 +23,7 @@ from trimtab._transport.zmq import lane_default
 _RECEIVE = textwrap.dedent(
     """
     import json, resource, sys
-    from trimtab._transport import ZmqTransport
+    from trimtab.transport import ZmqTransport
     reuse = sys.argv[1] == "1"
     server = ZmqTransport(bind=True, reuse_buffers=reuse, lane=False)
     client = ZmqTransport(bind=False, reuse_buffers=reuse, lane=False)

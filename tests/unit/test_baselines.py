@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trimtab.bench import baselines
+from trimtab_tools.bench import baselines
 
 
 @pytest.mark.timeout(60)

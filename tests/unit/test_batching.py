@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from trimtab import ConfigError
-from trimtab._batching import (
+from trimtab.data import equal_split
+from trimtab.policies.batching import (
     BATCHING,
     PREDICTORS,
     LbBsp,
@@ -21,7 +22,6 @@ from trimtab._batching import (
     WorkerSample,
     equal_finish_sizes,
 )
-from trimtab.data import equal_split
 
 
 def sample(
@@ -351,7 +351,7 @@ def test_gpu_forgets_a_departed_rank_and_restarts_when_one_joins() -> None:
 
 
 def test_lbbsp_keeps_sizes_while_predicted_finish_times_agree() -> None:
-    from trimtab._batching import BATCHING, WorkerSample
+    from trimtab.policies.batching import BATCHING, WorkerSample
 
     policy = BATCHING.create("lbbsp", predictor="average")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.bench import datapath, mxnet_peer
-from trimtab.bench._mxnet_worker import RESULT
-from trimtab.bench._venv import MARKER, ToolUnavailable, ensure_venv
+from trimtab_tools.bench import datapath, mxnet_peer
+from trimtab_tools.bench._mxnet_worker import RESULT
+from trimtab_tools.bench._venv import MARKER, ToolUnavailable, ensure_venv
 
 LOOPBACK = "127.0.0.1"
 

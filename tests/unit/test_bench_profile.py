@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 
-from trimtab.bench import profile
+from trimtab_tools.bench import profile
 
 RAW = (
     "thread (4242): MainThread;<module> (/x/trimtab/bench/_datapath_worker.py:86);"
@@ -60,6 +60,6 @@ def test_child_roles_names_the_job_processes() -> None:
         child.kill()
         child.wait()
     assert [(r.role, r.pid, r.name) for r in roles] == [("server", child.pid, "server-0")]
-    assert profile._role_of(["python", "-m", "trimtab.bench._datapath_worker"]) == "worker"
+    assert profile._role_of(["python", "-m", "trimtab_tools.bench._datapath_worker"]) == "worker"
     assert profile._role_of(["python", "-m", "trimtab", "coordinator"]) == "coordinator"
     assert profile._role_of(["python", "-c", "pass"]) is None

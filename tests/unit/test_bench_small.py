@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.bench import baselines, datapath
+from trimtab_tools.bench import baselines, datapath
 
 
 @pytest.mark.timeout(60)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import trimtab
-from trimtab._compression import compressor
-from trimtab._exceptions import ConfigError, ProtocolError
-from trimtab._node import check_tensor_frames
+from trimtab.errors import ConfigError, ProtocolError
+from trimtab.frontend.compression import compressor
+from trimtab.runtime.tensors import check_tensor_frames
 
 
 def test_names_and_objects_resolve() -> None:

@@ -10,7 +10,7 @@ import torch
 
 import trimtab
 from trimtab import ConfigError, Context
-from trimtab._consistency import CONSISTENCY, PushInfo
+from trimtab.policies.consistency import CONSISTENCY, PushInfo
 
 
 def push(clock: int = 0, read: int = 0, now: int = 0) -> PushInfo:

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from trimtab import ProtocolError
-from trimtab._messages import (
+from trimtab.protocol.messages import (
     INLINE_MAX,
     MAX_HEADER_BYTES,
     Control,

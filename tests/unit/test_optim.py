@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trimtab import ConfigError
-from trimtab._optim import ChunkOptimizer, OptimizerMode, choose_mode, hyperparameters
+from trimtab.roles.server.optim import ChunkOptimizer, OptimizerMode, choose_mode, hyperparameters
 
 CASES = [
     (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),

@@ -7,14 +7,9 @@ import itertools
 import pytest
 
 from trimtab import ConfigError
-from trimtab._placement import (
-    MXNET_BIGARRAY_BOUND,
-    PLACEMENTS,
-    TensorSpec,
-    djb2,
-    make_chunks,
-)
-from trimtab._registry import Registry
+from trimtab.core.chunks import TensorSpec, make_chunks
+from trimtab.core.registry import Registry
+from trimtab.policies.placement import MXNET_BIGARRAY_BOUND, PLACEMENTS, djb2
 
 
 def specs(*numels: int) -> list[TensorSpec]:
@@ -101,8 +96,8 @@ def test_tensor_spec_rejects_bad_declarations() -> None:
 
 
 def test_psld_from_mxnet_starts_from_mxnets_map_and_moves_live() -> None:
-    from trimtab._coordinator import CoordinatorConfig
-    from trimtab._placement import is_live
+    from trimtab.policies.placement import is_live
+    from trimtab.roles.coordinator import CoordinatorConfig
 
     tensors = [TensorSpec(f"t{i}", (n,), "float32") for i, n in enumerate([900_000, 100_000] * 4)]
     chunks = make_chunks(tensors, 1 << 18)

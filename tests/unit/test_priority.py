@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 from trimtab import Server, ServerConfig
-from trimtab._messages import Data, decode, encode
-from trimtab._transport import Fabric
+from trimtab.protocol.messages import Data, decode, encode
+from trimtab.transport import Fabric
 
 
 def _queued_order(priority: bool) -> list[tuple[int, int | None]]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trimtab import ConfigError
-from trimtab._coordinator import CoordinatorConfig
-from trimtab._launcher import LaunchConfig
-from trimtab._psld import (
+from trimtab.launch.job import LaunchConfig
+from trimtab.policies.psld import (
     PsldController,
     SpeedEstimator,
     drain_move,
@@ -15,6 +14,7 @@ from trimtab._psld import (
     rebalance,
     server_times,
 )
+from trimtab.roles.coordinator import CoordinatorConfig
 
 
 def test_rebalance_moves_load_off_a_slow_server() -> None:

@@ -14,8 +14,8 @@ import torch
 import trimtab
 from tests.equivalence_job import Setup, max_difference, reference, train_worker
 from trimtab import ChunkMoved, Context, RemoteError, UsageError
-from trimtab._messages import Control, Data
-from trimtab._worker import wait
+from trimtab.protocol.messages import Control, Data
+from trimtab.roles.worker.client import wait
 
 
 @pytest.mark.parametrize(
@@ -41,10 +41,10 @@ def test_moved_and_unknown_chunks_are_answered(cluster_factory) -> None:
         )
         assert ctx.placement is not None
         chunk = 0
-        wrong = ctx.placement.servers[1 - ctx.placement.owner(chunk)]
+        wrong = ctx.placement.servers[1 - ctx.placement.owners[chunk]]
         with pytest.raises(ChunkMoved) as moved:
             wait(ctx.client.request(wrong, {"o": int(Data.PULL), "c": chunk, "e": 1}), 10)
-        assert moved.value.owner == ctx.placement.owner(chunk)
+        assert moved.value.owner == ctx.placement.owners[chunk]
         with pytest.raises(RemoteError) as unknown:
             wait(ctx.client.request(wrong, {"o": int(Data.PULL), "c": 10_000, "e": 1}), 10)
         assert unknown.value.code == "unknown_chunk"

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from trimtab import WorkerConfig
-from trimtab._exceptions import ConfigError
-from trimtab._launcher import Job, LaunchConfig, available_cores, cgroup_cpu_quota
-from trimtab._server import ServerConfig
-from trimtab._transport import ZmqTransport
-from trimtab._transport.spin import SpinPolicy
-from trimtab._transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin, spin_from_env
+from trimtab.errors import ConfigError
+from trimtab.launch.job import Job, LaunchConfig, available_cores, cgroup_cpu_quota
+from trimtab.roles.server import ServerConfig
+from trimtab.transport import ZmqTransport
+from trimtab.transport.spin import SpinPolicy
+from trimtab.transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin, spin_from_env
 
 COORD = "tcp://127.0.0.1:5555"
 
@@ -66,13 +66,13 @@ def test_trimtab_run_polls_only_where_every_process_has_a_core(
     expected: str,
 ) -> None:
     monkeypatch.delenv(SPIN_ENV, raising=False)
-    monkeypatch.setattr("trimtab._launcher.available_cores", lambda: cores)
+    monkeypatch.setattr("trimtab.launch.job.available_cores", lambda: cores)
     config = LaunchConfig(workers=workers, servers=servers, max_servers=max_servers)
     assert Job(config, ["true"])._role_env()[SPIN_ENV] == expected
 
 
 def test_trimtab_run_keeps_the_users_spin_and_checks_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trimtab._launcher.available_cores", lambda: 64)
+    monkeypatch.setattr("trimtab.launch.job.available_cores", lambda: 64)
     monkeypatch.setenv(SPIN_ENV, "0")
     assert Job(LaunchConfig(workers=1, servers=1), ["true"])._role_env()[SPIN_ENV] == "0"
     job = Job(LaunchConfig(workers=1, servers=1), ["true"], extra_env={SPIN_ENV: "fast"})

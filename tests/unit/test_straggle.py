@@ -7,13 +7,13 @@ import time
 import pytest
 
 from trimtab import ConfigError
-from trimtab._detection import DETECTORS
-from trimtab._straggle import (
+from trimtab.faults.stragglers import (
     ServerStraggler,
     StragglerSpec,
     WorkerStraggler,
     parse_stragglers,
 )
+from trimtab.policies.detection import DETECTORS
 
 
 def test_parse_static_transient_and_drift() -> None:

@@ -1,0 +1,184 @@
+"""The Horovod-style module functions: ``init``, ``rank``, ``size``, broadcasts.
+
+This is the edge where a worker's settings are read from the environment (set by
+``trimtab run`` or by hand, with DMLC_* names understood too).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from trimtab.errors import ConfigError, UsageError
+from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
+from trimtab.faults.stragglers import parse_stragglers
+from trimtab.frontend.compression import ENV as COMPRESSION_ENV
+from trimtab.frontend.compression import compressor
+from trimtab.protocol.messages import Control
+from trimtab.roles.worker.client import WorkerConfig
+from trimtab.roles.worker.context import Context
+from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
+from trimtab.transport.zmq import spin_from_env
+
+_default: Context | None = None
+_forget_state: Callable[[], None] | None = None  # takes the context's state dump back
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def config_from_env() -> WorkerConfig:
+    """Build a worker's settings from TRIMTAB_* (or DMLC_*) variables.
+
+    Raises :class:`ConfigError` naming the variable to set.
+    """
+    coordinator = _env("TRIMTAB_COORDINATOR")
+    if coordinator is None:
+        host, port = _env("DMLC_PS_ROOT_URI"), _env("DMLC_PS_ROOT_PORT")
+        if host and port:
+            coordinator = f"tcp://{host}:{port}"
+    if coordinator is None:
+        raise ConfigError(
+            "no coordinator to join: run this script under `trimtab run --workers N "
+            "--servers S -- python script.py`, or set TRIMTAB_COORDINATOR=tcp://HOST:PORT "
+            "(or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)"
+        )
+    rank = _env("TRIMTAB_RANK", "DMLC_WORKER_ID")
+    try:
+        return WorkerConfig(
+            coordinator=coordinator,
+            job=_env("TRIMTAB_JOB") or "trimtab",
+            rank=int(rank) if rank is not None else -1,
+            request_timeout_s=float(_env("TRIMTAB_REQUEST_TIMEOUT_S") or 600.0),
+            spin_s=spin_from_env(),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"bad TRIMTAB_* setting: {exc}") from None
+
+
+def init(config: WorkerConfig | None = None) -> None:
+    """Join the job as a worker. Blocks until registered with the coordinator.
+
+    Call once per process, before anything else of trimtab's. Settings come from the
+    environment unless ``config`` is given. Raises :class:`ConfigError` if there is no
+    coordinator to join, :class:`NodeTimeout` if it does not answer.
+    """
+    global _default
+    if _default is not None:
+        return
+    local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
+    stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
+    compression = compressor(os.environ.get(COMPRESSION_ENV) or "none").name
+    _default = Context(
+        config or config_from_env(),
+        local_rank=local_rank,
+        stragglers=stragglers,
+        compression=compression,
+    )
+    atexit.register(shutdown)
+    enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
+    global _forget_state
+    _forget_state = add_state_dump(_default.describe)
+
+
+def shutdown() -> None:
+    """Tell the job this worker is done and close its connections. Idempotent."""
+    global _default
+    if _default is not None:
+        ctx, _default = _default, None
+        if _forget_state is not None:
+            _forget_state()
+        ctx.close()
+
+
+def is_initialized() -> bool:
+    return _default is not None
+
+
+def default_context() -> Context:
+    """The context ``init()`` made. Raises :class:`UsageError` before ``init()``."""
+    if _default is None:
+        raise UsageError("call trimtab.init() first")
+    return _default
+
+
+def rank() -> int:
+    """This worker's rank, 0 .. size()-1."""
+    return default_context().rank
+
+
+def size() -> int:
+    """The number of workers in the job."""
+    return default_context().size
+
+
+def local_rank() -> int:
+    """This worker's rank among the workers on its machine."""
+    return default_context().local_rank
+
+
+def local_size() -> int:
+    """Workers on this machine (``TRIMTAB_LOCAL_SIZE``; all of them when unset)."""
+    return int(os.environ.get("TRIMTAB_LOCAL_SIZE", size()))
+
+
+def server_stats() -> list[dict[str, Any]]:
+    """Each server's counters: chunk versions, pushes (``shared``: those whose gradient
+    came through a worker's shared memory), dropped and discounted gradients, errors
+    answered. Blocks (one round trip per server)."""
+    return default_context().server_stats()
+
+
+def job_status() -> dict[str, Any]:
+    """The coordinator's view of the job: members, placement epoch and owners, worker
+    clocks, migrations done, bytes moved, measured server speeds (``speeds``: bytes per
+    busy second; ``worker_speeds``: the workers' lower and upper bounds, under psld).
+    Blocks (one round trip); raises :class:`~trimtab.JobAborted` if the job is over."""
+    return dict(default_context().call({"o": int(Control.STATUS)}).header)
+
+
+def barrier() -> None:
+    """Block until every worker calls ``barrier()``."""
+    default_context().barrier()
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0
+) -> None:
+    """Overwrite ``params`` (a ``state_dict()`` or ``named_parameters()``) on every worker
+    with the values of ``root_rank``. Collective and blocking; if a
+    :class:`DistributedOptimizer` holds some of them, the servers adopt them too."""
+    tensors = dict(params.items()) if isinstance(params, Mapping) else dict(params)
+    default_context().broadcast(tensors, root_rank)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Give every worker the optimizer state of ``root_rank`` (tensor state and
+    hyperparameters of the same shape). In server mode the state lives on the servers,
+    so only the local hyperparameters are synchronised."""
+    ctx = default_context()
+    inner = getattr(optimizer, "_inner", optimizer)
+    tensors: dict[str, torch.Tensor] = {}
+    for g, group in enumerate(inner.param_groups):
+        for i, p in enumerate(group["params"]):
+            for key, value in inner.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"{g}.{i}.{key}"] = value
+        for key, value in group.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                tensors[f"{g}.hp.{key}"] = torch.tensor([float(value)], dtype=torch.float64)
+    ctx.broadcast(tensors, root_rank)
+    for g, group in enumerate(inner.param_groups):
+        for key, value in list(group.items()):
+            t: Any = tensors.get(f"{g}.hp.{key}")
+            if t is not None:
+                group[key] = type(value)(t.item())

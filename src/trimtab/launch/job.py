@@ -1,0 +1,488 @@
+"""``trimtab run``: start a whole job on this machine and supervise it.
+
+The launcher starts the coordinator, the servers and one process per worker running the
+user's command, streams their output with a prefix, and exits with the workers' status.
+A crashed worker or server, or Ctrl-C, ends the whole job: every process it started is
+stopped (its process group terminated, then killed), and none is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from trimtab.errors import ConfigError, NodeTimeout, ProtocolError
+from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
+from trimtab.faults.stragglers import parse_stragglers
+from trimtab.frontend.compression import ENV as COMPRESSION_ENV
+from trimtab.frontend.compression import compressor
+from trimtab.policies.placement import is_live
+from trimtab.protocol.messages import Control, Header, decode, encode
+from trimtab.runtime.diagnostics import STACK_SIGNAL
+from trimtab.transport.shm import remove_job_arenas
+from trimtab.transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin
+
+#: Called with (source, line) for every line a process prints, e.g. ("worker 0", "...").
+OutputHandler = Callable[[str, str], None]
+
+#: :meth:`Job.run`'s status for a job stopped at its deadline (as ``timeout(1)``'s).
+DEADLINE_STATUS = 124
+
+
+def print_prefixed(source: str, line: str) -> None:
+    """The default output handler: ``[worker 0] line`` on stdout."""
+    sys.stdout.write(f"[{source}] {line}\n")
+    sys.stdout.flush()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """A local job's shape.
+
+    Attributes:
+        workers: worker processes (each runs the command).
+        servers: server processes.
+        placement: initial placement policy.
+        chunk_bytes: largest chunk, in bytes.
+        consistency: ``bsp``, ``asp``, ``ssp`` or ``saps``.
+        staleness: the bound of ``ssp``.
+        batching: ``equal``, ``lbbsp`` or ``lbbsp-gpu``.
+        stragglers: straggler specs (see ``trimtab.faults.stragglers``), injected for experiments.
+        compression: the workers' default gradient compression: ``none``, ``fp16``,
+            ``bf16`` (what ``DistributedOptimizer`` uses unless given ``compression=``).
+        rebalance_every: force a migration of every chunk every this many steps (0 =
+            never; for tests and demonstrations of live migration; needs bsp).
+        max_servers: live servers the job may grow to (psld's scale-out, ``trimtab
+            scale``); the launcher starts them when the coordinator asks, and may start
+            another after one retired. 0 = ``servers``.
+        job: job id; a fresh random one by default.
+        host: the interface every role binds (loopback).
+        startup_timeout_s: how long the coordinator may take to come up.
+        grace_s: after the workers finish (or on a failure), how long the other
+            processes get to exit before they are killed.
+        deadline_s: stop the job if it is still running after this many seconds (0:
+            never); every process prints its threads' stacks first, and :meth:`Job.run`
+            returns :data:`DEADLINE_STATUS`.
+        verbose: let the roles log at INFO level.
+    """
+
+    workers: int = 2
+    servers: int = 2
+    placement: str = "greedy"
+    chunk_bytes: int = 1 << 20
+    job: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+    host: str = "127.0.0.1"
+    consistency: str = "bsp"
+    staleness: int = 3
+    batching: str = "equal"
+    stragglers: tuple[str, ...] = ()
+    compression: str = "none"
+    rebalance_every: int = 0
+    max_servers: int = 0
+    startup_timeout_s: float = 60.0
+    grace_s: float = 10.0
+    deadline_s: float = 0.0
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.servers < 1:
+            raise ConfigError("--workers and --servers must be at least 1")
+        if self.deadline_s < 0:
+            raise ConfigError(f"--deadline must be positive (0: none), not {self.deadline_s}")
+        compressor(self.compression)  # refuse an unknown name before starting
+        if self.max_servers and self.max_servers < self.servers:
+            raise ConfigError(
+                f"--max-servers ({self.max_servers}) must be at least --servers ({self.servers})"
+            )
+        for spec in parse_stragglers(self.stragglers):  # refuse bad specs before starting
+            count = self.workers if spec.role == "worker" else max(self.servers, self.max_servers)
+            if spec.index >= count:
+                raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
+        moves = self.rebalance_every or is_live(self.placement)
+        if (moves or self.max_servers > self.servers) and self.consistency != "bsp":
+            raise ConfigError(
+                "live migration (--placement psld, --max-servers, --rebalance-every) hands "
+                "chunks over at a synchronous step boundary: use it with --mode bsp, not "
+                f"{self.consistency}"
+            )
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    # If the launcher is killed outright, the kernel stops its children too (Linux).
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclasses.dataclass
+class _Proc:
+    source: str
+    popen: subprocess.Popen[bytes]
+    reader: threading.Thread
+
+
+class Job:
+    """One local job. :meth:`run` blocks until it is over and returns the exit status."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        command: Sequence[str],
+        output: OutputHandler = print_prefixed,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if not command:
+            raise ConfigError("nothing to run: give the worker command after `--`")
+        self.config = config
+        self.command = list(command)
+        self.output = output
+        self.extra_env = extra_env or {}
+        self._procs: list[_Proc] = []
+        self.coordinator_address = ""
+        self._started = 0.0
+
+    def run(self) -> int:
+        """Start everything, supervise, tear down. Blocks. Returns the job's exit status
+        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C,
+        :data:`DEADLINE_STATUS` past ``config.deadline_s``)."""
+        self._started = time.monotonic()
+        previous = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._start()
+            return self._supervise()
+        except KeyboardInterrupt:
+            self._say("interrupted; stopping every process of the job")
+            return 130
+        except ConfigError as exc:
+            self._say(str(exc))
+            return 2
+        finally:
+            self._stop_all()
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+
+    # -- start -----------------------------------------------------------------------
+
+    def _role_env(self) -> dict[str, str]:
+        """The environment of a process of the job. Raises :class:`ConfigError` for a
+        bad ``TRIMTAB_SPIN_US``."""
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        if SPIN_ENV in env:
+            parse_spin(env[SPIN_ENV])  # the user's: checked before anything starts
+        else:
+            env[SPIN_ENV] = str(SPIN_DEFAULT_US if self._fits_cores() else 0)
+        return env
+
+    def _fits_cores(self) -> bool:
+        """Whether every worker and server this job may start has a core of its own, so
+        that one polling for its next message (``TRIMTAB_SPIN_US``) takes no core
+        another needs: on 2 cores, 1 worker and 1 server do, 2 and 2 do not. Where
+        processes take turns on a core, a polling one delays the one with work (as
+        MPI's busy waiting, which yields on an oversubscribed machine); the 2 x 2
+        100 MiB job of ``trimtab bench datapath`` measured the same step either way
+        here (its waits are long), so this errs on the side of the shared machine."""
+        c = self.config
+        return c.workers + max(c.servers, c.max_servers) <= available_cores()
+
+    def _spawn(self, source: str, argv: list[str], env: dict[str, str]) -> _Proc:
+        popen = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        reader = threading.Thread(target=self._pump, args=(source, popen), daemon=True)
+        reader.start()
+        proc = _Proc(source, popen, reader)
+        self._procs.append(proc)
+        return proc
+
+    def _pump(self, source: str, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdout is not None
+        for raw in iter(popen.stdout.readline, b""):
+            self.output(source, raw.decode(errors="replace").rstrip("\n"))
+
+    def _start(self) -> None:
+        c = self.config
+        role = [sys.executable, "-m", "trimtab"]
+        env = self._role_env()
+        env.setdefault("OMP_NUM_THREADS", "1")
+        log_flags = ["--verbose"] if c.verbose else []
+        with tempfile.TemporaryDirectory(prefix="trimtab-") as tmp:
+            address_file = Path(tmp) / "coordinator"
+            coord = self._spawn(
+                "coordinator",
+                [
+                    *role,
+                    "coordinator",
+                    "--workers",
+                    str(c.workers),
+                    "--servers",
+                    str(c.servers),
+                    "--placement",
+                    c.placement,
+                    "--chunk-bytes",
+                    str(c.chunk_bytes),
+                    "--job",
+                    c.job,
+                    "--mode",
+                    c.consistency,
+                    "--staleness",
+                    str(c.staleness),
+                    "--batching",
+                    c.batching,
+                    "--rebalance-every",
+                    str(c.rebalance_every),
+                    "--max-servers",
+                    str(max(c.max_servers, c.servers)),
+                    "--host",
+                    c.host,
+                    "--address-file",
+                    str(address_file),
+                    *log_flags,
+                ],
+                env,
+            )
+            deadline = time.monotonic() + c.startup_timeout_s
+            while not address_file.exists():
+                if coord.popen.poll() is not None:
+                    raise ConfigError(
+                        f"the coordinator exited with status {coord.popen.returncode} "
+                        "before it was ready (its output is above)"
+                    )
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"the coordinator was not ready in {c.startup_timeout_s}s")
+                time.sleep(0.02)
+            self.coordinator_address = address_file.read_text().strip()
+        for _ in range(c.servers):
+            self._spawn_server()
+        if c.max_servers > c.servers:
+            self._say(
+                f"job {c.job}, coordinator {self.coordinator_address}; up to "
+                f"{c.max_servers} servers: trimtab scale --coordinator "
+                f"{self.coordinator_address} --job {c.job} --servers K"
+            )
+        host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
+        threads = max(1, (os.cpu_count() or 1) // c.workers)
+        for rank in range(c.workers):
+            wenv = self._role_env()
+            wenv.setdefault("OMP_NUM_THREADS", str(threads))
+            wenv.update(
+                {
+                    "TRIMTAB_COORDINATOR": self.coordinator_address,
+                    "TRIMTAB_JOB": c.job,
+                    "TRIMTAB_RANK": str(rank),
+                    "TRIMTAB_LOCAL_RANK": str(rank),
+                    "TRIMTAB_LOCAL_SIZE": str(c.workers),
+                    "TRIMTAB_NUM_WORKERS": str(c.workers),
+                    "TRIMTAB_NUM_SERVERS": str(c.servers),
+                    STRAGGLER_ENV: ";".join(c.stragglers),
+                    COMPRESSION_ENV: compressor(c.compression).name,
+                    "DMLC_ROLE": "worker",
+                    "DMLC_PS_ROOT_URI": host,
+                    "DMLC_PS_ROOT_PORT": port,
+                    "DMLC_NUM_WORKER": str(c.workers),
+                    "DMLC_NUM_SERVER": str(c.servers),
+                    "DMLC_WORKER_ID": str(rank),
+                }
+            )
+            self._spawn(f"worker {rank}", self.command, wenv)
+
+    def _spawn_server(self) -> None:
+        c = self.config
+        env = self._role_env()
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env[STRAGGLER_ENV] = ";".join(c.stragglers)
+        index = sum(p.source.startswith("server") for p in self._procs)
+        self._spawn(
+            f"server {index}",
+            [
+                sys.executable,
+                "-m",
+                "trimtab",
+                "server",
+                "--coordinator",
+                self.coordinator_address,
+                "--job",
+                c.job,
+                "--host",
+                c.host,
+                *(["--verbose"] if c.verbose else []),
+            ],
+            env,
+        )
+
+    def _grow(self) -> None:
+        """Start the servers the coordinator asks for (psld's scale-out, trimtab scale)."""
+        try:
+            status = ask_coordinator(
+                self.coordinator_address, self.config.job, {"o": int(Control.STATUS)}, 2.0
+            )
+        except NodeTimeout:
+            return  # busy or ending: the supervisor notices a dead coordinator anyway
+        servers = [p for p in self._procs if p.source.startswith("server")]
+        started = len(servers)
+        # The coordinator keeps its active servers within max_servers; this bounds the
+        # live processes too, in case a retired one has not exited yet.
+        room = self.config.max_servers - sum(p.popen.poll() is None for p in servers)
+        for _ in range(min(int(status.get("wanted_servers", 0)) - started, room)):
+            self._say(f"the coordinator asks for another server: starting server {started}")
+            self._spawn_server()
+            started += 1
+
+    # -- supervise -------------------------------------------------------------------
+
+    def _supervise(self) -> int:
+        workers = [p for p in self._procs if p.source.startswith("worker")]
+        elastic = self.config.max_servers > self.config.servers
+        next_poll = time.monotonic()
+        deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
+        while True:
+            others = [p for p in self._procs if not p.source.startswith("worker")]
+            if deadline is not None and time.monotonic() >= deadline:
+                self._dump_stacks()
+                return DEADLINE_STATUS
+            if elastic and time.monotonic() >= next_poll:
+                self._grow()
+                next_poll = time.monotonic() + 0.5
+            for p in workers:
+                code = p.popen.poll()
+                if code is not None and code != 0:
+                    self._say(f"{p.source} exited with status {_describe(code)}; stopping the job")
+                    return code if code > 0 else 128 - code
+            if all(p.popen.poll() is not None for p in workers):
+                self._await_exit(others)
+                return 0
+            for p in others:
+                code = p.popen.poll()
+                # Status 0 is a normal end: the coordinator and servers exit once every
+                # worker said it is done, which can be before the worker processes exit.
+                if code is not None and code != 0:
+                    self._say(
+                        f"{p.source} exited with status {_describe(code)} while "
+                        "workers were running; stopping the job"
+                    )
+                    return 1
+            time.sleep(0.05)
+
+    def _dump_stacks(self) -> None:
+        """Ask every live process for its threads' stacks (they print them and go on)."""
+        self._say(
+            f"the job ran past its deadline ({self.config.deadline_s:g} s): every process "
+            "prints its threads' stacks, then the job stops"
+        )
+        for p in self._procs:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.popen.pid, STACK_SIGNAL)
+        time.sleep(1.0)  # the stacks reach the output through the readers
+
+    def _await_exit(self, procs: list[_Proc]) -> None:
+        deadline = time.monotonic() + self.config.grace_s
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
+            time.sleep(0.05)
+
+    def _stop_all(self) -> None:
+        live = [p for p in self._procs if p.popen.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
+            time.sleep(0.05)
+        for p in self._procs:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+            # Kill anything the process left in its group (e.g. a data loader worker).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.popen.pid, signal.SIGKILL)
+        for p in self._procs:
+            p.reader.join(timeout=2.0)
+        remove_job_arenas(self.config.job)  # what a killed worker could not remove
+
+    def _say(self, message: str) -> None:
+        self.output("trimtab", message)
+
+
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its affinity where the OS says, bounded by a
+    cgroup CPU quota (a container's CPU limit, which affinity does not show), rounded
+    up. Never blocks or raises."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cgroup_cpu_quota(root: Path) -> float | None:
+    """The CPUs a cgroup quota under ``root`` allows (v2 ``cpu.max``, else v1's CFS
+    quota over its period), or ``None`` where there is none. Never blocks or raises."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def ask_coordinator(address: str, job: str, header: Header, timeout_s: float) -> Header:
+    """Send one control request to a running job's coordinator and return the reply.
+
+    For tools (the launcher, ``trimtab scale``) that are not members of the job. Blocks
+    up to ``timeout_s``; raises :class:`NodeTimeout` if no reply came, and
+    :class:`ProtocolError` if the coordinator answered an error.
+    """
+    import zmq
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(encode({**header, "i": 1, "j": job}))
+        if not sock.poll(int(timeout_s * 1000)):
+            raise NodeTimeout(f"the coordinator at {address} did not answer in {timeout_s:g}s")
+        reply = decode(sock.recv(), job)
+    finally:
+        sock.close()
+    if reply["o"] == Control.ERROR:
+        raise ProtocolError(f"the coordinator refused: {reply.get('msg')}")
+    return reply

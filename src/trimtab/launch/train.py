@@ -1,0 +1,94 @@
+"""``trimtab train``: the built-in example on a local cluster, with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trimtab.examples.digits import PROGRESS, RESULT
+from trimtab.launch.job import Job
+
+
+class _TrainOutput:
+    """Turns the workers' marker lines into a progress bar and a result; passes the rest
+    through (to stderr, so that ``--json`` output stays the last line on stdout)."""
+
+    def __init__(self, console: Console, show_progress: bool) -> None:
+        self.console = console
+        self.lock = threading.Lock()
+        self.result: dict[str, Any] | None = None
+        self.progress = Progress(
+            TextColumn("[bold]training[/bold]"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} steps"),
+            TextColumn("{task.fields[loss]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not show_progress,
+        )
+        self.task = self.progress.add_task("train", total=None, loss="")
+
+    def __call__(self, source: str, line: str) -> None:
+        with self.lock:
+            if line.startswith(PROGRESS):
+                event = json.loads(line[len(PROGRESS) :])
+                loss = f"loss {event['loss']:.3f}" if "loss" in event else ""
+                self.progress.update(
+                    self.task, completed=event["step"], total=event["total"], loss=loss
+                )
+            elif line.startswith(RESULT):
+                self.result = json.loads(line[len(RESULT) :])
+            else:
+                self.console.print(f"[dim]\\[{source}][/dim] {line}", markup=True, highlight=False)
+
+
+def run_training(args: argparse.Namespace) -> int:
+    """Run the example job; print a summary (or JSON). Blocks; returns the exit status."""
+    from trimtab.cli import launch_config
+
+    console = Console(stderr=True)
+    out = _TrainOutput(console, show_progress=True)
+    command = [
+        sys.executable,
+        "-m",
+        "trimtab.examples.digits",
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--lr",
+        str(args.lr),
+    ]
+    config = launch_config(args)
+    start = time.perf_counter()
+    with out.progress:
+        status = Job(config, command, output=out).run()
+    wall = time.perf_counter() - start
+    if status != 0 or out.result is None:
+        console.print(f"[red]training failed (status {status})[/red]")
+        return status or 1
+    result = {
+        **out.result,
+        "servers": config.servers,
+        "placement": config.placement,
+        "wall_s": round(wall, 2),
+    }
+    if args.json:
+        print(json.dumps(result), flush=True)
+    else:
+        table = Table(title="trimtab train: digits MLP")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in result.items():
+            table.add_row(key, str(value))
+        Console().print(table)
+    return 0

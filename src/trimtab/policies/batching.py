@@ -1,0 +1,461 @@
+"""Batch-sizing policies: how each step's global batch is split among workers (LB-BSP).
+
+The global batch ``B`` stays fixed; worker ``i`` computes ``b_i`` samples, ``sum b_i = B``,
+and each gradient weighs ``b_i`` (:class:`~trimtab.policies.consistency.Bsp`), so the SGD step is
+the equal-batch one. A policy maps a snapshot of measurements (:class:`WorkerSample`, one
+per worker and step) to sizes, with no I/O, clock or randomness: ``"equal"``, ``"lbbsp"``
+(CPU clusters: predicted speeds, equal finish times) and ``"lbbsp-gpu"`` (GPU clusters:
+iterative moves under memory caps). Bad measurements raise ``ValueError``; settings that
+cannot be met raise :class:`~trimtab.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from trimtab.core.registry import Registry
+from trimtab.errors import ConfigError
+
+
+def equal_split(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` sizes differing by at most one (larger first)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSample:
+    """One worker's measurement of one step.
+
+    Attributes:
+        rank: the worker's rank.
+        batch: samples this worker computed in the step (>= 1).
+        compute_s: forward+backward (+ data) seconds for those samples (> 0).
+        comm_s: seconds the worker spent waiting for the servers in that step (>= 0).
+            In BSP this includes waiting for slower workers.
+        cpu_share: process CPU time / wall time during compute (1.0 = had a full core;
+            lower = interference). The predictor uses it as its exogenous input.
+
+    Raises:
+        ValueError: from the constructor if a field is out of range or not finite.
+    """
+
+    rank: int
+    batch: int
+    compute_s: float
+    comm_s: float
+    cpu_share: float
+
+    def __post_init__(self) -> None:
+        times = (self.compute_s, self.comm_s, self.cpu_share)
+        if not (self.rank >= 0 and self.batch >= 1 and self.compute_s > 0 and min(times) >= 0):
+            raise ValueError(f"{self}: need rank >= 0, batch >= 1, compute_s > 0, others >= 0")
+        if not all(map(math.isfinite, times)):
+            raise ValueError(f"{self}: times and cpu_share must be finite")
+
+    @property
+    def speed(self) -> float:
+        """Samples per second of compute in this step (always > 0)."""
+        return self.batch / self.compute_s
+
+
+class SpeedPredictor(abc.ABC):
+    """Predicts a worker's compute speed for the next step. Pure; no I/O."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def predict(self, history: Sequence[WorkerSample]) -> float:
+        """Predicted samples/s (> 0) for the next step from one worker's recent samples
+        (oldest first). Raises ``ValueError`` on an empty history."""
+
+
+PREDICTORS: Registry[SpeedPredictor] = Registry("speed predictor")
+
+
+@PREDICTORS.register("average")
+class MovingAverage(SpeedPredictor):
+    """The mean of ``batch / compute_s`` over the last ``window`` samples.
+
+    Raises:
+        ConfigError: from the constructor if ``window < 1``.
+    """
+
+    name = "average"
+
+    def __init__(self, window: int = 5) -> None:
+        if window < 1:
+            raise ConfigError(f"MovingAverage window must be >= 1, got {window}")
+        self.window = window
+
+    def predict(self, history: Sequence[WorkerSample]) -> float:
+        if not history:
+            raise ValueError("cannot predict a speed from an empty history")
+        recent = history[-self.window :]
+        return sum(s.speed for s in recent) / len(recent)
+
+
+@PREDICTORS.register("narx")
+class NarxPredictor(SpeedPredictor):
+    """An autoregressive model with exogenous input, in the spirit of LB-BSP's NARX.
+
+    ``v[t+1] = a0 + sum_{k<p} a_k v[t-k] + sum_{k<q} b_k cpu_share[t-k]``, refitted on
+    every call by ridge-regularised least squares over the last ``window`` samples. The
+    fit is of the change ``v[t+1] - v[t]`` on standardised features, so the penalty
+    (``ridge`` times the row count) pulls towards "no change" whatever the speed's scale,
+    and a short, noisy window does not make it predict swings that are not there.
+
+    With fewer than ``p + q + 3`` samples it returns :class:`MovingAverage`'s answer. A
+    prediction is clamped to ``[0.25, 4]`` times the last observed speed, so a bad fit
+    never yields a non-positive or absurd speed.
+
+    Raises:
+        ConfigError: from the constructor if ``p < 1``, ``q < 0``, ``ridge < 0`` or
+            ``window < p + q + 3``.
+    """
+
+    name = "narx"
+
+    def __init__(self, p: int = 2, q: int = 2, window: int = 20, ridge: float = 0.1) -> None:
+        if p < 1 or q < 0:
+            raise ConfigError(f"NarxPredictor needs p >= 1 and q >= 0, got p={p}, q={q}")
+        if not (math.isfinite(ridge) and ridge >= 0):
+            raise ConfigError(f"NarxPredictor ridge must be a finite number >= 0, got {ridge}")
+        if window < p + q + 3:
+            raise ConfigError(f"NarxPredictor window must be >= p + q + 3 = {p + q + 3}")
+        self.p, self.q, self.window, self.ridge = p, q, window, ridge
+        self._fallback = MovingAverage()
+
+    def predict(self, history: Sequence[WorkerSample]) -> float:
+        if not history:
+            raise ValueError("cannot predict a speed from an empty history")
+        recent = history[-self.window :]
+        if len(recent) < self.p + self.q + 3:
+            return self._fallback.predict(recent)
+        v = np.array([s.speed for s in recent])
+        u = np.array([s.cpu_share for s in recent])
+        first = max(self.p, self.q) - 1  # the first step with all lags available
+        x = np.array([self._features(v, u, t) for t in range(first, len(v) - 1)])
+        y = v[first + 1 :] - v[first:-1]
+        mean, scale = x.mean(axis=0), x.std(axis=0)
+        scale[scale == 0] = 1.0  # a constant column centres to zero and gets no weight
+        z = (x - mean) / scale
+        penalty = math.sqrt(self.ridge * len(y)) * np.eye(z.shape[1])
+        weights = np.linalg.lstsq(
+            np.vstack([z, penalty]), np.concatenate([y - y.mean(), np.zeros(z.shape[1])]), None
+        )[0]
+        now = (self._features(v, u, len(v) - 1) - mean) / scale
+        last = float(v[-1])
+        guess = last + float(y.mean() + now @ weights)
+        if not math.isfinite(guess):
+            return self._fallback.predict(recent)
+        return min(max(guess, 0.25 * last), 4.0 * last)
+
+    def _features(self, v: np.ndarray, u: np.ndarray, t: int) -> np.ndarray:
+        return np.concatenate([v[t - self.p + 1 : t + 1][::-1], u[t - self.q + 1 : t + 1][::-1]])
+
+
+def equal_finish_sizes(
+    speeds: Sequence[float],
+    comm_s: Sequence[float],
+    global_batch: int,
+    *,
+    min_batch: int = 1,
+    caps: Sequence[int] | None = None,
+) -> list[int]:
+    """LB-BSP's CPU solution: sizes ``b_i`` with equal finish times ``b_i / v_i + c_i``.
+
+    Unbounded, ``T = (B + sum v_i c_i) / sum v_i`` and ``b_i = v_i (T - c_i)``. A worker
+    that would fall below ``min_batch`` or exceed ``caps[i]`` is held there and ``T`` is
+    solved over the others (water-filling), so what a bound takes or gives is shared by
+    speed. The real sizes are then rounded by largest remainder.
+
+    Returns:
+        One integer size per worker (input order), each in ``[min_batch, caps[i]]``,
+        summing exactly to ``global_batch``; equal speeds and comm times give
+        :func:`equal_split`'s answer.
+
+    Raises:
+        ConfigError: if there are no workers, the lengths differ, ``min_batch < 1``,
+            ``global_batch < min_batch * n``, a cap is below ``min_batch``,
+            ``sum(caps) < global_batch``, a speed is not a finite number > 0, or a comm
+            time is not a finite number >= 0.
+    """
+    n = len(speeds)
+    _check_split(n, global_batch, min_batch, caps)
+    if len(comm_s) != n:
+        raise ConfigError(f"got {n} speeds but {len(comm_s)} comm times")
+    v, c = np.asarray(speeds, dtype=float), np.asarray(comm_s, dtype=float)
+    if not (np.isfinite(v).all() and (v > 0).all()):
+        raise ConfigError(f"every speed must be a finite number > 0, got {list(speeds)}")
+    if not (np.isfinite(c).all() and (c >= 0).all()):
+        raise ConfigError(f"every comm time must be a finite number >= 0, got {list(comm_s)}")
+    lo = np.full(n, min_batch)
+    hi = np.asarray(caps) if caps is not None else np.full(n, global_batch)
+
+    def filled(level: float) -> float:
+        return float(np.clip(v * (level - c), lo, hi).sum())
+
+    # filled() is continuous, non-decreasing and linear between these breakpoints.
+    points = np.unique(np.concatenate([c + lo / v, c + hi / v]))
+    first, last = 0, len(points) - 1  # bisect for the first breakpoint that holds enough
+    while first < last:
+        mid = (first + last) // 2
+        first, last = (first, mid) if filled(points[mid]) >= global_batch else (mid + 1, last)
+    level = float(points[first])
+    if first > 0:
+        left = float(points[first - 1])
+        below, above = filled(left), filled(level)
+        level = left + (level - left) * (global_batch - below) / (above - below)
+    real = np.clip(v * (level - c), lo, hi)
+    sizes = [int(x) for x in np.clip(np.floor(real), lo, hi)]
+    order = sorted(range(n), key=lambda i: (sizes[i] - real[i], i))  # largest remainder first
+    missing = global_batch - sum(sizes)
+    while missing:  # the sum of the remainders (< n), give or take float error
+        sign = 1 if missing > 0 else -1
+        for i in order if sign > 0 else order[::-1]:
+            if missing and lo[i] <= sizes[i] + sign <= hi[i]:
+                sizes[i] += sign
+                missing -= sign
+    return sizes
+
+
+class BatchSizingPolicy(abc.ABC):
+    """Decides every worker's batch size for the next step. Pure except where a class
+    docstring says otherwise; no I/O. Not thread-safe."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def batch_sizes(
+        self, history: Mapping[int, Sequence[WorkerSample]], global_batch: int
+    ) -> dict[int, int]:
+        """Sizes for the next step, by rank, each >= 1, summing to ``global_batch``.
+
+        ``history`` has one entry per worker rank: its samples, oldest first. The lists
+        may be empty at the start; then the sizes are equal. Raises
+        :class:`ConfigError` if the batch cannot be split as configured, and
+        ``ValueError`` if a sample's rank differs from its key.
+        """
+
+
+BATCHING: Registry[BatchSizingPolicy] = Registry("batching")
+
+
+@BATCHING.register("equal")
+class EqualBatching(BatchSizingPolicy):
+    """Every worker gets ``B // n`` or ``B // n + 1``, the larger sizes to the lower ranks."""
+
+    name = "equal"
+
+    def batch_sizes(
+        self, history: Mapping[int, Sequence[WorkerSample]], global_batch: int
+    ) -> dict[int, int]:
+        ranks = _ranks(history)
+        _check_split(len(ranks), global_batch, 1, None)
+        return dict(zip(ranks, equal_split(global_batch, len(ranks)), strict=True))
+
+
+@BATCHING.register("lbbsp")
+class LbBsp(BatchSizingPolicy):
+    """LB-BSP for CPU clusters, where time is about linear in the batch size.
+
+    Speeds come from ``predictor``, communication times from :func:`_pure_comm`, sizes
+    from :func:`equal_finish_sizes`. A rank with no samples yet (just joined) is taken to
+    be as fast as the mean of the others; with no samples at all the sizes are equal.
+
+    Args:
+        predictor: ``"narx"`` or ``"average"`` (:data:`PREDICTORS`), or an instance.
+        comm_window: how many recent steps the communication time is taken over.
+        min_batch: every worker's least size (>= 1).
+        caps: largest size by rank (e.g. what fits in memory); absent ranks are uncapped.
+        tolerance: keep the current sizes while their predicted finish times are within
+            this fraction of each other, so that noise in the measurements does not
+            reshuffle the split every step.
+
+    Raises:
+        ConfigError: from the constructor for an unknown predictor, ``comm_window < 1``
+            or a negative ``tolerance``.
+    """
+
+    name = "lbbsp"
+
+    def __init__(
+        self,
+        predictor: str | SpeedPredictor = "narx",
+        *,
+        comm_window: int = 5,
+        min_batch: int = 1,
+        caps: Mapping[int, int] | None = None,
+        tolerance: float = 0.05,
+    ) -> None:
+        if comm_window < 1:
+            raise ConfigError(f"comm_window must be >= 1, got {comm_window}")
+        if tolerance < 0:
+            raise ConfigError(f"tolerance must be >= 0, got {tolerance}")
+        self.predictor = PREDICTORS.create(predictor) if isinstance(predictor, str) else predictor
+        self.comm_window, self.min_batch, self.caps = comm_window, min_batch, dict(caps or {})
+        self.tolerance = tolerance
+
+    def batch_sizes(
+        self, history: Mapping[int, Sequence[WorkerSample]], global_batch: int
+    ) -> dict[int, int]:
+        ranks = _ranks(history)
+        caps = [self.caps.get(r, global_batch) for r in ranks] if self.caps else None
+        known = [r for r in ranks if history[r]]
+        speed = {r: self.predictor.predict(history[r]) for r in known}
+        comm = _pure_comm(history, self.comm_window)
+        mean_speed = sum(speed.values()) / len(known) if known else 1.0
+        mean_comm = sum(comm.values()) / len(known) if known else 0.0
+        if len(known) == len(ranks) and ranks:
+            current = [history[r][-1].batch for r in ranks]
+            finish = [
+                b / speed[r] + comm.get(r, mean_comm) for r, b in zip(ranks, current, strict=True)
+            ]
+            if sum(current) == global_batch and (
+                max(finish) - min(finish) <= self.tolerance * max(finish)
+            ):
+                return dict(zip(ranks, current, strict=True))
+        sizes = equal_finish_sizes(
+            [speed.get(r, mean_speed) for r in ranks],
+            [comm.get(r, mean_comm) for r in ranks],
+            global_batch,
+            min_batch=self.min_batch,
+            caps=caps,
+        )
+        return dict(zip(ranks, sizes, strict=True))
+
+
+@BATCHING.register("lbbsp-gpu")
+class LbBspGpu(BatchSizingPolicy):
+    """LB-BSP for GPU clusters: speed is non-linear in the batch size, memory caps it.
+
+    Each call takes every worker's last size ``b_i`` and step time ``t_i`` (its last
+    ``compute_s`` plus :func:`_pure_comm`; the raw ``comm_s`` would make all ``t_i`` equal
+    in BSP). With ``T = mean(t_i)``, a worker more than ``tolerance * T`` off wants
+    ``b_i + step_i * b_i * (T - t_i) / t_i``. These moves need not sum to zero, so the
+    wanted sizes are scaled to sum to ``B`` (keeping their proportions; a worker pushed
+    past ``min_batch`` or ``caps[i]`` is held there and the rest rescaled) and rounded by
+    largest remainder, as in :func:`equal_finish_sizes`.
+
+    State (the one exception to purity): per rank, ``step_i`` (starting at 1.0) and the
+    direction of its last move. A move against the previous direction halves ``step_i``
+    (not below 1/16), so the sizes converge; a move in the same direction multiplies it
+    by ``growth`` (up to 1.0), so a worker whose speed drifts later is not stuck with a
+    tiny step (``growth=1.0`` is the paper's rule). A rank's state goes when it leaves
+    ``history``; all of it is reset, and the sizes are equal, when a rank has no samples.
+
+    Raises:
+        ConfigError: from the constructor if ``comm_window < 1``, ``tolerance < 0`` or
+            ``growth`` is not in ``[1, 2)``.
+    """
+
+    name = "lbbsp-gpu"
+
+    def __init__(
+        self,
+        *,
+        min_batch: int = 1,
+        caps: Mapping[int, int] | None = None,
+        comm_window: int = 5,
+        tolerance: float = 0.01,
+        growth: float = 1.2,
+    ) -> None:
+        if comm_window < 1 or not tolerance >= 0:
+            raise ConfigError(f"need comm_window >= 1, tolerance >= 0: {comm_window}, {tolerance}")
+        if not 1.0 <= growth < 2.0:
+            raise ConfigError(f"growth must be in [1, 2) so that halving wins, got {growth}")
+        self.min_batch, self.caps = min_batch, dict(caps or {})
+        self.comm_window, self.tolerance, self.growth = comm_window, tolerance, growth
+        self._step: dict[int, float] = {}
+        self._direction: dict[int, int] = {}
+
+    def batch_sizes(
+        self, history: Mapping[int, Sequence[WorkerSample]], global_batch: int
+    ) -> dict[int, int]:
+        ranks = _ranks(history)
+        n = len(ranks)
+        caps = [self.caps.get(r, global_batch) for r in ranks]
+        _check_split(n, global_batch, self.min_batch, caps)  # before the state changes
+        if not all(history[r] for r in ranks):
+            self._step.clear()
+            self._direction.clear()
+            sizes = equal_finish_sizes(
+                [1.0] * n, [0.0] * n, global_batch, min_batch=self.min_batch, caps=caps
+            )
+            return dict(zip(ranks, sizes, strict=True))
+        for r in set(self._step) - set(ranks):
+            del self._step[r], self._direction[r]
+        comm = _pure_comm(history, self.comm_window)
+        times = [history[r][-1].compute_s + comm[r] for r in ranks]
+        target = sum(times) / n
+        wanted = []
+        for r, t in zip(ranks, times, strict=True):
+            batch = float(history[r][-1].batch)
+            if abs(target - t) > self.tolerance * target:
+                direction = 1 if target > t else -1
+                step = self._step.get(r, 1.0)
+                if self._direction.get(r, direction) != direction:
+                    step = max(step / 2, 1 / 16)
+                else:
+                    step = min(1.0, step * self.growth)
+                self._step[r], self._direction[r] = step, direction
+                batch *= 1 + step * (target - t) / t
+            wanted.append(batch)
+        sizes = equal_finish_sizes(
+            wanted, [0.0] * n, global_batch, min_batch=self.min_batch, caps=caps
+        )
+        return dict(zip(ranks, sizes, strict=True))
+
+
+def _ranks(history: Mapping[int, Sequence[WorkerSample]]) -> list[int]:
+    """The ranks in ``history``, sorted. Raises ``ValueError`` for a sample under another
+    rank's key."""
+    for rank, samples in history.items():
+        if any(s.rank != rank for s in samples):
+            raise ValueError(f"history[{rank}] holds a sample of another rank")
+    return sorted(history)
+
+
+def _pure_comm(history: Mapping[int, Sequence[WorkerSample]], window: int) -> dict[int, float]:
+    """Each rank's communication time without waiting for slower workers (ranks with no
+    samples are left out), the least over the last ``window`` steps.
+
+    In BSP ``comm_s`` includes waiting for the slowest worker. Solving with it keeps a
+    worker that is always faster exactly as slow-paced as it was: equal sizes solve
+    ``b/v_fast + c + wait = b/v_slow + c``. So a step's wait is estimated as its longest
+    ``compute_s`` minus the worker's own. Histories are aligned at their ends.
+    """
+    comm: dict[int, float] = {}
+    for back in range(1, window + 1):
+        step = {r: h[-back] for r, h in history.items() if len(h) >= back}
+        longest = max((s.compute_s for s in step.values()), default=0.0)
+        for r, s in step.items():
+            rest = max(0.0, s.comm_s - (longest - s.compute_s))
+            comm[r] = min(comm.get(r, rest), rest)
+    return comm
+
+
+def _check_split(n: int, total: int, min_batch: int, caps: Sequence[int] | None) -> None:
+    """Raises :class:`ConfigError` unless ``total`` splits into ``n`` sizes in
+    ``[min_batch, caps[i]]``."""
+    if n < 1:
+        raise ConfigError("there are no workers to split the global batch among")
+    if min_batch < 1:
+        raise ConfigError("min_batch must be >= 1 (else a worker is never measured again)")
+    if total < min_batch * n:
+        raise ConfigError(
+            f"global_batch {total} cannot give each of {n} workers min_batch={min_batch}; "
+            "raise global_batch or lower min_batch"
+        )
+    if caps is not None and (len(caps) != n or min(caps) < min_batch or sum(caps) < total):
+        raise ConfigError(
+            f"caps {list(caps)} must be one per worker ({n}), each >= min_batch={min_batch}, "
+            f"summing to >= global_batch {total}; raise the caps or lower global_batch"
+        )

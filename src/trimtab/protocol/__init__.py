@@ -1,0 +1,1 @@
+"""The wire: message kinds, the header codec, and typed headers."""

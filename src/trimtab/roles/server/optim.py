@@ -1,0 +1,139 @@
+"""Server-side optimizers, taken from the user's torch optimizer.
+
+Where the user's optimizer is element-wise (its update of one element depends only on
+that element's gradient and state), a server can run it on each chunk it owns: the
+result is the same as running it on whole tensors, and the optimizer state lives with
+the chunk, so it can move with it. trimtab runs the user's own torch optimizer class on
+each chunk, with the user's hyperparameters, so the arithmetic is torch's, bit for bit.
+
+Other optimizers (LAMB-like per-layer norms, closures, custom classes) run in
+*summation* mode: servers aggregate gradients, workers apply their optimizer locally.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trimtab.errors import ConfigError
+
+
+class OptimizerMode(str, enum.Enum):
+    """Where the optimizer step runs."""
+
+    SERVER = "server"  # servers apply the optimizer to each chunk they own
+    SUMMATION = "summation"  # servers aggregate; workers apply their own optimizer
+
+
+#: torch optimizers whose step is element-wise, so chunks may be updated independently.
+ELEMENTWISE: Mapping[str, type[torch.optim.Optimizer]] = {
+    "SGD": torch.optim.SGD,
+    "Adam": torch.optim.Adam,
+    "AdamW": torch.optim.AdamW,
+    "Adagrad": torch.optim.Adagrad,
+    "RMSprop": torch.optim.RMSprop,
+    "Adamax": torch.optim.Adamax,
+}
+
+#: Settings about how torch computes (not what): servers choose their own.
+_IMPLEMENTATION_KEYS = {"foreach", "fused", "capturable", "differentiable"}
+
+
+def choose_mode(optimizer: torch.optim.Optimizer, requested: str = "auto") -> OptimizerMode:
+    """Pick server or summation mode for ``optimizer``.
+
+    ``requested`` is ``"auto"``, ``"server"`` or ``"summation"``. Raises
+    :class:`ConfigError` for ``"server"`` with an optimizer servers cannot run.
+    """
+    supported = type(optimizer).__name__ in ELEMENTWISE and type(optimizer) is ELEMENTWISE.get(
+        type(optimizer).__name__
+    )
+    if requested == "auto":
+        return OptimizerMode.SERVER if supported else OptimizerMode.SUMMATION
+    if requested == "summation":
+        return OptimizerMode.SUMMATION
+    if requested == "server":
+        if not supported:
+            raise ConfigError(
+                f"servers cannot run {type(optimizer).__name__} on chunks (it is not one of "
+                f"{sorted(ELEMENTWISE)}); use mode='summation' or mode='auto'"
+            )
+        return OptimizerMode.SERVER
+    raise ConfigError(f"mode must be 'auto', 'server' or 'summation', got {requested!r}")
+
+
+def hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain hyperparameters of a torch param group, ready for msgpack."""
+    out: dict[str, Any] = {}
+    for key, value in group.items():
+        if key == "params" or key in _IMPLEMENTATION_KEYS:
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, tuple):
+            value = list(value)
+        if value is None or isinstance(value, bool | int | float | str | list):
+            out[key] = value
+    return out
+
+
+class ChunkOptimizer:
+    """A torch optimizer running over one chunk's value.
+
+    Not thread-safe; the owning server's loop calls it.
+    """
+
+    def __init__(self, cls_name: str, value: torch.Tensor, hparams: Mapping[str, Any]) -> None:
+        if cls_name not in ELEMENTWISE:
+            raise ConfigError(f"no server-side optimizer {cls_name!r}")
+        cls = ELEMENTWISE[cls_name]
+        self.param = torch.nn.Parameter(value, requires_grad=False)
+        accepted = inspect.signature(cls.__init__).parameters
+        ctor = {k: _from_wire(v) for k, v in hparams.items() if k in accepted}
+        if "foreach" in accepted:
+            ctor["foreach"] = False  # one small tensor: the single-tensor path is exact
+        self.optimizer = cls([self.param], **ctor)
+        # torch wraps a class's step() in a profiler record, a hook runner and a grad-mode
+        # switch: 20 to 50 us a call here, more than the update of a small chunk. A
+        # server registers no hooks and needs no grad, so it calls the class's own step
+        # with grad off: the same arithmetic, bit for bit (tests/unit/test_optim.py).
+        self._step = inspect.unwrap(cls.step)
+        self.set_hparams(hparams)
+
+    def set_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """Update hyperparameters (e.g. a learning rate a scheduler changed)."""
+        group = self.optimizer.param_groups[0]
+        for key, value in hparams.items():
+            if key not in _IMPLEMENTATION_KEYS:
+                group[key] = _from_wire(value)
+
+    def step(self, grad: torch.Tensor) -> None:
+        """Apply one update with ``grad`` (the weighted mean gradient)."""
+        self.param.grad = grad
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                self._step(self.optimizer)
+        else:  # a server's loop runs with grad off
+            self._step(self.optimizer)
+        self.param.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+
+def _from_wire(value: Any) -> Any:
+    # msgpack turns tuples (Adam's betas) into lists; torch wants tuples back.
+    return tuple(value) if isinstance(value, list) else value
+
+
+def warm_up() -> None:
+    """Pay torch's one-time cost of a process's first optimizer step (lazy imports, about
+    1.5 s here) now, not in the middle of a training step or a migration. Blocks."""
+    param = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+    opt = torch.optim.SGD([param], lr=0.0, momentum=0.9, foreach=False)
+    param.grad = torch.zeros(1)
+    opt.step()

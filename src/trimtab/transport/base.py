@@ -1,0 +1,96 @@
+"""The transport contract.
+
+A transport moves *messages* (lists of frames) between nodes. A node may bind an
+address others connect to; it connects out to the addresses it needs. Every message
+received comes with the :data:`Peer` it came from, and replying to that peer reaches the
+sender, whichever side opened the connection.
+
+Threading: one thread at a time (the node's I/O thread, or whoever holds the lock that
+guards the transport) calls ``connect``, ``send``, ``recv`` and ``close``; only
+:meth:`Transport.wake` may be called from any thread at any time.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import NamedTuple
+
+#: Opaque, hashable name of a peer: ``b"o:" + address`` for a peer we connected to,
+#: ``b"i:" + identity`` for a peer that connected to us.
+Peer = bytes
+
+Frame = bytes | memoryview
+
+
+def out_peer(address: str) -> Peer:
+    """The peer name for a connection we open to ``address``."""
+    return b"o:" + address.encode()
+
+
+def in_peer(identity: bytes) -> Peer:
+    """The peer name for a connection a remote node opened to us."""
+    return b"i:" + identity
+
+
+class Envelope(NamedTuple):
+    """A received message: who sent it and its frames (header first)."""
+
+    peer: Peer
+    frames: list[memoryview]
+
+
+class Transport(abc.ABC):
+    """Framed, ordered, reliable messaging between nodes (per pair of peers).
+
+    Attributes:
+        spin_s: seconds a :meth:`recv` that has to wait polls before it sleeps (0: it
+            sleeps at once). Its owner sets it; transports that cannot poll ignore it.
+    """
+
+    spin_s: float = 0.0
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> str:
+        """The address peers connect to, or ``""`` if this transport does not bind."""
+
+    @abc.abstractmethod
+    def connect(self, address: str) -> Peer:
+        """Open (once) a connection to ``address``; return its peer name. Does not block."""
+
+    @abc.abstractmethod
+    def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
+        """Queue a message to ``peer``. Frames may be sent without copying, so the caller
+        must not modify their memory until the peer has answered. Blocks only when the
+        outgoing queue is full. Raises ``KeyError`` for a peer never connected or seen."""
+
+    @abc.abstractmethod
+    def recv(self, timeout_s: float | None) -> Envelope | None:
+        """Return the next message, or ``None`` after ``timeout_s`` or a :meth:`wake`.
+        Blocks up to ``timeout_s`` (forever for ``None``)."""
+
+    def through_lane(self, peer: Peer) -> bool:
+        """Whether messages to and from ``peer`` skip the network stack (a transport's
+        same-machine path, e.g. :mod:`trimtab.transport.lane`). Never blocks."""
+        return False
+
+    def recv_queued(self) -> Envelope | None:
+        """The next message this transport already holds, if any: cheaper than
+        ``recv(0)`` where a transport receives in bursts (it need not ask the network).
+        Never blocks."""
+        return self.recv(0)
+
+    @abc.abstractmethod
+    def wake(self) -> None:
+        """Make a blocked :meth:`recv` return ``None`` soon. Thread-safe, never blocks."""
+
+    @abc.abstractmethod
+    def companion(self) -> Transport:
+        """A new, non-binding transport of the same kind for another thread's own
+        connections (it shares this one's resources, e.g. ZeroMQ's I/O thread). Close
+        it separately. Does not block."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release sockets. Queued messages get a short grace period to leave."""

@@ -1,0 +1,460 @@
+"""The real transport: ZeroMQ over TCP.
+
+A node that serves binds one ROUTER socket; every connection it opens is a DEALER.
+Tensor frames are sent with ``copy=False`` (pyzmq copies only frames below its
+``copy_threshold``) and received as ``zmq.Frame`` objects exposed as memoryviews, so
+the bytes are not copied again in Python.
+
+A pipe wakes the poller, so other threads can hand the I/O thread work without a
+socket of their own (ZeroMQ sockets must stay on one thread).
+
+Between processes of one machine, messages take the local lane instead
+(:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
+skip ZeroMQ's I/O threads. Peers are named the same whichever way their messages go.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import ctypes.util
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from trimtab.errors import ConfigError
+from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
+from trimtab.transport.lane import LaneClosed, LaneConnection, lane_name, supported
+from trimtab.transport.shm import is_local, turned_off
+from trimtab.transport.spin import SpinPolicy
+
+log = logging.getLogger("trimtab.transport")
+
+#: How many messages one ready socket may yield per poll before others get a turn.
+_BURST = 64
+#: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
+_LINGER_S = 2.0
+
+
+#: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
+LANE_ENV = "TRIMTAB_LANE"
+#: Microseconds a waiting worker or server polls for its next message before it sleeps.
+SPIN_ENV = "TRIMTAB_SPIN_US"
+#: What ``trimtab run`` sets (unless set already) when the job's workers and servers on
+#: this machine are no more than its cores. A sleeping process woken by a message answers
+#: it tens to a hundred us later; a 1 KiB round trip here waits about 100 us on each
+#: side, so 50 us of polling gained 10%, 100 us doubled the round trips per second and
+#: more gained nothing more (BENCHMARKS.md): twice the knee, for slower machines.
+SPIN_DEFAULT_US = 200
+#: The longest spin accepted: beyond a few ms, sleeping costs nothing measurable.
+_SPIN_MAX_US = 10_000
+
+
+def check_spin(spin_s: float) -> None:
+    """Raise :class:`ConfigError` unless ``spin_s`` is from 0 to 0.01 s. Never blocks."""
+    if not 0 <= spin_s <= _SPIN_MAX_US / 1e6:
+        raise ConfigError(
+            f"spin_s={spin_s!r}: a waiting node polls from 0 to {_SPIN_MAX_US / 1e6} s "
+            f"before it sleeps ({SPIN_ENV} gives it in microseconds)"
+        )
+
+
+def spin_from_env() -> float:
+    """Seconds from ``TRIMTAB_SPIN_US`` (unset: 0, no spinning). Never blocks.
+
+    Raises :class:`ConfigError` unless it is a number of microseconds from 0 to 10000.
+    """
+    return parse_spin(os.environ.get(SPIN_ENV, ""))
+
+
+def parse_spin(raw: str) -> float:
+    """Seconds from a ``TRIMTAB_SPIN_US`` value (empty: 0). Raises as :func:`spin_from_env`."""
+    raw = raw.strip()
+    if not raw:
+        return 0.0
+    try:
+        us = float(raw)
+    except ValueError:
+        us = -1.0
+    if not 0 <= us <= _SPIN_MAX_US:
+        raise ConfigError(
+            f"{SPIN_ENV}={raw!r}: give the microseconds a waiting node polls before it "
+            f"sleeps, from 0 (never) to {_SPIN_MAX_US}; e.g. {SPIN_ENV}={SPIN_DEFAULT_US}"
+        )
+    return us / 1e6
+
+
+def lane_default() -> bool:
+    """Whether transports use the local lane unless told: on Linux, unless
+    ``TRIMTAB_LANE=0``, or ``TRIMTAB_SHM=0`` (everything through TCP, as between
+    machines)."""
+    return supported() and not turned_off() and os.environ.get(LANE_ENV, "1") != "0"
+
+
+# glibc's mallopt() parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+_kept_freed_memory = False
+
+
+def keep_freed_memory() -> bool:
+    """Make this process's allocator reuse the memory of freed receive buffers.
+
+    ZeroMQ allocates a fresh buffer for every large frame it receives and frees it when
+    the frame is dropped. With glibc's defaults, buffers of a few MiB are mapped and
+    unmapped (or trimmed off the heap) each time, so every received byte first costs a
+    page fault: 15.6k faults a step per worker in ``trimtab bench datapath``, a third of
+    the ZeroMQ I/O thread's CPU (BENCHMARKS.md). Keeping freed memory on the heap lets
+    the next frame land in pages already mapped. The price: the process keeps its peak
+    of in-flight frames mapped (about one model's worth for a worker). Process-wide and
+    idempotent; returns whether it applied (glibc only). Never raises.
+    """
+    global _kept_freed_memory
+    if _kept_freed_memory:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl has no mallopt): nothing to tune
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    ok = (
+        mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # frames up to 32 MiB come from the heap
+        and mallopt(_M_TRIM_THRESHOLD, 1 << 30)  # and freed ones stay there
+        and mallopt(_M_TOP_PAD, 64 << 20)  # grow heaps in large steps
+    )
+    _kept_freed_memory = bool(ok)
+    return _kept_freed_memory
+
+
+class _SharedContext:
+    """A ZeroMQ context shared by a transport and its companions: one ZeroMQ I/O thread
+    per process, terminated when the last of them closes. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self.ctx.term()  # every socket is closed by now, so this does not block
+
+
+class ZmqTransport(Transport):
+    """A :class:`Transport` over ZeroMQ TCP sockets.
+
+    Args:
+        bind: bind a ROUTER socket so peers can connect to this node.
+        host: the interface to bind; loopback by default.
+        port: the port to bind; 0 picks a free one.
+        max_frame_bytes: an inbound frame over this closes that peer's connection
+            (ZeroMQ's MAXMSGSIZE), so a runaway sender cannot exhaust memory; ``None``
+            for no limit.
+        reuse_buffers: tune the process's allocator so received frames reuse freed
+            memory (:func:`keep_freed_memory`).
+        lane: listen on, and connect through, the local lane for peers on this
+            machine's loopback; ``None`` for :func:`lane_default`.
+
+    A lane message the kernel cannot take at once (its socket buffer is full) leaves
+    during this transport's later :meth:`recv` calls, which every node makes while it
+    waits; ZeroMQ's messages leave from its own I/O thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        bind: bool,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame_bytes: int | None = None,
+        reuse_buffers: bool = True,
+        lane: bool | None = None,
+        _shared: _SharedContext | None = None,
+    ) -> None:
+        if reuse_buffers:
+            keep_freed_memory()
+        self._shared = _shared or _SharedContext()
+        self._shared.acquire()
+        self._closed = False
+        self._ctx = self._shared.ctx
+        self._poller = zmq.Poller()
+        self._dealers: dict[str, zmq.Socket[bytes]] = {}
+        self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
+        self._ready: collections.deque[Envelope] = collections.deque()
+        #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
+        self.spins = SpinPolicy()
+        self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
+        self._max_frame = max_frame_bytes
+        self._address = ""
+        self._router: zmq.Socket[bytes] | None = None
+        if bind:
+            router = self._ctx.socket(zmq.ROUTER)
+            self._tune(router)
+            if max_frame_bytes is not None:
+                router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+            if port == 0:
+                port = router.bind_to_random_port(f"tcp://{host}")
+            else:
+                router.bind(f"tcp://{host}:{port}")
+            self._address = f"tcp://{host}:{port}"
+            self._router = router
+            self._poller.register(router, zmq.POLLIN)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        # The local lane: connections by address (ours) and by identity (theirs).
+        self._lane = lane_default() if lane is None else lane and supported()
+        self._lane_out: dict[str, LaneConnection] = {}
+        self._lane_in: dict[bytes, LaneConnection] = {}
+        self._lane_fds: dict[int, LaneConnection] = {}
+        self._lane_ids = itertools.count(1)
+        self._scratch = memoryview(bytearray(0))
+        self._listener: socket.socket | None = None
+        if bind and self._lane:
+            self._listen(self._address)
+
+    def _listen(self, address: str) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(lane_name(address))
+            listener.listen(128)
+        except OSError as exc:  # unusual (another process has the name): TCP still works
+            log.warning("no local lane for %s: %s", address, exc)
+            listener.close()
+            return
+        listener.setblocking(False)
+        self._listener = listener
+        self._poller.register(listener.fileno(), zmq.POLLIN)
+
+    @staticmethod
+    def _tune(sock: zmq.Socket[bytes]) -> None:
+        sock.setsockopt(zmq.LINGER, 2000)
+        # Bounded queues keep memory in check; the defaults (1000 messages) are fine for
+        # chunked tensors of a few MiB each.
+        sock.setsockopt(zmq.SNDHWM, 10000)
+        sock.setsockopt(zmq.RCVHWM, 10000)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def connect(self, address: str) -> Peer:
+        if address in self._lane_out:
+            return out_peer(address)
+        if address not in self._dealers and self._lane and is_local(address):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(lane_name(address))
+            except OSError:
+                sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
+            else:
+                conn = LaneConnection(sock, out_peer(address), self._max_frame)
+                self._lane_out[address] = conn
+                self._add_lane(conn)
+                return conn.peer
+        if address not in self._dealers:
+            dealer = self._ctx.socket(zmq.DEALER)
+            self._tune(dealer)
+            if self._max_frame is not None:
+                dealer.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
+            dealer.connect(address)
+            self._dealers[address] = dealer
+            self._dealer_peer[dealer] = out_peer(address)
+            self._poller.register(dealer, zmq.POLLIN)
+        return out_peer(address)
+
+    def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
+        if peer.startswith(b"i:"):
+            conn = self._lane_in.get(peer[2:])
+            if conn is not None:
+                self._lane_send(conn, frames)
+                return
+            if self._router is None:
+                raise KeyError(peer)
+            # A lane peer that has gone is unknown to the router, which drops the message
+            # as it does for its own departed peers.
+            self._router.send_multipart([peer[2:], *frames], copy=False)
+            return
+        address = peer[2:].decode()
+        conn = self._lane_out.get(address)
+        if conn is not None:
+            self._lane_send(conn, frames)
+        elif address in self._dealers:
+            self._dealers[address].send_multipart(frames, copy=False)
+        elif address in self._lost:
+            self.connect(address)  # its lane broke: reconnect (the lane, or ZeroMQ)
+            self.send(peer, frames)
+        else:
+            raise KeyError(peer)
+
+    def through_lane(self, peer: Peer) -> bool:
+        """Whether messages to and from ``peer`` take the local lane now. Never blocks."""
+        if peer.startswith(b"i:"):
+            return peer[2:] in self._lane_in
+        return peer[2:].decode() in self._lane_out
+
+    # -- the local lane ---------------------------------------------------------------
+
+    def _add_lane(self, conn: LaneConnection) -> None:
+        self._lane_fds[conn.fd] = conn
+        self._poller.register(conn.fd, zmq.POLLIN)
+        if not self._scratch:
+            self._scratch = memoryview(bytearray(1 << 18))
+
+    def _lane_send(self, conn: LaneConnection, frames: Sequence[Frame]) -> None:
+        try:
+            if conn.send(frames):
+                self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
+        except LaneClosed as exc:
+            self._drop_lane(conn, str(exc))
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors, say: the peer falls back to nothing
+                log.warning("local lane: could not accept a connection: %s", exc)
+                return
+            identity = b"lane-%d" % next(self._lane_ids)
+            conn = LaneConnection(sock, in_peer(identity), self._max_frame)
+            self._lane_in[identity] = conn
+            self._add_lane(conn)
+
+    def _on_lane(self, conn: LaneConnection, events: int) -> None:
+        try:
+            if events & zmq.POLLOUT and not conn.flush():
+                self._poller.register(conn.fd, zmq.POLLIN)
+            if events & (zmq.POLLIN | zmq.POLLERR):
+                messages, closed = conn.read(self._scratch)
+                for frames in messages:
+                    self._ready.append(Envelope(conn.peer, frames))
+                if closed:
+                    self._drop_lane(conn, "")
+        except LaneClosed as exc:
+            self._drop_lane(conn, str(exc))
+
+    def _drop_lane(self, conn: LaneConnection, why: str) -> None:
+        if why:
+            log.warning("local lane to %r closed: %s", conn.peer, why)
+        if self._lane_fds.pop(conn.fd, None) is None:
+            return
+        self._poller.unregister(conn.fd)
+        if conn.peer.startswith(b"i:"):
+            self._lane_in.pop(conn.peer[2:], None)
+        else:
+            address = conn.peer[2:].decode()
+            self._lane_out.pop(address, None)
+            self._lost.add(address)
+        conn.close()
+
+    def recv(self, timeout_s: float | None) -> Envelope | None:
+        if self._ready:
+            return self._ready.popleft()
+        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        events = self._poll(timeout_ms)
+        if self._wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        for sock, flags in events.items():
+            if not isinstance(sock, zmq.Socket):
+                conn = self._lane_fds.get(sock)
+                if conn is not None:
+                    self._on_lane(conn, flags)
+                elif self._listener is not None and sock == self._listener.fileno():
+                    self._accept()
+                continue
+            for _ in range(_BURST):
+                try:
+                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if sock is self._router:
+                    self._ready.append(
+                        Envelope(in_peer(parts[0].bytes), [p.buffer for p in parts[1:]])
+                    )
+                else:
+                    self._ready.append(Envelope(self._dealer_peer[sock], [p.buffer for p in parts]))
+                # Asking is cheaper than the exception a receive on an empty socket raises.
+                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    break
+        return self._ready.popleft() if self._ready else None
+
+    def _poll(self, timeout_ms: int | None) -> dict[Any, int]:
+        """Ready sockets and descriptors, after up to ``timeout_ms`` (forever for None).
+        With :attr:`spin_s`, polls without sleeping that long first: a message that
+        arrives meanwhile is read at once, not after the scheduler wakes this thread
+        (tens of us here, and caches gone cold). Blocks."""
+        if self.spin_s > 0 and timeout_ms != 0 and self.spins.should_spin():
+            until = time.perf_counter() + self.spin_s
+            while True:
+                events = self._poller.poll(0)
+                if events:
+                    self.spins.spun(True)
+                    return dict(events)
+                if time.perf_counter() >= until:
+                    break
+            self.spins.spun(False)
+        return dict(self._poller.poll(timeout_ms))
+
+    def recv_queued(self) -> Envelope | None:
+        return self._ready.popleft() if self._ready else None
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full pipe: already woken; closed: nothing to wake
+            os.write(self._wake_w, b"w")
+
+    def companion(self) -> ZmqTransport:
+        return ZmqTransport(
+            bind=False,
+            max_frame_bytes=self._max_frame,
+            reuse_buffers=False,
+            lane=self._lane,
+            _shared=self._shared,
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + _LINGER_S  # one grace period for all, as ZeroMQ's
+        for conn in list(self._lane_fds.values()):
+            conn.close(linger_s=max(0.0, deadline - time.monotonic()))
+        self._lane_fds.clear()
+        self._lane_in.clear()
+        self._lane_out.clear()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
+            sock.close()
+        self._dealers.clear()
+        self._router = None
+        self._shared.release()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,101 @@
+"""Worker script of ``trimtab bench datapath``: times push+pull steps of a synthetic model.
+
+Every step each worker hands the servers a gradient for every tensor (as backward would)
+and waits for the updated values (plain SGD on the servers): the whole real path.
+Rank 0 prints one result line after a marker.
+
+With ``--go-file`` (the profiler's handshake), rank 0 prints :data:`READY` after the
+warm-up, waits for that file to exist before its timed steps, and prints :data:`DONE`
+right after them; the other ranks need no handshake: their first timed push waits for
+rank 0's (bsp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import trimtab
+import trimtab.frontend.api
+from trimtab.frontend.compression import Compression, compressor
+from trimtab.transport.zmq import spin_from_env
+
+RESULT = "TRIMTAB_BENCH "
+READY = "TRIMTAB_BENCH_READY"
+DONE = "TRIMTAB_BENCH_DONE"
+LR = 0.1
+GRAD = 1e-3
+
+
+def _timed_step(optimizer: trimtab.DistributedOptimizer) -> float:
+    # One function around the timed work, so a profile can keep exactly these samples.
+    start = time.perf_counter()
+    optimizer.step()
+    return time.perf_counter() - start
+
+
+def _await(go_file: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not go_file.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{go_file} did not appear within {timeout_s:.0f}s")
+        time.sleep(0.01)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", required=True, help="comma-separated tensor sizes in bytes")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--go-file", type=Path, help="rank 0 waits for it before timing")
+    args = parser.parse_args()
+
+    trimtab.init()
+    params = [torch.nn.Parameter(torch.zeros(int(b) // 4)) for b in args.sizes.split(",")]
+    grads = [torch.full_like(p, GRAD) for p in params]
+    optimizer = trimtab.DistributedOptimizer(
+        torch.optim.SGD(params, lr=LR),
+        named_parameters=[(f"t{i}", p) for i, p in enumerate(params)],
+    )
+    lead = trimtab.rank() == 0
+    times = []
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup and lead and args.go_file is not None:
+            print(READY, flush=True)
+            _await(args.go_file, 120.0)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        elapsed = _timed_step(optimizer)
+        if step >= args.warmup:
+            times.append(elapsed)
+    if lead and args.go_file is not None:
+        print(DONE, flush=True)
+    # The update must have happened: every element moved by lr * mean gradient per step
+    # (float32 sums of many steps drift by a few ulps, hence the relative slack).
+    # (With --compression the gradient travels rounded to fp16 / bf16.)
+    wire = Compression.none
+    if trimtab.is_initialized():
+        wire = compressor(trimtab.frontend.api.default_context().compression)
+    grad = torch.tensor(GRAD).to(wire.wire_dtype(torch.float32)).item()
+    expected = -LR * grad * (args.warmup + args.steps)
+    got = params[0][0].item()
+    if abs(got - expected) > 1e-6 + 1e-4 * abs(expected):
+        raise SystemExit(f"datapath produced wrong values: {got} != {expected}")
+    if lead:
+        # How many pushes the servers read from shared memory (0: all through sockets).
+        shared = sum(int(s.get("shared", 0)) for s in trimtab.server_stats())
+        # How long a wait polled before sleeping (trimtab run's choice, or the user's).
+        spin_us = spin_from_env() * 1e6
+        print(
+            RESULT + json.dumps({"times": times, "shared_pushes": shared, "spin_us": spin_us}),
+            flush=True,
+        )
+    trimtab.shutdown()
+
+
+if __name__ == "__main__":
+    main()
