@@ -18,7 +18,7 @@ None of them blocks; all are thread-safe. The key common to every header: ``o`` 
 
 Words (one each, everywhere: code, logs, docs):
     clock       a worker's iterations: steps it completed, from 0.
-    job clock   the lowest clock any worker reported.
+    job clock   the lowest clock among the workers (steps every worker reported done).
     round       a chunk's aggregation rounds completed on its server (under BSP, the
                 round a push joins is the push's clock).
     version     a chunk's updates applied.
@@ -32,7 +32,8 @@ Short keys, and what each carries in which message:
     ``v``       version: VALUE, HANDOVER; in PUSH, the version the worker last read.
     ``e``       epoch: INIT, PUSH, PULL (the sender's map), MOVED, HANDOVER (the
                 server's), MAP_GET (the one wanted). Spelt ``epoch`` in MAP, MIGRATE,
-                MAP_ACK, MIGRATE_ACK, HANDED and the OKs answering REPORT and STATUS.
+                MAP_ACK, MIGRATE_ACK, HANDED, the OKs answering REPORT and STATUS, and
+                the ACK answering STATS.
     ``lo``      floor: HEARTBEAT, MAP_GET, REPORT.
     ``cuts``    chunk id (a decimal string) -> cut: MIGRATE_ACK, MAP answering MAP_GET.
     ``c``       chunk id: INIT, PUSH, PULL, VALUE, MOVED, HANDOVER; chunk ids: HANDED.

@@ -371,7 +371,7 @@ class LoadHeader(WireHeader):
     busy: float  # seconds spent serving data requests
     bytes: int  # bytes moved, both ways (shared memory included)
     n: int  # data requests served
-    step: int  # the highest round the server completed or was told of
+    step: int  # the job clock as this server knows it: its highest round, or what it was told
 
 
 def load(*, busy_s: float, nbytes: int, requests: int, step: int) -> LoadHeader:
@@ -386,7 +386,7 @@ def read_load(header: Header) -> LoadHeader:
 class JobClockHeader(WireHeader):
     """OK answering LOAD: the job's clock, so a server that owns nothing knows the step."""
 
-    k: int  # the job clock: the lowest clock any worker reported
+    k: int  # the job clock (see the key legend)
 
 
 def job_clock(*, clock: int) -> JobClockHeader:
