@@ -15,7 +15,10 @@ from trimtab.protocol.messages import (
     encode,
     error_of,
     field,
+    fields,
     inline,
+    int_list,
+    optional,
     payload_frames,
 )
 
@@ -65,3 +68,22 @@ def test_small_payloads_ride_in_the_header_and_come_back_as_frames() -> None:
     assert payload_frames(decode(encode(header), "job"), [big]) == [big]
     with pytest.raises(ProtocolError, match="not bytes"):
         payload_frames({"b": "text"}, [])
+
+
+def test_optional_fields_are_checked_only_when_present() -> None:
+    h = {"o": 1, "lo": 3, "bad": "x"}
+    assert optional(h, "lo", int) == 3
+    assert optional(h, "absent", int) is None
+    with pytest.raises(ProtocolError, match="'bad'"):
+        optional(h, "bad", int)
+    fields(h, (("lo", int),), (("absent", str),))
+    with pytest.raises(ProtocolError, match="'bad'"):
+        fields(h, (("lo", int),), (("bad", int),))
+
+
+def test_int_lists_refuse_other_items() -> None:
+    assert int_list({"c": [1, 2]}, "c") == [1, 2]
+    for bad in ([1, "2"], [True], "12"):
+        with pytest.raises(ProtocolError) as info:
+            int_list({"o": 20, "c": bad}, "c")
+        assert error_of(info.value)[0] == "malformed"

@@ -1,1 +1,4 @@
-"""The wire: message kinds, the header codec, and typed headers."""
+"""The wire: message kinds and the header codec (:mod:`.messages`), and a typed header
+with its builder and reader per message (:mod:`.headers`, defined by plane in
+:mod:`.control`, :mod:`.placement` and :mod:`.data`). Imports nothing above
+:mod:`trimtab.errors`; no torch."""

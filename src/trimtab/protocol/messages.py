@@ -6,7 +6,7 @@ messages (membership, placement, barriers) and data messages (chunk values and
 gradients) are separate enums with disjoint codes, so a node can tell them apart from the
 code alone.
 
-Header keys common to every message:
+Header keys common to every message (:class:`WireHeader`):
     ``j``: job id (a message from another job is refused),
     ``o``: the op code,
     ``i``: request id, echoed in the reply (0 for unsolicited messages).
@@ -14,17 +14,25 @@ Header keys common to every message:
 A PUSH's gradient or a VALUE's value of at most :data:`INLINE_MAX` bytes travels inside
 the header, as its ``b`` (bytes), instead of as a frame of its own (:func:`inline`,
 :func:`payload_frames`).
+
+Each message's other keys, with a builder and a reader per message, are in
+:mod:`trimtab.protocol.headers` (which also says what each short key means where).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import msgpack
 
 from trimtab.errors import ProtocolError
+
+if TYPE_CHECKING:
+    # typing has NotRequired from 3.11; annotations here are never evaluated at run time
+    # (PEP 563), so 3.10 imports this module as well.
+    from typing import NotRequired
 
 #: A header bigger than this is refused before it is decoded.
 MAX_HEADER_BYTES = 64 * 1024
@@ -34,55 +42,86 @@ MAX_HEADER_BYTES = 64 * 1024
 #: for a copy of at most this much.
 INLINE_MAX = 4096
 
+#: A received header, as :func:`decode` returns it (the readers of
+#: :mod:`trimtab.protocol.headers` check it and return it typed).
 Header = dict[str, Any]
 
 
-class Control(enum.IntEnum):
-    """Coordinator traffic: membership, placement, barriers, broadcast, teardown."""
+class WireHeader(TypedDict):
+    """The keys every header has: the base of each message's typed header.
 
-    REGISTER = 1  # node -> coord {role, rank, addr}; reply REGISTERED
+    ``i`` is set by the builder of a reply (or unsolicited message, 0), and by
+    ``WorkerClient.request`` for a request; ``j`` by whichever sends it
+    (``NodeLoop.send``, ``WorkerClient.request``).
+    """
+
+    o: int
+    i: NotRequired[int]
+    j: NotRequired[str]
+
+
+class InlineHeader(WireHeader):
+    """A header that may carry a small tensor inline (:func:`inline`)."""
+
+    b: NotRequired[bytes | memoryview]
+
+
+class Control(enum.IntEnum):
+    """Coordinator traffic: membership, placement, barriers, broadcast, teardown.
+
+    Each op's keys, builder and reader: :mod:`trimtab.protocol.headers`.
+    """
+
+    REGISTER = 1  # node -> coord {role, addr | rank}; reply REGISTERED
     REGISTERED = 2  # {rank, num_workers, num_servers, chunk_bytes, heartbeat_s}
-    HEARTBEAT = 3  # node -> coord {lo?: a worker's, as in MAP_GET}, no reply
+    HEARTBEAT = 3  # node -> coord {lo?}, echoed by the coordinator
     DECLARE = 4  # worker -> coord {tensors, opt}; reply MAP once all workers declared
-    MAP = 5  # {epoch, tensors, chunks, owners, servers, opt, workers}
-    MAP_ACK = 6  # server -> coord, once it holds the chunks the map gives it
+    MAP = 5  # coord -> node: the job map {epoch, tensors, chunk_bytes, owners, servers,
+    #          opt, workers, batching, consistency, ...}; or, answering MAP_GET, the
+    #          published map {epoch, owners, servers, prev, cuts}
+    MAP_ACK = 6  # server -> coord {epoch}, once it holds the chunks the map gives it
     BARRIER = 7  # worker -> coord {name}; reply OK when every worker arrived
     BCAST_PUT = 8  # root -> coord {key, meta} + buffers; reply OK
     BCAST_GET = 9  # worker -> coord {key}; reply BCAST_VALUE once it was put
     BCAST_VALUE = 10  # {meta} + buffers
     DONE = 11  # worker -> coord: my script finished; reply OK
-    SHUTDOWN = 12  # coord -> node: the job ended normally, exit
+    SHUTDOWN = 12  # coord -> node: the job ended normally (or this server retires), exit
     ABORT = 13  # coord -> node {why}: the job failed, exit
-    OK = 14  # generic success reply
+    OK = 14  # success: bare, or answering STATUS {status}, SCALE {target},
+    #          REPORT {sizes?, epoch, refresh?, lead?}, LOAD {k: the job clock}
     ERROR = 15  # {code, msg}
-    STATUS = 16  # anyone -> coord; reply OK {members, epoch, clocks}
-    REPORT = 17  # worker -> coord {k, b, cs, ms, cpu, lo}: a step's measurements;
-    #              reply OK {sizes?, refresh?, lead?} (under lbbsp once all workers reported)
-    MIGRATE = 18  # coord -> server {epoch, owners, servers, prev, + MAP fields}: a new map
+    STATUS = 16  # anyone -> coord; reply OK {servers, workers, epoch, owners, clocks, ...}
+    REPORT = 17  # worker -> coord {k, b, cs, ms, cpu, lo, sv?}: a step's measurements;
+    #              reply OK (under lbbsp once all workers reported)
+    MIGRATE = 18  # coord -> server {the job map's keys, new epoch, owners, servers}
     MIGRATE_ACK = 19  # server -> coord {epoch, cuts}: the clock from which each chunk it
     #                   gives away belongs to its new owner
     HANDED = 20  # server -> coord {epoch, c}: these chunks reached their new owners
     MAP_GET = 21  # worker -> coord {e, lo}; reply MAP {epoch, owners, servers, prev, cuts}
-    #               once a map of at least epoch e is published. lo (also in REPORT): the
-    #               oldest map by which the worker has a data request unanswered
-    LOAD = 22  # server -> coord {busy, bytes, n}: cumulative busy seconds, bytes handled
+    #               once a map of at least epoch e is published
+    LOAD = 22  # server -> coord {busy, bytes, n, step}; reply OK {k}
     SCALE = 23  # tool -> coord {servers}: go to this many servers; reply OK {target}
 
 
 class Data(enum.IntEnum):
-    """Worker <-> server traffic about chunks."""
+    """Worker <-> server traffic about chunks.
+
+    Each op's keys, builder and reader: :mod:`trimtab.protocol.headers`.
+    """
 
     INIT = 64  # {c, e, dt, n} + value; reply ACK. Sets a chunk's value (root worker).
-    PUSH = 65  # {c, e, k, w, dt, n, z, hp?, sm?} + gradient (none with sm: the gradient
-    #            is in shared memory, sm = [arena, offset, capacity]); reply VALUE when updated
+    PUSH = 65  # {c, e, dt, n, r, k, w, v, hp?, z?, sm? | b?} + gradient (none with sm:
+    #            the gradient is in shared memory, sm = [arena, offset, capacity]);
+    #            reply VALUE when updated
     PULL = 66  # {c, e}; reply VALUE now
-    VALUE = 67  # {c, v, k, dt, n, sm?} + value (or aggregated gradient in summation mode);
-    #             with sm, no frame: the value is in the push's shared-memory slot
+    VALUE = 67  # {c, v, k, n, z? | dt, sm? | b?} + value (or aggregated gradient in
+    #             summation mode); with sm, no frame: the value is in the push's slot
     MOVED = 68  # {c, s, e}: not the owner; s is the owner as this server knows it
-    ACK = 69
+    ACK = 69  # bare, or answering STATS {index, epoch, versions, pushes, ...}
     ERROR = 70  # {code, msg}
-    STATS = 71  # anyone -> server; reply ACK {chunks, versions, pushes}
-    HANDOVER = 72  # server -> server {c, v, k, e, hp, st} + value + state tensors; reply ACK
+    STATS = 71  # anyone -> server; reply ACK
+    HANDOVER = 72  # server -> server {c, v, k, e, dt, n, p, hp?, st?} + value + state
+    #                tensors; reply ACK
 
 
 class ErrorCode(str, enum.Enum):
@@ -98,9 +137,10 @@ class ErrorCode(str, enum.Enum):
     BAD_STATE = "bad_state"  # legal message at an illegal time (e.g. push before init)
     MISMATCH = "mismatch"  # workers declared different tensors
     NO_SHM = "no_shm"  # the server cannot map the push's shared memory: send bytes instead
+    INTERNAL = "internal"  # the node failed on a well-formed request (a bug): it goes on
 
 
-def encode(header: Header) -> bytes:
+def encode(header: Mapping[str, Any]) -> bytes:
     """Encode a header. Does not block; raises ``TypeError`` on unencodable values."""
     return msgpack.packb(header, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -139,7 +179,7 @@ def decode(frame: bytes | memoryview, job: str) -> Header:
     return header
 
 
-def inline(header: Header, payload: memoryview) -> list[memoryview]:
+def inline(header: Header | InlineHeader, payload: memoryview) -> list[memoryview]:
     """Put ``payload`` into ``header`` (as ``b``) if it is small; return the frames that
     must follow the header: none, or the payload. Does not block or copy (the header's
     encoding copies an inline payload)."""
@@ -162,7 +202,8 @@ def payload_frames(header: Header, frames: Sequence[memoryview]) -> list[memoryv
 
 
 def field(header: Header, key: str, kind: type | tuple[type, ...]) -> Any:
-    """Return ``header[key]`` checked against ``kind``; raise a MALFORMED ProtocolError."""
+    """Return ``header[key]`` checked against ``kind``; raise a MALFORMED ProtocolError.
+    ``int`` refuses a bool. Does not block."""
     value = header.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise ProtocolError(
@@ -172,14 +213,54 @@ def field(header: Header, key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
+def optional(header: Header, key: str, kind: type | tuple[type, ...]) -> Any:
+    """``header[key]`` checked as :func:`field` does, or ``None`` if the key is absent.
+    Raises a MALFORMED ProtocolError for a present key of another type. Does not block."""
+    return field(header, key, kind) if key in header else None
+
+
+#: What :func:`field` takes for a number: an int or a float.
+NUMBER = (int, float)
+
+#: Keys and their types, for :func:`fields`.
+KeySpec = tuple[tuple[str, type | tuple[type, ...]], ...]
+
+
+def fields(header: Header, required: KeySpec, optional_keys: KeySpec = ()) -> None:
+    """Check each key of ``required`` as :func:`field` does, and each of
+    ``optional_keys`` as :func:`optional`; raise a MALFORMED ProtocolError at the first
+    that fails. Does not block."""
+    for key, kind in required:
+        field(header, key, kind)
+    for key, kind in optional_keys:
+        optional(header, key, kind)
+
+
+def int_list(header: Header, key: str) -> list[int]:
+    """``header[key]`` checked to be a list of ints; raise a MALFORMED ProtocolError."""
+    items = field(header, key, list)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+        raise ProtocolError(
+            ErrorCode.MALFORMED.value, f"op {header.get('o')}: {key!r} is not a list of ints"
+        )
+    return cast(list[int], items)
+
+
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     if isinstance(kind, tuple):
         return " or ".join(k.__name__ for k in kind)
     return kind.__name__
 
 
-def error_header(job: str, rid: int, code: str, msg: str, *, data: bool) -> Header:
-    """Build an ERROR reply header for the data or the control plane."""
+class ErrorHeader(WireHeader):
+    """ERROR (data or control plane), a refusal: the node goes on serving."""
+
+    code: str  # an ErrorCode value
+    msg: str  # what was wrong and, where it helps, what to do
+
+
+def error_header(job: str, rid: int, code: str, msg: str, *, data: bool) -> ErrorHeader:
+    """Build an ERROR reply header for the data or the control plane. Does not block."""
     return {
         "j": job,
         "o": int(Data.ERROR if data else Control.ERROR),
@@ -187,6 +268,14 @@ def error_header(job: str, rid: int, code: str, msg: str, *, data: bool) -> Head
         "code": code,
         "msg": msg,
     }
+
+
+def read_error(header: Header) -> ErrorHeader:
+    """A received ERROR, checked: ``code`` and ``msg`` are strings. Raises a MALFORMED
+    :class:`ProtocolError` if either is missing or not a string. Does not block."""
+    field(header, "code", str)
+    field(header, "msg", str)
+    return cast(ErrorHeader, header)
 
 
 def error_of(exc: ProtocolError) -> tuple[str, str]:

@@ -1,0 +1,340 @@
+"""Control-plane headers: one typed header, one builder and (for what a node receives)
+one reader per message to or from the coordinator.
+
+Each builder returns the very dict the roles built as a literal before these existed
+(same keys, in the same order, with the same types: the same msgpack bytes), and checks
+nothing. Each reader checks a received header with :func:`~trimtab.protocol.messages.field`
+and returns it typed, or raises ``ProtocolError(ErrorCode.MALFORMED.value, ...)``. None of
+them blocks; all are thread-safe (they touch only their arguments).
+
+What each short key means, message by message, is in :mod:`trimtab.protocol.headers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from trimtab.errors import ProtocolError
+from trimtab.protocol.messages import (
+    NUMBER,
+    Control,
+    ErrorCode,
+    Header,
+    KeySpec,
+    WireHeader,
+    field,
+    fields,
+    optional,
+)
+
+if TYPE_CHECKING:
+    from typing import NotRequired  # see messages.py: never evaluated at run time
+
+_REGISTER = int(Control.REGISTER)
+_REGISTERED = int(Control.REGISTERED)
+_HEARTBEAT = int(Control.HEARTBEAT)
+_BARRIER = int(Control.BARRIER)
+_BCAST_PUT = int(Control.BCAST_PUT)
+_BCAST_GET = int(Control.BCAST_GET)
+_BCAST_VALUE = int(Control.BCAST_VALUE)
+_DONE = int(Control.DONE)
+_SHUTDOWN = int(Control.SHUTDOWN)
+_ABORT = int(Control.ABORT)
+_OK = int(Control.OK)
+_STATUS = int(Control.STATUS)
+_SCALE = int(Control.SCALE)
+
+# -- membership ----------------------------------------------------------------------
+
+
+class RegisterHeader(WireHeader):
+    """REGISTER, node -> coordinator: join the job; answered REGISTERED."""
+
+    role: str  # "server" or "worker"
+    addr: NotRequired[str]  # a server's: where workers reach it
+    rank: NotRequired[Any]  # a worker's wish; not an int >= 0: any free rank
+
+
+def register_server(*, rid: int, addr: str) -> RegisterHeader:
+    """A server's REGISTER (sent by the server itself, so it carries its ``rid``)."""
+    return {"o": _REGISTER, "i": rid, "role": "server", "addr": addr}
+
+
+def register_worker(*, rank: int) -> RegisterHeader:
+    """A worker's REGISTER; ``rank`` -1 lets the coordinator choose."""
+    return {"o": _REGISTER, "role": "worker", "rank": rank}
+
+
+def read_register(header: Header) -> RegisterHeader:
+    """Checks ``role``, and a server's ``addr``. ``rank`` is left as sent: anything but
+    an int >= 0 asks for any free rank."""
+    if field(header, "role", str) == "server":
+        field(header, "addr", str)
+    return cast(RegisterHeader, header)
+
+
+class RegisteredHeader(WireHeader):
+    """REGISTERED, coordinator -> node: the reply to REGISTER."""
+
+    rank: int  # the node's rank among its role
+    num_workers: int
+    num_servers: int  # the servers the job starts with
+    chunk_bytes: int  # the largest chunk
+    heartbeat_s: float  # how often nodes send HEARTBEAT
+
+
+def registered(
+    *,
+    rid: int,
+    rank: int,
+    num_workers: int,
+    num_servers: int,
+    chunk_bytes: int,
+    heartbeat_s: float,
+) -> RegisteredHeader:
+    return {
+        "o": _REGISTERED,
+        "i": rid,
+        "rank": rank,
+        "num_workers": num_workers,
+        "num_servers": num_servers,
+        "chunk_bytes": chunk_bytes,
+        "heartbeat_s": heartbeat_s,
+    }
+
+
+_REGISTERED_KEYS: KeySpec = (
+    ("rank", int),
+    ("num_workers", int),
+    ("num_servers", int),
+    ("chunk_bytes", int),
+    ("heartbeat_s", NUMBER),
+)
+
+
+def read_registered(header: Header) -> RegisteredHeader:
+    fields(header, _REGISTERED_KEYS)
+    return cast(RegisteredHeader, header)
+
+
+class HeartbeatHeader(WireHeader):
+    """HEARTBEAT, node -> coordinator (and the coordinator's echo): I am alive."""
+
+    lo: NotRequired[int]  # a worker's routing floor (see the key legend)
+
+
+def heartbeat() -> HeartbeatHeader:
+    """A server's heartbeat, or the coordinator's echo."""
+    return {"o": _HEARTBEAT, "i": 0}
+
+
+def worker_heartbeat(*, job: str, floor: int | None) -> HeartbeatHeader:
+    """A worker's heartbeat: its I/O thread sends it directly, ``j`` before ``lo``;
+    ``floor`` None (no map yet) leaves ``lo`` out."""
+    header: HeartbeatHeader = {"o": _HEARTBEAT, "i": 0, "j": job}
+    if floor is not None:
+        header["lo"] = floor
+    return header
+
+
+def read_floor(header: Header) -> int | None:
+    """The routing floor ``lo`` of a HEARTBEAT, MAP_GET or REPORT, or None if absent."""
+    return cast(int | None, optional(header, "lo", int))
+
+
+class DoneHeader(WireHeader):
+    """DONE, worker -> coordinator: my script finished; answered OK."""
+
+
+def done() -> DoneHeader:
+    return {"o": _DONE}
+
+
+class ShutdownHeader(WireHeader):
+    """SHUTDOWN, coordinator -> node: the job ended normally (or this server retires)."""
+
+
+def shutdown() -> ShutdownHeader:
+    return {"o": _SHUTDOWN, "i": 0}
+
+
+class AbortHeader(WireHeader):
+    """ABORT, coordinator -> node: the job failed; exit."""
+
+    why: str
+
+
+def abort(*, why: str) -> AbortHeader:
+    return {"o": _ABORT, "i": 0, "why": why}
+
+
+def read_abort(header: Header) -> AbortHeader:
+    field(header, "why", str)
+    return cast(AbortHeader, header)
+
+
+class OkHeader(WireHeader):
+    """OK, coordinator -> node: a request done (DONE, BARRIER, BCAST_PUT)."""
+
+
+def ok(*, rid: int) -> OkHeader:
+    return {"o": _OK, "i": rid}
+
+
+# -- status and scaling (tools) --------------------------------------------------------
+
+
+class StatusHeader(WireHeader):
+    """STATUS, anyone -> coordinator (no REGISTER needed); answered by :func:`status_reply`."""
+
+
+def status_request() -> StatusHeader:
+    return {"o": _STATUS}
+
+
+class StatusReplyHeader(WireHeader):
+    """OK answering STATUS: ``Coordinator.status()``, spread into the header."""
+
+    servers: list[str]  # every server ever registered, by rank: its address
+    workers: list[int]
+    done: list[int]  # workers whose script finished
+    epoch: int  # the current map's
+    owners: list[int]  # chunk id -> server rank
+    clocks: dict[str, int]  # worker rank -> its clock (steps reported)
+    migrations: int
+    bytes_moved: int
+    active_servers: list[int]
+    live_servers: list[int]  # not retired (active or draining)
+    wanted_servers: int  # how many server processes the launcher should keep
+    migrating: bool
+    speeds: list[float]
+    worker_speeds: list[list[float | None] | None]
+
+
+def status_reply(*, rid: int, status: Mapping[str, Any]) -> StatusReplyHeader:
+    """``status`` is ``Coordinator.status()``, with the keys of :class:`StatusReplyHeader`."""
+    return cast(StatusReplyHeader, {"o": _OK, "i": rid, **status})
+
+
+_STATUS_KEYS: KeySpec = (
+    ("servers", list),
+    ("workers", list),
+    ("done", list),
+    ("epoch", int),
+    ("owners", list),
+    ("clocks", dict),
+    ("migrations", int),
+    ("bytes_moved", int),
+    ("active_servers", list),
+    ("live_servers", list),
+    ("wanted_servers", int),
+    ("migrating", bool),
+    ("speeds", list),
+    ("worker_speeds", list),
+)
+
+
+def read_status_reply(header: Header) -> StatusReplyHeader:
+    fields(header, _STATUS_KEYS)
+    return cast(StatusReplyHeader, header)
+
+
+class ScaleHeader(WireHeader):
+    """SCALE, tool -> coordinator: go to this many servers; answered :func:`scale_reply`."""
+
+    servers: int
+
+
+def scale(*, servers: int) -> ScaleHeader:
+    return {"o": _SCALE, "servers": servers}
+
+
+def read_scale(header: Header) -> ScaleHeader:
+    field(header, "servers", int)
+    return cast(ScaleHeader, header)
+
+
+class ScaleReplyHeader(WireHeader):
+    """OK answering SCALE."""
+
+    target: int  # the servers the job now goes to (bounded by 1 and max_servers)
+
+
+def scale_reply(*, rid: int, target: int) -> ScaleReplyHeader:
+    return {"o": _OK, "i": rid, "target": target}
+
+
+def read_scale_reply(header: Header) -> ScaleReplyHeader:
+    field(header, "target", int)
+    return cast(ScaleReplyHeader, header)
+
+
+# -- barriers and broadcast --------------------------------------------------------------
+
+
+class BarrierHeader(WireHeader):
+    """BARRIER, worker -> coordinator; answered OK once every worker arrived."""
+
+    name: str
+
+
+def barrier(*, name: str) -> BarrierHeader:
+    return {"o": _BARRIER, "name": name}
+
+
+def read_barrier(header: Header) -> BarrierHeader:
+    field(header, "name", str)
+    return cast(BarrierHeader, header)
+
+
+class BcastPutHeader(WireHeader):
+    """BCAST_PUT, root worker -> coordinator, + the tensors' frames; answered OK."""
+
+    key: str  # the broadcast's name, the same on every worker
+    meta: dict[str, Any]  # relayed unread: names (the tensors, in order), frames (per tensor)
+
+
+def bcast_put(*, key: str, meta: dict[str, Any]) -> BcastPutHeader:
+    return {"o": _BCAST_PUT, "key": key, "meta": meta}
+
+
+def read_bcast_put(header: Header) -> BcastPutHeader:
+    field(header, "key", str)
+    field(header, "meta", dict)
+    return cast(BcastPutHeader, header)
+
+
+class BcastGetHeader(WireHeader):
+    """BCAST_GET, worker -> coordinator; answered BCAST_VALUE once the root put it."""
+
+    key: str
+
+
+def bcast_get(*, key: str) -> BcastGetHeader:
+    return {"o": _BCAST_GET, "key": key}
+
+
+def read_bcast_get(header: Header) -> BcastGetHeader:
+    field(header, "key", str)
+    return cast(BcastGetHeader, header)
+
+
+class BcastValueHeader(WireHeader):
+    """BCAST_VALUE, coordinator -> worker, + the root's frames."""
+
+    meta: dict[str, Any]  # as the root put it
+
+
+def bcast_value(*, rid: int, meta: dict[str, Any]) -> BcastValueHeader:
+    return {"o": _BCAST_VALUE, "i": rid, "meta": meta}
+
+
+def read_bcast_value(header: Header) -> BcastValueHeader:
+    """Checks ``meta`` and its ``names`` and ``frames`` lists."""
+    meta = field(header, "meta", dict)
+    if not isinstance(meta.get("names"), list) or not isinstance(meta.get("frames"), list):
+        raise ProtocolError(
+            ErrorCode.MALFORMED.value, "a broadcast's 'meta' needs lists 'names' and 'frames'"
+        )
+    return cast(BcastValueHeader, header)

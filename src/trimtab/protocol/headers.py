@@ -1,0 +1,272 @@
+"""Typed headers: one definition per message, with its builder and its reader.
+
+Every message trimtab sends has here a ``TypedDict`` of its header (the wire's short
+keys, each documented for that message), a builder with readable keyword arguments
+that returns the very dict the roles built as a literal (the same msgpack bytes), and,
+for what a node receives, a reader that checks the header with
+:func:`~trimtab.protocol.messages.field` and returns it typed, raising
+``ProtocolError(ErrorCode.MALFORMED.value, ...)`` for a missing or mistyped key. The
+definitions live by plane: :mod:`.control` (membership, teardown, tools, barriers,
+broadcast), :mod:`.placement` (maps, migration, step and load reports) and :mod:`.data`
+(chunks between workers and servers); import them from here. ERROR is
+:func:`~trimtab.protocol.messages.error_header` / :func:`~trimtab.protocol.messages.read_error`.
+
+Builders check nothing and readers check only types: what a value means for the
+receiver's state (a chunk it owns, a clock it can take) is the receiver's to judge.
+None of them blocks; all are thread-safe. The key common to every header: ``o`` (the op),
+``i`` (request id), ``j`` (job id), see :class:`~trimtab.protocol.messages.WireHeader`.
+
+Words (one each, everywhere: code, logs, docs):
+    clock       a worker's iterations: steps it completed, from 0.
+    job clock   the lowest clock among the workers (steps every worker reported done).
+    round       a chunk's aggregation rounds completed on its server (under BSP, the
+                round a push joins is the push's clock).
+    version     a chunk's updates applied.
+    epoch       the placement map's; every change of owners makes a new one.
+    floor       a worker's routing floor: the oldest epoch by which it still has a data
+                request unanswered (a drained server retires once every floor passed).
+    cut         the clock from which a moving chunk belongs to its new owner.
+
+Short keys, and what each carries in which message:
+    ``k``       clock: PUSH, REPORT. round: VALUE, HANDOVER. job clock: OK answering LOAD.
+    ``v``       version: VALUE, HANDOVER; in PUSH, the version the worker last read.
+    ``e``       epoch: INIT, PUSH, PULL (the sender's map), MOVED, HANDOVER (the
+                server's), MAP_GET (the one wanted). Spelt ``epoch`` in MAP, MIGRATE,
+                MAP_ACK, MIGRATE_ACK, HANDED, the OKs answering REPORT and STATUS, and
+                the ACK answering STATS.
+    ``lo``      floor: HEARTBEAT, MAP_GET, REPORT.
+    ``cuts``    chunk id (a decimal string) -> cut: MIGRATE_ACK, MAP answering MAP_GET.
+    ``c``       chunk id: INIT, PUSH, PULL, VALUE, MOVED, HANDOVER; chunk ids: HANDED.
+    ``n``       element count: INIT, PUSH, VALUE, HANDOVER; requests served: LOAD.
+    ``b``       the inline tensor bytes: PUSH, VALUE; batch size: REPORT.
+    ``sm``      [arena, offset, capacity] of a shared-memory slot: PUSH; IN_SLOT (1),
+                the value is in that slot: VALUE.
+    ``dt``      wire dtype name; ``z`` no tensor; ``w`` weight (batch size); ``r`` worker
+                rank; ``s`` server rank; ``hp`` hyperparameters; ``st`` optimizer state;
+                ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
+                seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD.
+"""
+
+from __future__ import annotations
+
+from trimtab.protocol.control import (
+    AbortHeader,
+    BarrierHeader,
+    BcastGetHeader,
+    BcastPutHeader,
+    BcastValueHeader,
+    DoneHeader,
+    HeartbeatHeader,
+    OkHeader,
+    RegisteredHeader,
+    RegisterHeader,
+    ScaleHeader,
+    ScaleReplyHeader,
+    ShutdownHeader,
+    StatusHeader,
+    StatusReplyHeader,
+    abort,
+    barrier,
+    bcast_get,
+    bcast_put,
+    bcast_value,
+    done,
+    heartbeat,
+    ok,
+    read_abort,
+    read_barrier,
+    read_bcast_get,
+    read_bcast_put,
+    read_bcast_value,
+    read_floor,
+    read_register,
+    read_registered,
+    read_scale,
+    read_scale_reply,
+    read_status_reply,
+    register_server,
+    register_worker,
+    registered,
+    scale,
+    scale_reply,
+    shutdown,
+    status_reply,
+    status_request,
+    worker_heartbeat,
+)
+from trimtab.protocol.data import (
+    IN_SLOT,
+    AckHeader,
+    HandoverHeader,
+    InitHeader,
+    MovedHeader,
+    PullHeader,
+    PushHeader,
+    StatsHeader,
+    StatsReplyHeader,
+    ValueHeader,
+    ack,
+    handover,
+    init,
+    moved,
+    pull,
+    push,
+    read_handover,
+    read_init,
+    read_moved,
+    read_pull,
+    read_push,
+    read_stats_reply,
+    read_value,
+    stats_reply,
+    stats_request,
+    value,
+)
+from trimtab.protocol.placement import (
+    DeclareHeader,
+    HandedHeader,
+    JobClockHeader,
+    JobMapHeader,
+    LoadHeader,
+    MapAckHeader,
+    MapGetHeader,
+    MapReplyHeader,
+    MigrateAckHeader,
+    MigrateHeader,
+    ReportHeader,
+    ReportReplyHeader,
+    batch_sizes,
+    declare,
+    handed,
+    job_clock,
+    job_map,
+    load,
+    map_ack,
+    map_get,
+    map_reply,
+    migrate,
+    migrate_ack,
+    read_declare,
+    read_handed,
+    read_job_clock,
+    read_job_map,
+    read_load,
+    read_map_ack,
+    read_map_get,
+    read_map_reply,
+    read_migrate,
+    read_migrate_ack,
+    read_report,
+    read_report_reply,
+    report,
+    report_reply,
+)
+
+__all__ = [
+    "IN_SLOT",
+    "AbortHeader",
+    "AckHeader",
+    "BarrierHeader",
+    "BcastGetHeader",
+    "BcastPutHeader",
+    "BcastValueHeader",
+    "DeclareHeader",
+    "DoneHeader",
+    "HandedHeader",
+    "HandoverHeader",
+    "HeartbeatHeader",
+    "InitHeader",
+    "JobClockHeader",
+    "JobMapHeader",
+    "LoadHeader",
+    "MapAckHeader",
+    "MapGetHeader",
+    "MapReplyHeader",
+    "MigrateAckHeader",
+    "MigrateHeader",
+    "MovedHeader",
+    "OkHeader",
+    "PullHeader",
+    "PushHeader",
+    "RegisterHeader",
+    "RegisteredHeader",
+    "ReportHeader",
+    "ReportReplyHeader",
+    "ScaleHeader",
+    "ScaleReplyHeader",
+    "ShutdownHeader",
+    "StatsHeader",
+    "StatsReplyHeader",
+    "StatusHeader",
+    "StatusReplyHeader",
+    "ValueHeader",
+    "abort",
+    "ack",
+    "barrier",
+    "batch_sizes",
+    "bcast_get",
+    "bcast_put",
+    "bcast_value",
+    "declare",
+    "done",
+    "handed",
+    "handover",
+    "heartbeat",
+    "init",
+    "job_clock",
+    "job_map",
+    "load",
+    "map_ack",
+    "map_get",
+    "map_reply",
+    "migrate",
+    "migrate_ack",
+    "moved",
+    "ok",
+    "pull",
+    "push",
+    "read_abort",
+    "read_barrier",
+    "read_bcast_get",
+    "read_bcast_put",
+    "read_bcast_value",
+    "read_declare",
+    "read_floor",
+    "read_handed",
+    "read_handover",
+    "read_init",
+    "read_job_clock",
+    "read_job_map",
+    "read_load",
+    "read_map_ack",
+    "read_map_get",
+    "read_map_reply",
+    "read_migrate",
+    "read_migrate_ack",
+    "read_moved",
+    "read_pull",
+    "read_push",
+    "read_register",
+    "read_registered",
+    "read_report",
+    "read_report_reply",
+    "read_scale",
+    "read_scale_reply",
+    "read_stats_reply",
+    "read_status_reply",
+    "read_value",
+    "register_server",
+    "register_worker",
+    "registered",
+    "report",
+    "report_reply",
+    "scale",
+    "scale_reply",
+    "shutdown",
+    "stats_reply",
+    "stats_request",
+    "status_reply",
+    "status_request",
+    "value",
+    "worker_heartbeat",
+]

@@ -1,0 +1,398 @@
+"""Control-plane headers about the placement map and what the policies measure: tensors
+declared, maps published and changed (migration), step and load reports.
+
+As in :mod:`trimtab.protocol.control`: builders return the literal the roles built
+before (the same msgpack bytes) and check nothing; readers check a received header with
+:func:`~trimtab.protocol.messages.field` and return it typed, or raise
+``ProtocolError(ErrorCode.MALFORMED.value, ...)``. None blocks; all are thread-safe.
+What each short key means is in :mod:`trimtab.protocol.headers`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from trimtab.errors import ProtocolError
+from trimtab.protocol.messages import (
+    NUMBER,
+    Control,
+    ErrorCode,
+    Header,
+    KeySpec,
+    WireHeader,
+    field,
+    fields,
+    int_list,
+)
+
+if TYPE_CHECKING:
+    from typing import NotRequired  # see messages.py: never evaluated at run time
+
+_DECLARE = int(Control.DECLARE)
+_MAP = int(Control.MAP)
+_MAP_ACK = int(Control.MAP_ACK)
+_OK = int(Control.OK)
+_REPORT = int(Control.REPORT)
+_MIGRATE = int(Control.MIGRATE)
+_MIGRATE_ACK = int(Control.MIGRATE_ACK)
+_HANDED = int(Control.HANDED)
+_MAP_GET = int(Control.MAP_GET)
+_LOAD = int(Control.LOAD)
+
+# -- the first map ------------------------------------------------------------------
+
+
+class DeclareHeader(WireHeader):
+    """DECLARE, worker -> coordinator: the tensors to train; answered MAP (the job map)
+    once every worker declared the same and every server acknowledged its chunks."""
+
+    tensors: list[list[Any]]  # TensorSpec.to_wire() of each: [name, shape, dtype, group]
+    opt: dict[str, Any]  # the optimizer: mode, cls, per-group hyperparameters
+
+
+def declare(*, tensors: list[list[Any]], opt: dict[str, Any]) -> DeclareHeader:
+    return {"o": _DECLARE, "tensors": tensors, "opt": opt}
+
+
+def read_declare(header: Header) -> DeclareHeader:
+    """Checks that ``tensors`` is a list and ``opt`` a map; each tensor spec is the
+    caller's to parse (``TensorSpec.from_wire``)."""
+    fields(header, (("tensors", list), ("opt", dict)))
+    return cast(DeclareHeader, header)
+
+
+class JobMapHeader(WireHeader):
+    """MAP, coordinator -> servers (then answered MAP_ACK) and -> each declaring worker
+    (the reply to DECLARE): the first map, with all a node needs to know of the job.
+    The coordinator builds it once and sends ``{**header, "i": rid}`` to each."""
+
+    epoch: int  # the map's epoch (1)
+    tensors: list[list[Any]]  # as declared
+    chunk_bytes: int
+    owners: list[int]  # chunk id -> server rank
+    servers: list[str]  # server rank -> address
+    opt: dict[str, Any]  # as declared
+    workers: list[int]  # the workers' ranks
+    batching: str  # the batch-sizing policy's name
+    consistency: str  # the consistency policy's name
+    report_s: float  # a worker reports its steps at most this often (0: every step)
+    time_servers: bool  # whether workers time each server (a live placement reads it)
+    consistency_args: dict[str, Any]  # e.g. staleness for ssp
+
+
+def job_map(
+    *,
+    epoch: int,
+    tensors: list[list[Any]],
+    chunk_bytes: int,
+    owners: list[int],
+    servers: list[str],
+    opt: dict[str, Any],
+    workers: list[int],
+    batching: str,
+    consistency: str,
+    report_s: float,
+    time_servers: bool,
+    consistency_args: dict[str, Any],
+) -> JobMapHeader:
+    return {
+        "o": _MAP,
+        "epoch": epoch,
+        "tensors": tensors,
+        "chunk_bytes": chunk_bytes,
+        "owners": owners,
+        "servers": servers,
+        "opt": opt,
+        "workers": workers,
+        "batching": batching,
+        "consistency": consistency,
+        "report_s": report_s,
+        "time_servers": time_servers,
+        "consistency_args": consistency_args,
+    }
+
+
+_JOB_MAP_KEYS: KeySpec = (
+    ("epoch", int),
+    ("tensors", list),
+    ("chunk_bytes", int),
+    ("owners", list),
+    ("servers", list),
+    ("opt", dict),
+    ("workers", list),
+)
+# A node reads these with a default (bsp, equal, ...) where they are absent.
+_JOB_MAP_OPTIONAL: KeySpec = (
+    ("batching", str),
+    ("consistency", str),
+    ("report_s", NUMBER),
+    ("time_servers", bool),
+    ("consistency_args", dict),
+)
+
+
+def read_job_map(header: Header) -> JobMapHeader:
+    fields(header, _JOB_MAP_KEYS, _JOB_MAP_OPTIONAL)
+    return cast(JobMapHeader, header)
+
+
+class MapAckHeader(WireHeader):
+    """MAP_ACK, server -> coordinator: it holds the chunks the first map gives it."""
+
+    epoch: int  # the map it took
+
+
+def map_ack(*, rid: int, epoch: int) -> MapAckHeader:
+    return {"o": _MAP_ACK, "i": rid, "epoch": epoch}
+
+
+def read_map_ack(header: Header) -> MapAckHeader:
+    field(header, "epoch", int)
+    return cast(MapAckHeader, header)
+
+
+# -- migration ----------------------------------------------------------------------
+
+
+class MigrateHeader(JobMapHeader):
+    """MIGRATE, coordinator -> every live server: a new map (the job map's keys, with a
+    new ``epoch``, ``owners`` and ``servers``); answered MIGRATE_ACK."""
+
+
+def migrate(
+    *, job_map: JobMapHeader, epoch: int, owners: list[int], servers: list[str]
+) -> MigrateHeader:
+    """``job_map`` is the first map's header (without ``i``): its keys keep their order,
+    ``i`` comes last, as the coordinator's ``{**map_header, ...}`` did."""
+    return {
+        **job_map,
+        "o": _MIGRATE,
+        "i": 0,
+        "epoch": epoch,
+        "owners": owners,
+        "servers": servers,
+    }
+
+
+def read_migrate(header: Header) -> MigrateHeader:
+    fields(header, _JOB_MAP_KEYS, _JOB_MAP_OPTIONAL)
+    return cast(MigrateHeader, header)
+
+
+class MigrateAckHeader(WireHeader):
+    """MIGRATE_ACK, server -> coordinator: it took the new map."""
+
+    epoch: int  # the new map's
+    cuts: dict[str, int]  # chunk id (str) -> the clock from which its new owner has it
+
+
+def migrate_ack(*, epoch: int, cuts: dict[str, int]) -> MigrateAckHeader:
+    return {"o": _MIGRATE_ACK, "i": 0, "epoch": epoch, "cuts": cuts}
+
+
+def read_migrate_ack(header: Header) -> MigrateAckHeader:
+    """Checks ``epoch``, and that ``cuts`` maps chunk ids (decimal strings) to ints."""
+    field(header, "epoch", int)
+    cuts = field(header, "cuts", dict)
+    for cid, cut in cuts.items():
+        if not (isinstance(cid, str) and cid.isdigit() and type(cut) is int):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"a cut {cid!r}: {cut!r} is not chunk id: clock"
+            )
+    return cast(MigrateAckHeader, header)
+
+
+class HandedHeader(WireHeader):
+    """HANDED, server -> coordinator: these chunks reached their new owners."""
+
+    epoch: int  # the map the server holds
+    c: list[int]  # chunk ids
+
+
+def handed(*, epoch: int, chunks: list[int]) -> HandedHeader:
+    return {"o": _HANDED, "i": 0, "epoch": epoch, "c": chunks}
+
+
+def read_handed(header: Header) -> HandedHeader:
+    field(header, "epoch", int)
+    int_list(header, "c")
+    return cast(HandedHeader, header)
+
+
+class MapGetHeader(WireHeader):
+    """MAP_GET, worker -> coordinator: answered :func:`map_reply` once a map of at
+    least epoch ``e`` is published."""
+
+    e: int  # the epoch wanted (a MOVED reply's)
+    lo: NotRequired[int]  # the worker's routing floor
+
+
+def map_get(*, epoch: int, floor: int) -> MapGetHeader:
+    return {"o": _MAP_GET, "e": epoch, "lo": floor}
+
+
+def read_map_get(header: Header) -> MapGetHeader:
+    """Checks ``e``, and ``lo`` if present."""
+    fields(header, (("e", int),), (("lo", int),))
+    return cast(MapGetHeader, header)
+
+
+class MapReplyHeader(WireHeader):
+    """MAP answering MAP_GET: the published map, and where each moving chunk is cut."""
+
+    epoch: int
+    owners: list[int]  # chunk id -> server rank
+    servers: list[str]  # server rank -> address
+    prev: list[int]  # the owners before this map (empty for the first map)
+    cuts: dict[str, int]  # chunk id (str) -> clock from which ``owners`` holds for it
+
+
+def map_reply(
+    *,
+    rid: int,
+    epoch: int,
+    owners: list[int],
+    servers: list[str],
+    prev: list[int],
+    cuts: dict[str, int],
+) -> MapReplyHeader:
+    return {
+        "o": _MAP,
+        "i": rid,
+        "epoch": epoch,
+        "owners": owners,
+        "servers": servers,
+        "prev": prev,
+        "cuts": cuts,
+    }
+
+
+_MAP_REPLY_KEYS: KeySpec = (
+    ("epoch", int),
+    ("owners", list),
+    ("servers", list),
+    ("prev", list),
+    ("cuts", dict),
+)
+
+
+def read_map_reply(header: Header) -> MapReplyHeader:
+    fields(header, _MAP_REPLY_KEYS)
+    return cast(MapReplyHeader, header)
+
+
+# -- measurements ------------------------------------------------------------------------
+
+
+class ReportHeader(WireHeader):
+    """REPORT, worker -> coordinator: one step's measurements; answered
+    :func:`report_reply` (or, under a batch-sizing policy, :func:`batch_sizes` once
+    every worker reported the step)."""
+
+    k: int  # the worker's clock: the step measured
+    b: int  # its batch size in that step
+    cs: float  # compute seconds
+    ms: float  # communication seconds (waiting for values)
+    cpu: float  # CPU seconds over compute seconds, at most 1
+    lo: NotRequired[int]  # the worker's routing floor
+    sv: NotRequired[list[list[float]]]  # per server: [rank, span, wait span, bytes]
+
+
+def report(
+    *,
+    clock: int,
+    batch: int,
+    compute_s: float,
+    comm_s: float,
+    cpu_share: float,
+    floor: int,
+    spans: list[list[float]],
+) -> ReportHeader:
+    """``spans`` empty (no per-server timing) leaves ``sv`` out."""
+    header: ReportHeader = {
+        "o": _REPORT,
+        "k": clock,
+        "b": batch,
+        "cs": compute_s,
+        "ms": comm_s,
+        "cpu": cpu_share,
+        "lo": floor,
+    }
+    if spans:
+        header["sv"] = spans
+    return header
+
+
+_REPORT_KEYS: KeySpec = (("k", int), ("b", int), ("cs", NUMBER), ("ms", NUMBER), ("cpu", NUMBER))
+
+
+def read_report(header: Header) -> ReportHeader:
+    """Checks the measurements' types, ``lo`` and that ``sv`` is a list if present; the
+    rows of ``sv`` (server ranks in range) are the coordinator's to check."""
+    fields(header, _REPORT_KEYS, (("lo", int), ("sv", list)))
+    return cast(ReportHeader, header)
+
+
+class ReportReplyHeader(WireHeader):
+    """OK answering REPORT."""
+
+    sizes: NotRequired[list[int]]  # under a batch-sizing policy: each worker's next batch
+    epoch: int  # the latest published map: fetch it if yours is older
+    refresh: NotRequired[bool]  # SaPS: you lag; skip ahead to ``lead``
+    lead: NotRequired[int]  # the leading worker's clock
+
+
+def report_reply(*, rid: int, epoch: int, lead: int | None = None) -> ReportReplyHeader:
+    """The reply under equal batch sizes; ``lead`` (SaPS: this worker lags) adds
+    ``refresh`` and ``lead``."""
+    header: ReportReplyHeader = {"o": _OK, "i": rid, "epoch": epoch}
+    if lead is not None:
+        header["refresh"] = True
+        header["lead"] = lead
+    return header
+
+
+def batch_sizes(*, rid: int, sizes: list[int], epoch: int) -> ReportReplyHeader:
+    """The reply under a batch-sizing policy (every worker's next batch size)."""
+    return {"o": _OK, "i": rid, "sizes": sizes, "epoch": epoch}
+
+
+def read_report_reply(header: Header) -> ReportReplyHeader:
+    fields(header, (("epoch", int),), (("refresh", bool), ("lead", int)))
+    if "sizes" in header:
+        int_list(header, "sizes")
+    return cast(ReportReplyHeader, header)
+
+
+class LoadHeader(WireHeader):
+    """LOAD, server -> coordinator, every LOAD_REPORT_S: cumulative figures for the
+    speed estimate; answered :func:`job_clock`."""
+
+    busy: float  # seconds spent serving data requests
+    bytes: int  # bytes moved, both ways (shared memory included)
+    n: int  # data requests served
+    step: int  # the job clock as this server knows it: its highest round, or what it was told
+
+
+def load(*, busy_s: float, nbytes: int, requests: int, step: int) -> LoadHeader:
+    return {"o": _LOAD, "i": 0, "busy": busy_s, "bytes": nbytes, "n": requests, "step": step}
+
+
+def read_load(header: Header) -> LoadHeader:
+    fields(header, (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)))
+    return cast(LoadHeader, header)
+
+
+class JobClockHeader(WireHeader):
+    """OK answering LOAD: the job's clock, so a server that owns nothing knows the step."""
+
+    k: int  # the job clock (see the key legend)
+
+
+def job_clock(*, clock: int) -> JobClockHeader:
+    return {"o": _OK, "i": 0, "k": clock}
+
+
+def read_job_clock(header: Header) -> JobClockHeader:
+    field(header, "k", int)
+    return cast(JobClockHeader, header)
