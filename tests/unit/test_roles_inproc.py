@@ -13,7 +13,7 @@ import torch
 
 import trimtab
 from tests.equivalence_job import Setup, max_difference, reference, train_worker
-from trimtab import ChunkMoved, Context, RemoteError, UsageError
+from trimtab import ChunkMoved, ConfigError, Context, RemoteError, UsageError
 from trimtab.protocol.messages import Control, Data
 from trimtab.roles.worker.client import wait
 
@@ -443,5 +443,26 @@ def test_a_drained_server_retires_only_once_no_request_routed_to_it_is_in_flight
                 ctx.call({"o": int(Control.MAP_GET), "e": 2, "lo": "old"})
             assert bad.value.code == "malformed"
         gate.wait()
+
+    cluster.run_workers(body)
+
+
+def test_context_misuse_says_what_to_do(cluster_factory) -> None:
+    cluster = cluster_factory(workers=1, servers=1)
+
+    def body(ctx: Context) -> None:
+        with pytest.raises(UsageError, match="build the DistributedOptimizer"):
+            ctx.server_of(0)
+        with pytest.raises(UsageError, match="build the DistributedOptimizer"):
+            ctx.server_stats()
+        steps = torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
+        with pytest.raises(ConfigError, match=r"parameter 'steps'.*leave it out"):
+            trimtab.DistributedOptimizer(
+                torch.optim.SGD([steps], lr=0.1), [("steps", steps)], context=ctx
+            )
+        p = torch.nn.Parameter(torch.zeros(3))
+        trimtab.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), [("p", p)], context=ctx)
+        with pytest.raises(ConfigError, match=r"root_rank 3 is not a worker rank: pass one of 0\."):
+            ctx.broadcast({"p": p}, root_rank=3)
 
     cluster.run_workers(body)
