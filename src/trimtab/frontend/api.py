@@ -62,7 +62,9 @@ def config_from_env() -> WorkerConfig:
             coordinator=coordinator,
             job=_env("TRIMTAB_JOB") or "trimtab",
             rank=int(rank) if rank is not None else -1,
-            request_timeout_s=float(_env("TRIMTAB_REQUEST_TIMEOUT_S") or 600.0),
+            request_timeout_s=float(
+                _env("TRIMTAB_REQUEST_TIMEOUT_S") or WorkerConfig.request_timeout_s
+            ),
             spin_s=spin_from_env(),
             shared_memory=not shm_turned_off(),
         )

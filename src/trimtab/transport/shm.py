@@ -134,8 +134,7 @@ class SlotMap:
 
     Made by :meth:`create`; with no arena (shared memory off, nothing big enough, or no
     room in ``/dev/shm``) every method answers "send bytes". Not thread-safe: the
-    training thread uses it. No method blocks or raises but :meth:`create`'s callers'
-    arguments are trusted (chunk ids and sizes from the worker's own chunk table).
+    training thread uses it. No method blocks; only :meth:`refused` raises (see there).
     """
 
     def __init__(
