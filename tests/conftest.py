@@ -12,7 +12,9 @@ import pytest
 
 from trimtab import Context, Coordinator, CoordinatorConfig, Server, ServerConfig, WorkerConfig
 from trimtab.faults.stragglers import parse_stragglers
+from trimtab.frontend.api import add_stragglers
 from trimtab.transport import Fabric, Transport
+from trimtab.transport.shm import turned_off as shm_turned_off
 
 
 class Cluster:
@@ -49,16 +51,20 @@ class Cluster:
         return self.fabric.transport(bind=bind) if self.fabric else None
 
     def context(self, rank: int) -> Context:
-        return Context(
+        """Worker ``rank``'s context, wired as ``trimtab.init()`` wires one (its
+        stragglers as a step hook, ``TRIMTAB_SHM`` read here, at the edge)."""
+        ctx = Context(
             WorkerConfig(
                 coordinator=self.coordinator.address,
                 job=self.job,
                 rank=rank,
                 request_timeout_s=30.0,
+                shared_memory=not shm_turned_off(),
             ),
             transport=self._transport(bind=False),
-            stragglers=self.stragglers,
         )
+        add_stragglers(ctx, self.stragglers)
+        return ctx
 
     def run_workers(self, fn: Callable[[Context], Any], timeout_s: float = 60.0) -> list[Any]:
         """Run ``fn(ctx)`` in one thread per worker; return the results by rank; re-raise

@@ -1,27 +1,31 @@
 """The Horovod-style module functions: ``init``, ``rank``, ``size``, broadcasts.
 
 This is the edge where a worker's settings are read from the environment (set by
-``trimtab run`` or by hand, with DMLC_* names understood too).
+``trimtab run`` or by hand, with DMLC_* names understood too), where fault injection is
+wired in (``TRIMTAB_STRAGGLERS``: a step hook on the context), and the sole owner of the
+default :class:`Context`.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from trimtab.errors import ConfigError, UsageError
 from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
-from trimtab.faults.stragglers import parse_stragglers
+from trimtab.faults.stragglers import StragglerSpec, WorkerStraggler, parse_stragglers
 from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
 from trimtab.protocol.messages import Control
 from trimtab.roles.worker.client import WorkerConfig
-from trimtab.roles.worker.context import Context
+from trimtab.roles.worker.context import Context, StepHook
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
+from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import spin_from_env
 
 _default: Context | None = None
@@ -58,8 +62,11 @@ def config_from_env() -> WorkerConfig:
             coordinator=coordinator,
             job=_env("TRIMTAB_JOB") or "trimtab",
             rank=int(rank) if rank is not None else -1,
-            request_timeout_s=float(_env("TRIMTAB_REQUEST_TIMEOUT_S") or 600.0),
+            request_timeout_s=float(
+                _env("TRIMTAB_REQUEST_TIMEOUT_S") or WorkerConfig.request_timeout_s
+            ),
             spin_s=spin_from_env(),
+            shared_memory=not shm_turned_off(),
         )
     except ValueError as exc:
         raise ConfigError(f"bad TRIMTAB_* setting: {exc}") from None
@@ -78,16 +85,37 @@ def init(config: WorkerConfig | None = None) -> None:
     local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
     stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
     compression = compressor(os.environ.get(COMPRESSION_ENV) or "none").name
-    _default = Context(
-        config or config_from_env(),
-        local_rank=local_rank,
-        stragglers=stragglers,
-        compression=compression,
-    )
+    _default = Context(config or config_from_env(), local_rank=local_rank, compression=compression)
+    add_stragglers(_default, stragglers)
     atexit.register(shutdown)
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
     global _forget_state
     _forget_state = add_state_dump(_default.describe)
+
+
+def slowdown_hook(straggler: WorkerStraggler) -> StepHook:
+    """A step hook that makes each step as slow as ``straggler``'s schedule says: real
+    compute plus a sleep of (factor - 1) x the step's compute, reported as compute; it
+    also starts and stops the schedule's competing processes. The hook blocks (sleeps)."""
+
+    def hook(clock: int, compute_s: float) -> float:
+        straggler.on_step(clock)
+        factor = straggler.factor(clock)
+        if factor <= 1.0:
+            return compute_s
+        time.sleep((factor - 1.0) * compute_s)
+        return compute_s * factor
+
+    return hook
+
+
+def add_stragglers(ctx: Context, specs: Sequence[StragglerSpec]) -> None:
+    """Emulate the slowdowns ``specs`` (``--straggler``) give this worker, as a step
+    hook on ``ctx`` (closed with it). Does nothing if none is this worker's. Blocks
+    until registered; raises nothing of its own."""
+    straggler = WorkerStraggler(specs, ctx.rank)
+    if straggler:
+        ctx.add_step_hook(slowdown_hook(straggler), close=straggler.close)
 
 
 def shutdown() -> None:
@@ -166,18 +194,19 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     hyperparameters of the same shape). In server mode the state lives on the servers,
     so only the local hyperparameters are synchronised."""
     ctx = default_context()
-    inner = getattr(optimizer, "_inner", optimizer)
+    # A DistributedOptimizer shares its inner optimizer's param_groups and state, so
+    # either object gives the same tensors.
     tensors: dict[str, torch.Tensor] = {}
-    for g, group in enumerate(inner.param_groups):
+    for g, group in enumerate(optimizer.param_groups):
         for i, p in enumerate(group["params"]):
-            for key, value in inner.state.get(p, {}).items():
+            for key, value in optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     tensors[f"{g}.{i}.{key}"] = value
         for key, value in group.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 tensors[f"{g}.hp.{key}"] = torch.tensor([float(value)], dtype=torch.float64)
     ctx.broadcast(tensors, root_rank)
-    for g, group in enumerate(inner.param_groups):
+    for g, group in enumerate(optimizer.param_groups):
         for key, value in list(group.items()):
             t: Any = tensors.get(f"{g}.hp.{key}")
             if t is not None:

@@ -13,7 +13,11 @@ This is safe because a worker has at most one push of a chunk in flight (it wait
 chunk's reply before pushing it again) and servers consume a push's gradient as it
 arrives. A server that cannot open the arena (another machine, another ``/dev/shm``)
 answers ``no_shm`` and the worker sends that server bytes from then on.
-``TRIMTAB_SHM=0`` turns it off.
+``TRIMTAB_SHM=0`` turns it off: :func:`turned_off` reads it, at the edges only (``init()``,
+the transport's constructor); everything below takes the setting as an argument.
+
+A worker's side is a :class:`SlotMap` (its arena, the slot of each chunk, which servers
+share it); a server maps the workers' arenas with :meth:`Arena.attach`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import mmap
 import os
 import re
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger("trimtab.shm")
@@ -39,11 +44,6 @@ def turned_off() -> bool:
     """Whether ``TRIMTAB_SHM=0`` asks for everything through TCP, as between machines
     (no shared memory, no local lane)."""
     return os.environ.get(ENV, "1") == "0"
-
-
-def enabled() -> bool:
-    """Whether workers may use shared memory (``TRIMTAB_SHM`` and ``/dev/shm``)."""
-    return not turned_off() and SHM_DIR.is_dir()
 
 
 def is_local(address: str) -> bool:
@@ -126,6 +126,107 @@ class Arena:
         with contextlib.suppress(BufferError):  # a view is still out there: GC unmaps
             self.buf.release()
             self._mmap.close()
+
+
+class SlotMap:
+    """A worker's shared memory: one arena, a slot per chunk too big to ride inside a
+    header (the chunk's bytes, cache-line aligned), and which servers share it.
+
+    Made by :meth:`create`; with no arena (shared memory off, nothing big enough, or no
+    room in ``/dev/shm``) every method answers "send bytes". Not thread-safe: the
+    training thread uses it. No method blocks; only :meth:`refused` raises (see there).
+    """
+
+    def __init__(
+        self, arena: Arena | None, slots: dict[int, tuple[int, int]], min_bytes: int
+    ) -> None:
+        self.arena = arena
+        #: chunk id -> (offset, capacity) in :attr:`arena`; read on the push path.
+        self.slots = slots
+        self._min = min_bytes
+        self._local: dict[str, bool] = {}  # server address -> shares our arena
+
+    @classmethod
+    def create(
+        cls,
+        job: str,
+        label: str,
+        sizes: Iterable[tuple[int, int]],
+        *,
+        min_bytes: int,
+        enabled: bool,
+    ) -> SlotMap:
+        """A slot for each ``(chunk id, bytes)`` of ``sizes`` over ``min_bytes`` (what
+        fits in a header rides there), in one new arena named after ``job`` and
+        ``label``. ``enabled`` is the job's setting (``TRIMTAB_SHM``, read by the
+        caller). Does not block; never raises: without room in ``/dev/shm`` it logs
+        why and returns a map without an arena."""
+        slots: dict[int, tuple[int, int]] = {}
+        if not enabled:
+            return cls(None, slots, min_bytes)
+        total = 0
+        for chunk, nbytes in sizes:
+            if nbytes > min_bytes:
+                slots[chunk] = (total, nbytes)
+                total += -(-nbytes // 64) * 64  # cache-line aligned
+        if not slots:
+            return cls(None, {}, min_bytes)
+        try:
+            arena = Arena.create(job, label, total)
+        except (OSError, ValueError) as exc:
+            log.info("trimtab: no shared memory for pushes (%s); using the sockets", exc)
+            return cls(None, {}, min_bytes)
+        return cls(arena, slots, min_bytes)
+
+    def shares(self, address: str) -> bool:
+        """Whether pushes to the server at ``address`` go through the arena."""
+        local = self._local.get(address)
+        if local is None:
+            local = self._local[address] = self.arena is not None and is_local(address)
+        return local
+
+    def write(
+        self, slot: tuple[int, int], address: str, data: memoryview
+    ) -> list[str | int] | None:
+        """Copy a push's gradient ``data`` into its chunk's ``slot`` (from
+        :attr:`slots`) if it goes to ``address`` through the arena; return the header's
+        ``sm`` field then, else None (send the bytes inline). The chunk's previous reply
+        was read before this push, so nothing reads the slot meanwhile."""
+        arena = self.arena
+        nbytes = data.nbytes
+        if arena is None or not self._min < nbytes <= slot[1]:
+            return None
+        local = self._local.get(address)  # shares(), inline: this runs per chunk
+        if local is None:
+            local = self._local[address] = is_local(address)
+        if not local:
+            return None
+        arena.buf[slot[0] : slot[0] + nbytes] = data
+        return [arena.name, slot[0], slot[1]]
+
+    def value(self, chunk: int, nbytes: int) -> memoryview | None:
+        """The ``nbytes`` a server wrote into ``chunk``'s slot as its reply, or None if
+        the chunk has no slot or they would not fit it (the server broke the protocol)."""
+        slot = self.slots.get(chunk)
+        if self.arena is None or slot is None or not 0 < nbytes <= slot[1]:
+            return None
+        return self.arena.view(slot[0], nbytes)
+
+    def refused(self, address: str, offset: int, nbytes: int) -> memoryview:
+        """The server at ``address`` cannot map the arena (it answered ``no_shm``): it
+        gets bytes from now on; return the refused push's ``nbytes`` at ``offset`` to
+        resend them. Raises ``ValueError`` for bytes outside the arena."""
+        self._local[address] = False
+        if self.arena is None:
+            raise ValueError("no arena: nothing was pushed through shared memory")
+        return self.arena.view(offset, nbytes)
+
+    def close(self) -> None:
+        """Remove the arena (the job is over for this worker). Idempotent."""
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+            self.slots = {}
 
 
 def remove_job_arenas(job: str) -> None:

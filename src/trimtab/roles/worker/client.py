@@ -32,8 +32,17 @@ from trimtab.errors import (
     NodeTimeout,
     ProtocolError,
     RemoteError,
+    RetryableError,
 )
-from trimtab.protocol.messages import Control, Data, Header, decode, encode, payload_frames
+from trimtab.protocol.messages import (
+    Control,
+    Data,
+    ErrorCode,
+    Header,
+    decode,
+    encode,
+    payload_frames,
+)
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 from trimtab.transport.zmq import check_spin
@@ -55,6 +64,8 @@ class WorkerConfig:
         request_timeout_s: the longest wait for any single reply.
         spin_s: seconds a wait for a server's reply polls before it sleeps
             (``TRIMTAB_SPIN_US``; 0: it sleeps at once).
+        shared_memory: whether pushes to servers on this machine may go through a
+            shared-memory arena (``TRIMTAB_SHM=0`` at ``init()`` turns it off).
     """
 
     coordinator: str
@@ -64,6 +75,7 @@ class WorkerConfig:
     coordinator_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
     spin_s: float = 0.0
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         check_spin(self.spin_s)
@@ -72,6 +84,20 @@ class WorkerConfig:
                 f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT; "
                 "set TRIMTAB_COORDINATOR or run under `trimtab run`"
             )
+
+
+class SharedMemoryRefused(RetryableError):
+    """A server cannot map this worker's shared memory (another machine, another
+    ``/dev/shm``): send it the push's bytes instead, and from then on. Recovered from
+    where pushes are sent; not an error of the job.
+
+    Attributes:
+        code: ``no_shm``, the code the server answered.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = ErrorCode.NO_SHM.value
 
 
 class Reply(NamedTuple):
@@ -97,8 +123,8 @@ def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
     """Block until ``future`` is done; return its reply. For a data request, the calling
     thread receives replies itself meanwhile (and completes others' futures too).
 
-    Raises the remote error (:class:`RemoteError`, :class:`ChunkMoved`),
-    :class:`JobAborted`, or :class:`NodeTimeout` after ``timeout_s``.
+    Raises the remote error (:class:`RemoteError`, :class:`ChunkMoved`,
+    :class:`SharedMemoryRefused`), :class:`JobAborted`, or :class:`NodeTimeout` after ``timeout_s``.
     """
     if isinstance(future, _DataFuture):
         future.client._drive(future, timeout_s)
@@ -335,7 +361,11 @@ class WorkerClient:
             log.warning("reply to unknown request %s (op %s)", header["i"], op)
             return
         if op in (Data.ERROR, Control.ERROR):
-            fut.set_exception(RemoteError(str(header.get("code")), str(header.get("msg"))))
+            code, msg = str(header.get("code")), str(header.get("msg"))
+            if code == ErrorCode.NO_SHM.value:
+                fut.set_exception(SharedMemoryRefused(msg))
+            else:
+                fut.set_exception(RemoteError(code, msg))
         elif op == Data.MOVED:
             fut.set_exception(ChunkMoved(header["c"], header["s"], header["e"]))
         else:

@@ -1,35 +1,100 @@
 """A worker process's handle on its job: membership, placement, barriers, broadcast.
 
 One :class:`Context` per worker; the public functions (``trimtab.init()`` and friends)
-use a default one, and everything takes an explicit context too, so one test process can
-hold several workers.
+use a default one (``trimtab.frontend.api`` owns it), and everything takes an explicit
+context too, so one test process can hold several workers.
+
+What uses the context's routing (the torch optimizer) joins it as a
+:class:`ContextMember`: the context drains members before a barrier or a broadcast, lets
+them adopt broadcast values and closes them when the worker leaves, without knowing
+what they are. Step hooks (:data:`StepHook`) let the edge (``init()``) wire behaviour
+into every step, e.g. an emulated slowdown, without the roles knowing fault injection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import torch
 
 from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
-from trimtab.faults.stragglers import StragglerSpec, WorkerStraggler
-from trimtab.protocol.messages import Control, Data
+from trimtab.errors import ConfigError, UsageError
+from trimtab.protocol.messages import Control, Data, Header
 from trimtab.roles.worker.client import Reply, WorkerClient, WorkerConfig, wait
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Transport
-
-if TYPE_CHECKING:
-    from trimtab.frontend.optimizer import DistributedOptimizer
 
 log = logging.getLogger("trimtab")
 
 #: Broadcast buffers are cut into frames no larger than this (large single frames are
 #: several times slower through ZeroMQ than a few-MiB frames).
 BROADCAST_FRAME_BYTES = 4 << 20
+
+#: Called by each step of an optimizer on the context, with the step's clock and the
+#: seconds it computed (forward and backward, without waits for values); returns the
+#: seconds the step is to report as compute (``compute_s`` to leave it). It may block:
+#: an emulated straggler sleeps here and returns the longer time. Runs on the training
+#: thread; what it raises comes out of ``step()``.
+StepHook = Callable[[int, float], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobTerms:
+    """The job's terms a worker learns when it declares its tensors (the coordinator's
+    DECLARE reply). The defaults are a job's before anything was declared.
+
+    Attributes:
+        batching: the batch-sizing policy (``equal``, ``lbbsp``, ...); under any but
+            ``equal`` each step's REPORT is answered with every worker's next size.
+        report_s: the least seconds between two step reports (0: every step).
+        consistency: ``bsp``, ``asp``, ``ssp(s)`` or ``saps``.
+        time_servers: whether workers time each server's replies (PSLD).
+    """
+
+    batching: str = "equal"
+    report_s: float = 0.0
+    consistency: str = "bsp"
+    time_servers: bool = False
+
+    @classmethod
+    def from_reply(cls, reply: Header) -> JobTerms:
+        """The terms in a DECLARE reply (absent fields take the defaults)."""
+        return cls(
+            batching=str(reply.get("batching", "equal")),
+            report_s=float(reply.get("report_s", 0.0)),
+            consistency=str(reply.get("consistency", "bsp")),
+            time_servers=bool(reply.get("time_servers", False)),
+        )
+
+    @property
+    def sizes_batches(self) -> bool:
+        """Whether the coordinator sets each worker's batch size every step (its REPORT
+        reply carries the sizes, so a worker waits for it)."""
+        return self.batching != "equal"
+
+
+class ContextMember(Protocol):
+    """What joins a :class:`Context` (:meth:`Context.join`) to be drained, told of
+    broadcasts and closed with it. Methods run on the training thread."""
+
+    def drain(self) -> None:
+        """Write every answer this member is still owed. Blocks."""
+
+    def adopt(self, tensors: Iterable[torch.Tensor], root_rank: int) -> None:
+        """``tensors`` now hold worker ``root_rank``'s values (a broadcast): make the
+        servers and every worker hold them too, for those that are this member's.
+        Collective: every worker calls it. Blocks."""
+
+    def close(self) -> None:
+        """Release what the member holds (the worker is leaving). Never raises."""
+
+    def describe(self) -> str:
+        """Where the member stands, for a hung job's dump. Only reads."""
 
 
 class Context:
@@ -45,7 +110,6 @@ class Context:
         *,
         local_rank: int = -1,
         transport: Transport | None = None,
-        stragglers: Sequence[StragglerSpec] = (),
         compression: str = "none",
     ) -> None:
         self.config = config
@@ -57,9 +121,12 @@ class Context:
         self._placement: PlacementMap | None = None
         self.tensors: list[TensorSpec] = []
         self.chunks: list[ChunkSpec] = []
-        self.optimizers: list[DistributedOptimizer] = []
-        self.job: dict[str, Any] = {}  # consistency and batching modes, from the map
-        self.straggler = WorkerStraggler(stragglers, self.rank)
+        self.members: list[ContextMember] = []
+        #: The job's terms, learned at :meth:`declare`.
+        self.job = JobTerms()
+        #: Run by every step of the optimizers on this context (:meth:`add_step_hook`).
+        self.step_hooks: list[StepHook] = []
+        self._closers: list[Callable[[], None]] = []
         self._prev: tuple[int, ...] = ()
         self._cuts: dict[int, int] = {}
         self._bcast_seq = itertools.count()
@@ -88,13 +155,30 @@ class Context:
     def timeout_s(self) -> float:
         return self.config.request_timeout_s
 
+    def join(self, member: ContextMember) -> None:
+        """Drain, inform and close ``member`` with this context (see
+        :class:`ContextMember`). Never blocks."""
+        self.members.append(member)
+
+    def add_step_hook(self, hook: StepHook, *, close: Callable[[], None] | None = None) -> None:
+        """Run ``hook`` in every step of the optimizers on this context (see
+        :data:`StepHook`), in the order added; ``close`` is called when the worker
+        leaves (e.g. to stop competing processes). Never blocks; not thread-safe."""
+        self.step_hooks.append(hook)
+        if close is not None:
+            self._closers.append(close)
+
     def close(self) -> None:
         """Leave the job (this worker is done). Never raises."""
-        for opt in self.optimizers:
+        for member in self.members:
             with contextlib.suppress(Exception):  # the job may be over already
-                opt.wait_parameters()
-            opt._release_arena()
-        self.straggler.close()
+                member.drain()
+            member.close()
+        for close in self._closers:
+            try:
+                close()
+            except Exception as exc:
+                log.warning("worker %d: a step hook did not close: %s", self.rank, exc)
         self.client.close()
 
     def call(self, header: dict[str, Any], frames: Iterable[Any] = ()) -> Reply:
@@ -109,12 +193,7 @@ class Context:
             {"o": int(Control.DECLARE), "tensors": [t.to_wire() for t in tensors], "opt": opt}
         ).header
         self.tensors = tensors
-        self.job = {
-            "batching": reply.get("batching", "equal"),
-            "report_s": float(reply.get("report_s", 0.0)),
-            "consistency": reply.get("consistency", "bsp"),
-            "time_servers": bool(reply.get("time_servers", False)),
-        }
+        self.job = JobTerms.from_reply(reply)
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])
         placement = PlacementMap(reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"]))
         self.placement = placement
@@ -126,17 +205,26 @@ class Context:
         return self.address(self.owner_of(chunk, clock))
 
     def address(self, server: int) -> str:
-        """The address of server ``server`` (an index of the placement map)."""
-        assert self.placement is not None
-        return self.placement.servers[server]
+        """The address of server ``server`` (an index of the placement map). Raises
+        :class:`UsageError` before :meth:`declare`."""
+        return self._map().servers[server]
 
     def owner_of(self, chunk: int, clock: int | None = None) -> int:
-        """The index of the server that owns ``chunk``, as :meth:`server_of`."""
-        assert self.placement is not None
+        """The index of the server that owns ``chunk``, as :meth:`server_of`. Raises
+        :class:`UsageError` before :meth:`declare`."""
+        placement = self._map()
         cut = self._cuts.get(chunk)
         if clock is not None and cut is not None and clock < cut:
             return self._prev[chunk]
-        return self.placement.owners[chunk]
+        return placement.owners[chunk]
+
+    def _map(self) -> PlacementMap:
+        if self._placement is None:
+            raise UsageError(
+                "this worker has no placement map yet: build the DistributedOptimizer "
+                "(it declares the model's tensors) before routing to servers"
+            )
+        return self._placement
 
     def describe(self) -> str:
         """This worker's protocol state, for a hung job's dump (:data:`STACK_SIGNAL`):
@@ -147,7 +235,7 @@ class Context:
             f"worker {self.rank}: map epoch {epoch}; chunks moving (from server, at clock): "
             f"{moving or 'none'}; {self.client.describe()}"
         ]
-        lines.extend(opt.describe() for opt in self.optimizers)
+        lines.extend(member.describe() for member in self.members)
         return "\n".join(lines)
 
     def routing_floor(self) -> int:
@@ -168,21 +256,22 @@ class Context:
         )
         log.debug("worker %d: placement epoch %d", self.rank, reply["epoch"])
 
-    def _wait_parameters(self) -> None:
-        """Write every answer this worker's optimizers are still owed. Blocks."""
-        for opt in self.optimizers:
-            opt.wait_parameters()
+    def _drain(self) -> None:
+        """Write every answer this worker's members are still owed. Blocks."""
+        for member in self.members:
+            member.drain()
 
     def barrier(self, name: str | None = None) -> None:
         """Block until every worker reached the barrier of the same name (and this
         worker's parameters hold every update it was sent)."""
-        self._wait_parameters()
+        self._drain()
         label = name if name is not None else f"b{next(self._barrier_seq)}"
         self.call({"o": int(Control.BARRIER), "name": label})
 
     def server_stats(self) -> list[dict[str, Any]]:
-        """Each live server's counters (versions, pushes, errors). Blocks."""
-        assert self.placement is not None
+        """Each live server's counters (versions, pushes, errors). Blocks. Raises
+        :class:`UsageError` before :meth:`declare` (no server holds anything yet)."""
+        self._map()
         status = self.call({"o": int(Control.STATUS)}).header
         futs = [
             self.client.request(status["servers"][s], {"o": int(Data.STATS)})
@@ -192,10 +281,16 @@ class Context:
 
     def broadcast(self, tensors: Mapping[str, torch.Tensor], root_rank: int) -> None:
         """Overwrite ``tensors`` in place with the root worker's values. Collective:
-        every worker calls it with the same names, in the same order."""
+        every worker calls it with the same names, in the same order. Blocks.
+
+        Raises :class:`ConfigError` for a ``root_rank`` that is no worker's, and
+        :class:`UsageError` if the root sent other names than this worker asked for."""
         if not 0 <= root_rank < self.size:
-            raise ValueError(f"root_rank {root_rank} is not a worker rank (0..{self.size - 1})")
-        self._wait_parameters()
+            raise ConfigError(
+                f"root_rank {root_rank} is not a worker rank: pass one of 0..{self.size - 1} "
+                "(trimtab.size() workers; rank 0 is the usual root)"
+            )
+        self._drain()
         key = f"bcast{next(self._bcast_seq)}"
         names = list(tensors)
         if self.rank == root_rank:
@@ -216,7 +311,7 @@ class Context:
             reply = self.call({"o": int(Control.BCAST_GET), "key": key})
             meta = reply.header["meta"]
             if meta["names"] != names:
-                raise ValueError(
+                raise UsageError(
                     f"broadcast from rank {root_rank} carried {meta['names'][:5]}..., this "
                     f"worker asked for {names[:5]}...: call it with the same tensors everywhere"
                 )
@@ -228,5 +323,5 @@ class Context:
                 with torch.no_grad():
                     if src is not None:
                         dst.copy_(src.view(dst.shape))
-        for opt in self.optimizers:
-            opt._reseed_servers(tensors.values(), root_rank)
+        for member in self.members:
+            member.adopt(tensors.values(), root_rank)

@@ -1,0 +1,363 @@
+"""The data path of one optimizer: its chunks' pushes, their answers, and the values.
+
+A :class:`Pusher` holds the chunk table of an optimizer's parameters and moves them:
+:meth:`Pusher.push` sends a parameter's gradient, chunk by chunk, to each chunk's owner
+(through the worker's shared memory where the server shares it, else inline);
+:meth:`Pusher.arrive` waits for the answers and writes them back, resending a push whose
+chunk moved meanwhile. Each chunk's work is done in one loop body of one function, with
+no object made per chunk beyond its header and future: this is the per-chunk hot path
+(``trimtab bench datapath``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from trimtab.core.chunks import ChunkSpec
+from trimtab.core.dtypes import DTYPE_SIZES
+from trimtab.errors import ChunkMoved, RemoteError
+from trimtab.frontend.compression import Compressor
+from trimtab.protocol.messages import Data, ErrorCode, inline
+from trimtab.roles.worker.client import Reply, SharedMemoryRefused, wait
+from trimtab.roles.worker.context import Context
+from trimtab.runtime.tensors import as_bytes, tensor_from, wire_dtype
+from trimtab.transport.shm import SlotMap
+
+log = logging.getLogger("trimtab")
+
+#: A request whose chunk moved this many times in a row gives up.
+MAX_MOVES = 8
+#: Values of chunks up to this size are written into the parameter as bytes (a slice of
+#: a byte view kept per parameter: about 1 us) rather than through a torch slice and
+#: copy_ (about 13 us of dispatch here); above it torch's copy is the faster (4 MiB:
+#: 99 us against 127).
+BYTE_WRITE_MAX = 64 * 1024
+
+#: A chunk's request in flight: its reply's future, its header and frames (kept to
+#: resend it if the chunk moved), the server it was sent to and the gradient bytes it
+#: carried.
+Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any], int, int]
+
+
+class Pusher:
+    """Pushes one optimizer's gradients and writes back what the servers answer.
+
+    Args:
+        ctx: the worker's context (routing, the client).
+        chunks_of: each parameter's chunks, in order (from the context's chunk table).
+        compression: the wire format of pushed gradients.
+        summation: whether answers are mean gradients (written into ``.grad``) rather
+            than updated values (written into the parameter).
+        slots: the worker's shared memory for these chunks.
+        timed: whether each server's traffic is timed (:meth:`take_traffic`).
+
+    Not thread-safe: the training thread (its autograd hooks included) uses it. Waits
+    raise what :func:`~trimtab.roles.worker.client.wait` raises.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        chunks_of: dict[torch.Tensor, list[ChunkSpec]],
+        compression: Compressor,
+        *,
+        summation: bool,
+        slots: SlotMap,
+        timed: bool,
+    ) -> None:
+        self._ctx = ctx
+        self.chunks_of = chunks_of
+        self._compression = compression
+        self._summation = summation
+        self.slots = slots
+        self.timed = timed
+        self._versions: dict[int, int] = {}  # chunk id -> version of the value we hold
+        # One reused wire buffer per parameter whose gradients are narrowed for the push.
+        self._wire: dict[torch.Tensor, torch.Tensor] = {}
+        # A byte view of each parameter's memory, with the address it was made for.
+        self._bytes_of: dict[torch.Tensor, tuple[int, memoryview]] = {}
+        #: This step's pushes, by parameter.
+        self.inflight: dict[torch.Tensor, list[Sent]] = {}
+        #: Sent, answers not yet written: parameter -> (its requests, their clock).
+        self.arriving: dict[torch.Tensor, tuple[list[Sent], int]] = {}
+        #: Seconds spent waiting for answers since the optimizer last reset it.
+        self.arrive_s = 0.0
+        # This step's traffic per server: [first push sent, last reply read, bytes both
+        # ways], for PSLD's worker-observed speeds (see reports.spans_of_step).
+        self._traffic: dict[int, list[float]] = {}
+        # The request being waited for (chunk, request id, clock), for describe().
+        self._awaited: tuple[int, int, int | None] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the placement map requests are routed by (0 before any)."""
+        return self._ctx.placement.epoch if self._ctx.placement else 0
+
+    def _tensor_header(self, op: Data, c: ChunkSpec) -> dict[str, Any]:
+        return {"o": int(op), "c": c.id, "e": self.epoch, "dt": c.dtype, "n": c.numel}
+
+    def take_traffic(self) -> dict[int, list[float]]:
+        """This step's traffic per server (``server -> [first push sent, last reply
+        read, bytes both ways]``; empty unless :attr:`timed`); start the next step's."""
+        traffic, self._traffic = self._traffic, {}
+        return traffic
+
+    # -- pushes ----------------------------------------------------------------------
+
+    def push(
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor | None,
+        clock: int,
+        weight: float,
+        hp: dict[str, Any] | None,
+    ) -> None:
+        """Send ``grad`` (None: this worker has no gradient for ``p`` this step) as the
+        push of step ``clock``, weighing ``weight``, with the changed hyperparameters
+        ``hp`` of ``p``'s group (None if unchanged). Does not wait for answers."""
+        ctx = self._ctx
+        flat = None
+        if grad is not None:
+            flat = grad.detach().contiguous().view(-1)
+            wire = self._compression.wire_dtype(flat.dtype)
+            if wire != flat.dtype:
+                # Narrowed into a buffer kept for this parameter: its previous push was
+                # answered (in synchronize) before this one, so nothing still reads it.
+                buf = self._wire.get(p)
+                if buf is None:
+                    buf = self._wire[p] = torch.empty(flat.numel(), dtype=wire)
+                buf.copy_(flat)
+                flat = buf
+            elif flat.device.type != "cpu":
+                flat = flat.cpu()
+        futs = []
+        sent = time.perf_counter()
+        raw, size, dt = None, 0, ""
+        if flat is not None:
+            raw = as_bytes(flat)  # sliced per chunk below, without copying
+            size, dt = flat.element_size(), wire_dtype(flat.dtype)
+        slots = self.slots.slots
+        for c in self.chunks_of[p]:
+            header = self._tensor_header(Data.PUSH, c)
+            header.update(r=ctx.rank, k=clock, w=weight, v=self._versions.get(c.id, 0))
+            if hp is not None:
+                header["hp"] = hp
+            nbytes = 0
+            owner = ctx.owner_of(c.id, clock)
+            address = ctx.address(owner)
+            frames: list[memoryview] = []
+            if raw is None:
+                header["z"] = True
+            else:
+                header["dt"] = dt
+                nbytes = c.numel * size
+                data = raw[c.offset * size : c.offset * size + nbytes]
+                slot = slots.get(c.id)
+                shared = None if slot is None else self.slots.write(slot, address, data)
+                if shared is not None:
+                    header["sm"] = shared
+                else:
+                    frames = inline(header, data)
+            request = ctx.client.request(address, header, frames)
+            futs.append((request, header, frames, owner, nbytes))
+            if self.timed:
+                traffic = self._traffic.get(owner)
+                if traffic is None:
+                    self._traffic[owner] = [sent, sent, nbytes]
+                else:
+                    traffic[2] += nbytes
+        self.inflight[p] = futs
+
+    def seal(self, clock: int) -> None:
+        """The step's pushes are all sent: their answers are now arriving (for clock
+        ``clock``). Never blocks."""
+        for p, futs in self.inflight.items():
+            self.arriving[p] = (futs, clock)
+        self.inflight.clear()
+
+    # -- answers ---------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Write every answer still owed (the steps taken so far). Blocks."""
+        self.arrive(list(self.arriving))
+
+    def arrive(self, params: list[torch.Tensor]) -> None:
+        """Wait for the answers to ``params``' pushes (those arriving) and write them:
+        values into the parameters, or mean gradients into their ``.grad``. Blocks."""
+        started = time.perf_counter()
+        with torch.no_grad():
+            for p in params:
+                sent = self.arriving.pop(p, None)
+                if sent is None:
+                    continue
+                futs, clock = sent
+                for c, (f, header, frames, owner, pushed) in zip(
+                    self.chunks_of[p], futs, strict=True
+                ):
+                    reply = self._await(f, c, header, frames, clock)
+                    if reply.header.get("sm"):
+                        h = reply.header
+                        nbytes = int(h.get("n", 0)) * DTYPE_SIZES.get(str(h.get("dt")), 0)
+                        view = self.slots.value(c.id, nbytes)
+                        if view is None:
+                            raise RemoteError(
+                                ErrorCode.MALFORMED.value,
+                                f"chunk {c.id}: a shared-memory reply with no slot",
+                            )
+                        reply = reply._replace(frames=[view])
+                    traffic = self._traffic.get(owner) if self.timed else None
+                    if traffic is not None and f.exception() is None:
+                        # Answered by the server it was sent to (not resent after a
+                        # move): the last reply read off the socket closes its span.
+                        traffic[1] = max(traffic[1], reply.at)
+                        traffic[2] += reply.frames[0].nbytes if reply.frames else 0
+                    elif traffic is not None:
+                        # Moved and resent: the server it was sent to only said so, so
+                        # its bytes are not that server's work. Left in, they credited a
+                        # server just relieved of chunks with all its old load over the
+                        # span of the few it kept (a 20 MB/s server read 56).
+                        traffic[2] -= pushed
+                    if not self._summation:
+                        self._write_value(p, c, reply)
+                    elif not reply.header.get("z"):
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                        self._write(p.grad, c, reply)
+        self.arrive_s += time.perf_counter() - started
+
+    def _await(
+        self,
+        fut: concurrent.futures.Future[Reply],
+        c: ChunkSpec,
+        header: dict[str, Any],
+        frames: list[Any],
+        clock: int | None,
+    ) -> Reply:
+        """Wait for a chunk request's reply; if the chunk moved, fetch the new map and
+        send the request again to the new owner; if the server cannot map our shared
+        memory, send it the bytes. Blocks; raises as :func:`wait`, and
+        :class:`RemoteError` if the chunk keeps moving."""
+        ctx = self._ctx
+        for _ in range(MAX_MOVES):
+            try:
+                self._awaited = (c.id, header["i"], clock)
+                return wait(fut, ctx.timeout_s)
+            except ChunkMoved as moved:
+                ctx.refresh_map(moved.epoch)
+                header["e"] = self.epoch
+                fut = ctx.client.request(ctx.server_of(c.id, clock), header, frames)
+            except SharedMemoryRefused as exc:
+                shared = header.pop("sm", None)
+                if shared is None:  # we sent bytes: the server is out of protocol
+                    raise RemoteError(exc.code, str(exc)) from None
+                address = ctx.server_of(c.id, clock)
+                log.info("trimtab: %s: %s; sending it bytes from now on", address, exc)
+                nbytes = c.numel * DTYPE_SIZES[header["dt"]]
+                frames = [self.slots.refused(address, shared[1], nbytes)]
+                fut = ctx.client.request(address, header, frames)
+        raise RemoteError(
+            "moved", f"chunk {c.id} moved {MAX_MOVES} times during one request; giving up"
+        )
+
+    def _write(self, dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
+        h = reply.header
+        self._versions[c.id] = h["v"]
+        src = tensor_from(reply.frames[0], h["dt"], h["n"])
+        dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
+
+    def _write_value(self, p: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
+        """Write a chunk's new value into parameter ``p``: small chunks of a CPU
+        parameter as bytes, the others as :meth:`_write` does."""
+        frame = reply.frames[0] if reply.frames else None
+        item = p.element_size()
+        size = c.numel * item
+        view = None
+        if (
+            frame is not None
+            and size <= BYTE_WRITE_MAX
+            and frame.nbytes == size
+            and reply.header.get("dt") == c.dtype
+        ):
+            view = self._byte_view(p)
+        if view is None or frame is None:
+            self._write(p.data, c, reply)
+            return
+        self._versions[c.id] = reply.header["v"]
+        view[c.offset * item : c.offset * item + size] = frame
+
+    def _byte_view(self, p: torch.Tensor) -> memoryview | None:
+        """A byte view of ``p``'s memory, kept while ``p.data`` stays the same; None for
+        a parameter not on the CPU or not contiguous."""
+        if p.device.type != "cpu":
+            return None
+        ptr = p.data_ptr()
+        cached = self._bytes_of.get(p)
+        if cached is None or cached[0] != ptr:  # first write, or p.data was replaced
+            if not p.is_contiguous():
+                return None
+            cached = self._bytes_of[p] = (ptr, as_bytes(p.data))
+        return cached[1]
+
+    # -- values, outside the step ----------------------------------------------------
+
+    def pull(self, params: Iterable[torch.Tensor]) -> None:
+        """Replace ``params`` with the servers' current values. Blocks."""
+        ctx = self._ctx
+        pulls = []
+        for p in params:
+            for c in self.chunks_of[p]:
+                header: dict[str, Any] = {"o": int(Data.PULL), "c": c.id, "e": self.epoch}
+                pulls.append((p, c, header, ctx.client.request(ctx.server_of(c.id), header)))
+        with torch.no_grad():
+            for p, c, header, f in pulls:
+                self._write(p.data, c, self._await(f, c, header, [], None))
+
+    def seed(self, params: list[torch.Tensor], root_rank: int) -> None:
+        """Make the servers hold worker ``root_rank``'s values of ``params`` and every
+        worker adopt them. Collective (a barrier); blocks."""
+        ctx = self._ctx
+        if ctx.rank == root_rank:
+            sent = []
+            for p in params:
+                for c in self.chunks_of[p]:
+                    header = self._tensor_header(Data.INIT, c)
+                    frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
+                    fut = ctx.client.request(ctx.server_of(c.id), header, frames)
+                    sent.append((fut, c, header, frames))
+            for fut, c, header, frames in sent:
+                self._await(fut, c, header, frames, None)
+        ctx.barrier()
+        if ctx.rank != root_rank:
+            self.pull(params)
+
+    def describe(self) -> str:
+        """The chunk requests not yet answered and the last one waited for, for a hung
+        job's dump. Only reads; never blocks."""
+        unanswered = [
+            f"chunk {header['c']} (clock {clock}, request {header.get('i')}) sent to server "
+            f"{owner}" + (f" [{type(f.exception()).__name__}]" if f.done() else "")
+            for futs, clock in self.arriving.values()
+            for f, header, _, owner, _ in futs
+            if not f.done() or f.exception() is not None
+        ]
+        lines = [
+            f"{len(self.inflight)} tensors pushed this step, {len(self.arriving)} awaiting values"
+        ]
+        if self._awaited is not None:
+            cid, rid, clock = self._awaited
+            where = self._ctx.server_of(cid, clock) if self._ctx.placement else "?"
+            lines.append(f"  last waited for: chunk {cid}, request {rid}, at {where}")
+        lines.extend(f"  unanswered: {u}" for u in unanswered[:20])
+        if len(unanswered) > 20:
+            lines.append(f"  ... and {len(unanswered) - 20} more")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Release the shared memory (the worker is leaving). Idempotent; never raises."""
+        self.slots.close()
