@@ -14,9 +14,10 @@ from typing import Any
 from trimtab.core.chunks import PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ConfigError, JobAborted, ProtocolError
 from trimtab.policies.batching import BATCHING, BatchSizingPolicy, WorkerSample
-from trimtab.policies.detection import DETECTORS, StragglerDetector
+from trimtab.policies.detection import DEFAULT_DETECTOR, DETECTORS, StragglerDetector
 from trimtab.policies.placement import PLACEMENTS, is_live
 from trimtab.policies.psld import PsldController, SpeedEstimator, chunk_costs, rebalance
+from trimtab.policies.scaling import DEFAULT_SCALING, SCALING, ScalingPolicy
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of, field
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.runtime.diagnostics import add_state_dump
@@ -86,7 +87,7 @@ class Coordinator:
         self._clocks: dict[int, int] = {}
         self._reports: dict[int, list[tuple[Peer, int, int, int]]] = {}
         self._batching: BatchSizingPolicy = BATCHING.create(config.batching)
-        self._detector: StragglerDetector = DETECTORS.create("lag")
+        self._detector: StragglerDetector = DETECTORS.create(DEFAULT_DETECTOR)
         self._stop = False
         self._abort: str | None = None
         # Migration: at most one in flight; workers fetch the published map (MAP_GET).
@@ -97,9 +98,12 @@ class Coordinator:
         self._last_rebalance = 0
         self._speeds = SpeedEstimator()
         self._psld = (
-            PsldController(interval=2, min_servers=config.num_servers)
-            if is_live(config.placement)
-            else None
+            PsldController(min_servers=config.num_servers) if is_live(config.placement) else None
+        )
+        self._scaling: ScalingPolicy = SCALING.create(
+            DEFAULT_SCALING,
+            idle_steps=self._psld.window if self._psld else 5,
+            min_servers=config.num_servers,
         )
         self._step_times: dict[int, float] = {}
         # Worker-observed traffic per clock, until every worker reported it:
@@ -569,13 +573,17 @@ class Coordinator:
             )
             grow = len(self._active_servers()) < self.config.max_servers
             wanted = len(self._active_servers()) + 1
-            if grow and self._target_servers < wanted and self._psld.wants_server(speeds, active):
+            if (
+                grow
+                and self._target_servers < wanted
+                and self._scaling.wants_server(speeds, active)
+            ):
                 self._target_servers = wanted
                 log.info("psld: a server straggles; asking for server %d", len(self._servers))
-            lasting = frozenset(
-                s for s in range(len(self._servers)) if self._speeds.slow_rechecks(s) >= 2
+            lasting = self._speeds.lasting(len(self._servers))
+            idle = self._scaling.idle_server(
+                clock, self._map.owners, active, lasting, settled=not self._psld.trial_running
             )
-            idle = self._psld.idle_server(clock, self._map.owners, active, lasting)
             if new is None and idle is not None:
                 log.info(
                     "psld: server %d owns nothing and was found slow again each time it "
