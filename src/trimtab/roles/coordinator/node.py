@@ -140,6 +140,29 @@ class Coordinator:
         """Bytes of chunks handed over between servers so far."""
         return self._rebalancer.bytes_moved
 
+    def migrate(self, owners: tuple[int, ...]) -> None:
+        """Start moving chunks to ``owners``: every server learns the new map and says
+        from which clock each chunk it gives away is its new owner's. Loop thread only.
+        Raises :class:`UsageError` if a migration is in flight, no map exists yet, or
+        ``owners`` gives a chunk to no server or a retired one."""
+        out: Outbox = []
+        try:
+            self._rebalancer.migrate(owners, out)
+        finally:
+            self._send(out)
+
+    def scale(self, servers: int) -> int:
+        """Go to ``servers`` active servers (bounded by 1 and ``max_servers``): more are
+        asked of the launcher (``wanted_servers`` in :meth:`status`), fewer are drained
+        (their chunks move away, then they are told to exit). Returns the target.
+        Loop thread only; never blocks. Raises :class:`ProtocolError` (BAD_STATE) unless
+        the job's consistency is synchronous."""
+        out: Outbox = []
+        try:
+            return self._rebalancer.scale(servers, out)
+        finally:
+            self._send(out)
+
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread; returns the thread."""
         thread = threading.Thread(target=self._run_logged, name="trimtab-coordinator", daemon=True)
