@@ -1,4 +1,5 @@
-"""The coordinator's step reports, barriers and broadcasts as pure operations."""
+"""The coordinator's step reports, barriers and broadcasts as pure operations, and its
+dispatch table driven one message at a time over the in-process transport."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from trimtab.errors import ProtocolError
 from trimtab.policies.batching import BATCHING
 from trimtab.policies.detection import DEFAULT_DETECTOR, DETECTORS
 from trimtab.policies.psld import SpeedEstimator
-from trimtab.protocol.messages import Control
+from trimtab.protocol.messages import Control, decode, encode
+from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
 from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.members import Member, Members
 from trimtab.roles.coordinator.outbox import Send
 from trimtab.roles.coordinator.steps import REPORT_EVERY_S, Steps, report_interval_s
+from trimtab.transport import Fabric
 
 
 def workers(n: int) -> list[Member]:
@@ -119,3 +122,35 @@ def test_a_broadcast_reaches_each_other_worker_before_or_after_the_put() -> None
         c.put(b"a", 3, "k", {}, frames)
     assert len(c.get(b"c", 4, "k")) == 1  # the last one: the value is dropped
     assert c.get(b"c", 5, "k") == []  # waits for a new put
+
+
+def test_the_dispatch_table_answers_in_protocol_and_refuses_the_rest() -> None:
+    fabric = Fabric()
+    coordinator = Coordinator(CoordinatorConfig(1, 1, "j"), fabric.transport(bind=True))
+    node = fabric.transport(bind=False)
+    to = node.connect(coordinator.address)
+
+    def ask(header: dict[str, Any]) -> dict[str, Any] | None:
+        node.send(to, [encode({"j": "j", "i": 9, **header})])
+        env = coordinator._transport.recv(1.0)
+        assert env is not None
+        coordinator._dispatch(env.peer, env.frames)  # the loop's step, without a thread
+        reply = node.recv(0.0)
+        return None if reply is None else decode(reply.frames[0], "j")
+
+    assert ask({"o": int(Control.HEARTBEAT)}) is None  # may overtake REGISTER
+    refused = ask({"o": int(Control.BARRIER), "name": "x"})
+    assert refused is not None and refused["code"] == "bad_state"
+    assert "before REGISTER" in refused["msg"]
+    status = ask({"o": int(Control.STATUS)})
+    assert status is not None and status["o"] == int(Control.OK) and status["epoch"] == 0
+    registered = ask({"o": int(Control.REGISTER), "role": "worker"})
+    assert registered is not None and registered["rank"] == 0
+    unknown = ask({"o": 99})
+    assert unknown is not None and unknown["code"] == "unknown_op"
+    bad = ask({"o": int(Control.REPORT), "k": "x"})
+    assert bad is not None and bad["code"] == "malformed"
+    scale = ask({"o": int(Control.SCALE), "servers": 1})
+    assert scale is not None and scale["target"] == 1
+    node.close()
+    coordinator._transport.close()
