@@ -30,12 +30,10 @@ from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
-from trimtab.roles.coordinator.steps import REPORT_EVERY_S, Steps, report_interval_s
+from trimtab.roles.coordinator.steps import Steps, report_interval_s
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import NodeLoop
 from trimtab.transport import Peer, Transport, ZmqTransport
-
-__all__ = ["REPORT_EVERY_S", "Coordinator", "Role"]
 
 log = logging.getLogger("trimtab.coordinator")
 
