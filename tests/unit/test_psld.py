@@ -7,6 +7,7 @@ import pytest
 from trimtab import ConfigError
 from trimtab.launch.job import LaunchConfig
 from trimtab.policies.psld import (
+    MIN_SPEED,
     PsldController,
     SpeedEstimator,
     drain_move,
@@ -46,6 +47,13 @@ def test_rebalance_follows_speed_not_bytes() -> None:
 def test_draining_server_gives_away_everything() -> None:
     plan = rebalance([10, 20, 30], [0, 1, 2], [10.0, 10.0, 10.0], active=[True, True, False])
     assert 2 not in plan.owners
+    with pytest.raises(ConfigError, match="at least one active server"):
+        rebalance([10], [0], [10.0], active=[False])
+
+
+def test_a_server_measured_at_zero_speed_is_predicted_very_slow_not_a_division_error() -> None:
+    assert server_times([10, 10], [0, 1], [0.0, 10.0]) == [10 / MIN_SPEED, 1.0]
+    assert rebalance([10, 10], [0, 1], [0.0, 10.0]).owners == (1, 1)
 
 
 def test_controller_waits_for_a_plan_worth_its_cost() -> None:
