@@ -161,6 +161,8 @@ def test_bad_policy_settings_and_samples_are_refused() -> None:
 def test_registry_names_and_unknown_name() -> None:
     assert BATCHING.names() == ["equal", "lbbsp", "lbbsp-gpu"]
     assert PREDICTORS.names() == ["average", "narx"]
+    # Only equal sizes ignore the measurements (workers then need not wait for sizes).
+    assert [n for n in BATCHING.names() if not BATCHING.create(n).adaptive] == ["equal"]
     with pytest.raises(ConfigError, match="choose one of"):
         BATCHING.create("lbbsp-tpu")
     policy = BATCHING.create("lbbsp", predictor="average", min_batch=2)

@@ -25,6 +25,20 @@ def test_bsp_wants_the_current_clock_and_every_worker() -> None:
     assert bsp.ready({0, 1, 2}, {0, 1, 2})
 
 
+def test_what_the_roles_ask_a_consistency_policy() -> None:
+    policies = {name: CONSISTENCY.create(name, workers=3) for name in CONSISTENCY.names()}
+    assert {n for n, p in policies.items() if p.synchronous} == {"bsp"}
+    assert {n for n, p in policies.items() if p.skips_stragglers} == {"saps"}
+    assert {n: p.job_args(staleness=5) for n, p in policies.items()} == {
+        "asp": {},
+        "bsp": {},
+        "saps": {},
+        "ssp": {"staleness": 5},
+    }
+    made = CONSISTENCY.create("ssp", workers=3, **policies["ssp"].job_args(staleness=5))
+    assert made.may_release(9, {0: 4, 1: 9}, [0, 1]) and not made.may_release(9, {0: 3}, [0])
+
+
 def test_async_modes_refuse_going_back_in_time() -> None:
     for name in ("asp", "ssp", "saps"):
         policy = CONSISTENCY.create(name, workers=4)

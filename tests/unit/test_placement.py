@@ -104,5 +104,13 @@ def test_psld_from_mxnet_starts_from_mxnets_map_and_moves_live() -> None:
     same = PLACEMENTS.create("psld-mxnet").place(tensors, chunks, 4)
     assert same == PLACEMENTS.create("mxnet").place(tensors, chunks, 4)
     assert is_live("psld") and is_live("psld-mxnet") and not is_live("mxnet")
+    assert not is_live("psld-nonesuch")  # a name no policy has moves nothing
     with pytest.raises(ConfigError, match="use it with --mode bsp"):
         CoordinatorConfig(2, 2, "j", placement="psld-mxnet", consistency="ssp")
+
+
+def test_whether_a_placement_moves_chunks_live_is_the_policys_attribute() -> None:
+    live = {name for name in PLACEMENTS.names() if PLACEMENTS.create(name).live}
+    assert live == {"psld", "psld-mxnet"}
+    for name in PLACEMENTS.names():
+        assert PLACEMENTS.create(name).name == name  # each names itself, subclasses too

@@ -7,6 +7,7 @@ import pytest
 from trimtab import ConfigError
 from trimtab.launch.job import LaunchConfig
 from trimtab.policies.psld import (
+    MIN_SPEED,
     PsldController,
     SpeedEstimator,
     drain_move,
@@ -14,6 +15,7 @@ from trimtab.policies.psld import (
     rebalance,
     server_times,
 )
+from trimtab.policies.scaling import SCALING, StragglerScaling
 from trimtab.roles.coordinator import CoordinatorConfig
 
 
@@ -45,6 +47,13 @@ def test_rebalance_follows_speed_not_bytes() -> None:
 def test_draining_server_gives_away_everything() -> None:
     plan = rebalance([10, 20, 30], [0, 1, 2], [10.0, 10.0, 10.0], active=[True, True, False])
     assert 2 not in plan.owners
+    with pytest.raises(ConfigError, match="at least one active server"):
+        rebalance([10], [0], [10.0], active=[False])
+
+
+def test_a_server_measured_at_zero_speed_is_predicted_very_slow_not_a_division_error() -> None:
+    assert server_times([10, 10], [0, 1], [0.0, 10.0]) == [10 / MIN_SPEED, 1.0]
+    assert rebalance([10, 10], [0, 1], [0.0, 10.0]).owners == (1, 1)
 
 
 def test_controller_waits_for_a_plan_worth_its_cost() -> None:
@@ -172,13 +181,14 @@ def test_a_server_found_slow_again_is_probed_less_often() -> None:
     assert est.slow_rechecks(0) == 0
     work(1e6)  # probed: as slow as before
     assert idle_until_forgotten() == 4
-    assert est.slow_rechecks(0) == 1
+    assert est.slow_rechecks(0) == 1 and est.lasting(1) == frozenset()  # may be passing
     work(1e6)
     assert idle_until_forgotten() == 8
     assert est.slow_rechecks(0) == 2  # a lasting straggler: psld may retire it when idle
+    assert est.lasting(1) == frozenset({0})
     work(1e8)  # probed: fast now; patience back to its base
     assert idle_until_forgotten() == 2
-    assert est.slow_rechecks(0) == 0
+    assert est.slow_rechecks(0) == 0 and est.lasting(1) == frozenset()
 
 
 def test_a_rolled_back_map_is_not_tried_again_soon() -> None:
@@ -467,7 +477,7 @@ def test_one_fewer_server_is_kept_if_no_slower_and_rolled_back_if_slower() -> No
 
 
 def test_only_a_lasting_straggler_left_with_nothing_retires() -> None:
-    ctl = PsldController(window=3, min_servers=2)
+    ctl = StragglerScaling(idle_steps=3, min_servers=2)
     active = [True, True, True]
     emptied = (0, 0, 2, 2)  # server 1 gave everything away at clock 10
     lasting = frozenset({1})
@@ -476,10 +486,28 @@ def test_only_a_lasting_straggler_left_with_nothing_retires() -> None:
     assert ctl.idle_server(13, emptied, active, frozenset()) is None  # may be passing
     assert ctl.idle_server(13, emptied, active, lasting) == 1
     # Not while a trial runs, nor at the job's starting count of servers.
-    ctl._trial = object()  # type: ignore[assignment]
-    assert ctl.idle_server(14, emptied, active, lasting) is None
-    ctl._trial = None
+    assert ctl.idle_server(14, emptied, active, lasting, settled=False) is None
     assert ctl.idle_server(14, emptied, [True, False, True], frozenset({2})) is None
     # Given a chunk again (a re-measurement), its idle count starts over.
     assert ctl.idle_server(15, (0, 1, 2, 2), active, lasting) is None
     assert ctl.idle_server(16, emptied, active, lasting) is None
+
+
+def test_one_more_server_is_wanted_while_an_active_one_straggles() -> None:
+    scaling = SCALING.create("stragglers")
+    assert not scaling.wants_server(None, [True, True])  # nothing measured yet
+    assert not scaling.wants_server([100.0, 10.0], [True, False])  # one active: no median
+    assert scaling.wants_server([100.0, 100.0, 40.0], [True, True, True])
+    assert not scaling.wants_server([100.0, 100.0, 60.0], [True, True, True])
+    # A draining straggler does not count: its load is leaving already.
+    assert not scaling.wants_server([100.0, 100.0, 40.0], [True, True, False])
+
+
+def test_a_trial_in_flight_is_visible_to_the_scaling_policy() -> None:
+    ctl = PsldController(interval=1, horizon=1000, window=3)
+    sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
+    for k in range(5):
+        ctl.observe_step(k, 1.0)
+    assert not ctl.trial_running
+    assert ctl.decide(4, sizes, owners, [100.0, 40.0]) is not None
+    assert ctl.trial_running

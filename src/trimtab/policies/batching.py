@@ -231,6 +231,9 @@ class BatchSizingPolicy(abc.ABC):
     docstring says otherwise; no I/O. Not thread-safe."""
 
     name: ClassVar[str]
+    #: True when the sizes follow each step's measurements: workers then report every
+    #: step and wait for the next sizes in the reply, so the job must run ``bsp``.
+    adaptive: ClassVar[bool] = True
 
     @abc.abstractmethod
     def batch_sizes(
@@ -253,6 +256,7 @@ class EqualBatching(BatchSizingPolicy):
     """Every worker gets ``B // n`` or ``B // n + 1``, the larger sizes to the lower ranks."""
 
     name = "equal"
+    adaptive = False
 
     def batch_sizes(
         self, history: Mapping[int, Sequence[WorkerSample]], global_batch: int

@@ -54,8 +54,19 @@ class ConsistencyPolicy(abc.ABC):
     """Decides how pushes combine into updates. Pure; no I/O."""
 
     name: ClassVar[str]
-    #: True when one update aggregates every worker's gradient of a clock (BSP).
+    #: True when one update aggregates every worker's gradient of a clock (BSP): chunks
+    #: can then move, and batch sizes change, at a step boundary.
     synchronous: ClassVar[bool] = False
+    #: True when the coordinator tells a worker that lags behind the others to refresh
+    #: its parameters and skip ahead (SaPS); workers then report every step.
+    skips_stragglers: ClassVar[bool] = False
+
+    @classmethod
+    def job_args(cls, staleness: int) -> dict[str, int]:
+        """The constructor arguments this policy takes from the job's settings, as the
+        map carries them to servers and workers (``consistency_args``). Pure."""
+        del staleness
+        return {}
 
     def check(self, push: PushInfo, round_: int, last_clock: int | None) -> str | None:
         """Why this push is out of protocol, or ``None`` if it is fine. ``round_`` is the
@@ -120,6 +131,10 @@ class Ssp(ConsistencyPolicy):
 
     name = "ssp"
 
+    @classmethod
+    def job_args(cls, staleness: int) -> dict[str, int]:
+        return {"staleness": staleness}
+
     def __init__(self, workers: int = 1, staleness: int = 3) -> None:
         del workers
         if staleness < 0:
@@ -139,6 +154,7 @@ class Saps(ConsistencyPolicy):
     dropped (past ``tau_max``); nobody waits."""
 
     name = "saps"
+    skips_stragglers = True
 
     def __init__(
         self, workers: int = 1, free: int | None = None, tau_max: int | None = None

@@ -28,6 +28,9 @@ class StragglerDetector(abc.ABC):
 
 DETECTORS: Registry[StragglerDetector] = Registry("straggler detection")
 
+#: The detector SaPS runs (no setting picks another yet).
+DEFAULT_DETECTOR = "lag"
+
 
 @DETECTORS.register("lag")
 @dataclasses.dataclass

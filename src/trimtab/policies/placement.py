@@ -18,6 +18,10 @@ class PlacementPolicy(abc.ABC):
     """Decides the initial owner of every chunk. Pure: no I/O, no clock."""
 
     name: ClassVar[str]
+    #: True when the coordinator then moves chunks live from the servers' measured
+    #: speeds (PSLD, :mod:`trimtab.policies.psld`): workers time each server, report
+    #: every step, and the job must run ``bsp`` (chunks move at a step boundary).
+    live: ClassVar[bool] = False
 
     @abc.abstractmethod
     def place(
@@ -99,13 +103,21 @@ class PsldPlacement(GreedyPlacement):
     """Starts as ``greedy``; then the coordinator moves chunks live from the servers'
     measured speeds (see :mod:`trimtab.policies.psld`)."""
 
+    name = "psld"
+    live = True
+
 
 @PLACEMENTS.register("psld-mxnet")
 class PsldFromMxnetPlacement(MxnetPlacement):
     """Starts as ``mxnet`` (MXNet's rule, blind to load); then live rebalancing as
     ``psld``: to see psld repair a skewed assignment while training runs."""
 
+    name = "psld-mxnet"
+    live = True
+
 
 def is_live(placement: str) -> bool:
-    """Whether a placement moves chunks live from measured speeds (``psld``, ``psld-*``)."""
-    return placement == "psld" or placement.startswith("psld-")
+    """Whether the placement named ``placement`` moves chunks live (its policy's
+    :attr:`~PlacementPolicy.live`); False for a name no policy has (the configs refuse
+    it with their own message). Never raises."""
+    return placement in PLACEMENTS.names() and PLACEMENTS.create(placement).live

@@ -1,0 +1,197 @@
+"""The placement map at the coordinator: the workers' declarations, the first placement,
+the map published after each migration, and the workers waiting for a newer one. Pure:
+each operation returns the messages to send."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trimtab.core.chunks import PlacementMap, TensorSpec, make_chunks
+from trimtab.errors import ProtocolError
+from trimtab.policies.placement import PlacementPolicy
+from trimtab.protocol.messages import Control, ErrorCode, Header, field
+from trimtab.roles.coordinator.members import Member, Members, Role
+from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
+from trimtab.transport.base import Peer
+
+log = logging.getLogger("trimtab.coordinator")
+
+
+class Maps:
+    """The job's placement map and who waits for it. Not thread-safe: the coordinator's
+    loop owns it.
+
+    Args:
+        placement: the policy that makes the first map.
+        chunk_bytes: the largest chunk.
+        terms: the job's terms every MAP carries after its placement fields (batching,
+            consistency, report interval...), in wire order.
+    """
+
+    def __init__(self, placement: PlacementPolicy, chunk_bytes: int, terms: Header) -> None:
+        self._placement = placement
+        self._chunk_bytes = chunk_bytes
+        self._terms = terms
+        #: The current map (None until every worker declared and every server joined).
+        self.map: PlacementMap | None = None
+        #: The first MAP: tensors, optimizer settings, the job's terms. A migration's
+        #: MIGRATE carries it too, with the new owners.
+        self.header: Header | None = None
+        #: Bytes of each chunk, by chunk id.
+        self.sizes: list[int] = []
+        #: What MAP_GET answers since the first migration: the map and its cuts.
+        self.published: Header = {}
+        self._declared: dict[int, tuple[Peer, int, list[Any], dict[str, Any]]] = {}
+        self._awaiting_acks: set[int] = set()
+        self._waiters: list[tuple[Peer, int, int]] = []
+
+    @property
+    def epoch(self) -> int:
+        """The current map's epoch (0 before the first)."""
+        return self.map.epoch if self.map else 0
+
+    @property
+    def published_epoch(self) -> int:
+        """The epoch of the last map a migration published (0 before any)."""
+        return int(self.published.get("epoch", 0))
+
+    def waiting(self) -> int:
+        """How many MAP_GETs wait for a newer map."""
+        return len(self._waiters)
+
+    def declare(self, member: Member, header: Header) -> None:
+        """Take a worker's DECLARE (its ``tensors`` and ``opt``); the map follows once
+        every worker declared (:meth:`place`). Raises :class:`ProtocolError`: BAD_STATE
+        from a server or once a map exists, MALFORMED for a bad tensor list."""
+        if member.role is not Role.WORKER:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers declare tensors")
+        if self.map is not None:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                "tensors were already declared: one DistributedOptimizer per job is supported",
+            )
+        tensors = field(header, "tensors", list)
+        try:
+            [TensorSpec.from_wire(t) for t in tensors]
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
+        self._declared[member.rank] = (
+            member.peer,
+            header["i"],
+            tensors,
+            field(header, "opt", dict),
+        )
+
+    def place(self, members: Members) -> Outbox:
+        """Make the first map once every worker declared and every server joined: the
+        servers get it now, the workers once every server acknowledged it
+        (:meth:`ack`). Workers that declared different tensors are all refused
+        (MISMATCH) and must declare again. Returns nothing while not ready."""
+        if (
+            self.map is not None
+            or len(self._declared) < members.num_workers
+            or len(members.servers) < members.num_servers
+        ):
+            return []
+        lowest = min(self._declared)
+        first = self._declared[lowest]
+        for rank, (_, _, tensors, _) in sorted(self._declared.items()):
+            if tensors != first[2]:
+                diff = _first_difference(first[2], tensors)
+                msg = f"worker {rank} declared different tensors than worker {lowest}: {diff}"
+                out: Outbox = [
+                    Refuse(p, r, ErrorCode.MISMATCH.value, msg)
+                    for p, r, _, _ in self._declared.values()
+                ]
+                self._declared.clear()
+                return out
+        specs = [TensorSpec.from_wire(t) for t in first[2]]
+        chunks = make_chunks(specs, self._chunk_bytes)
+        self.sizes = [c.nbytes for c in chunks]
+        owners = self._placement.place(specs, chunks, len(members.servers))
+        self.map = PlacementMap(1, tuple(owners), tuple(m.addr for m in members.servers))
+        members.placed(range(len(members.servers)))
+        self.header = {
+            "o": int(Control.MAP),
+            "epoch": self.map.epoch,
+            "tensors": first[2],
+            "chunk_bytes": self._chunk_bytes,
+            "owners": owners,
+            "servers": list(self.map.servers),
+            "opt": first[3],
+            "workers": sorted(members.workers),
+            **self._terms,
+        }
+        log.info(
+            "placed %d tensors in %d chunks over %d servers (%s)",
+            len(specs),
+            len(chunks),
+            len(members.servers),
+            self._placement.name,
+        )
+        self._awaiting_acks = {m.rank for m in members.servers}
+        return [Send(m.peer, {**self.header, "i": 0}) for m in members.servers]
+
+    def ack(self, rank: int, members: Members) -> Outbox:
+        """Server ``rank`` holds its chunks of the first map; once every server does,
+        the declaring workers get the map (their routing floor starts there)."""
+        self._awaiting_acks.discard(rank)
+        if self._awaiting_acks or self.header is None or not self._declared:
+            return []
+        out: Outbox = []
+        for peer, rid, _, _ in self._declared.values():
+            out.append(Send(peer, {**self.header, "i": rid}))
+            members.by_peer[peer].floor = self.header["epoch"]
+        self._declared.clear()
+        return out
+
+    def want(self, peer: Peer, rid: int, epoch: int) -> Outbox:
+        """A MAP_GET for a map of at least ``epoch``: answered now if published, else
+        when a migration publishes one."""
+        self._waiters.append((peer, rid, epoch))
+        return self._answer()
+
+    def publish(
+        self, epoch: int, owners: tuple[int, ...], servers: Sequence[str], cuts: Mapping[int, int]
+    ) -> Outbox:
+        """Every server acknowledged migration ``epoch``: its map is the current one,
+        with the clock from which each moving chunk is its new owner's (``cuts``).
+        Returns the answers to the MAP_GETs it satisfies."""
+        previous = self.map.owners if self.map else ()
+        self.map = PlacementMap(epoch, owners, tuple(servers))
+        self.published = {
+            "epoch": epoch,
+            "owners": list(owners),
+            "servers": list(self.map.servers),
+            "prev": list(previous),
+            "cuts": {str(c): k for c, k in cuts.items()},
+        }
+        return self._answer()
+
+    def _answer(self) -> Outbox:
+        published = self.published.get("epoch", self.epoch)
+        keep = []
+        out: Outbox = []
+        for peer, rid, epoch in self._waiters:
+            if epoch > published:
+                keep.append((peer, rid, epoch))
+                continue
+            body = self.published or {
+                "epoch": published,
+                "owners": list(self.map.owners) if self.map else [],
+                "servers": list(self.map.servers) if self.map else [],
+                "prev": [],
+                "cuts": {},
+            }
+            out.append(Send(peer, {"o": int(Control.MAP), "i": rid, **body}))
+        self._waiters = keep
+        return out
+
+
+def _first_difference(a: list[Any], b: list[Any]) -> str:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return f"{x} vs {y}"
+    return f"{len(a)} tensors vs {len(b)}"

@@ -1,0 +1,259 @@
+"""The job's members: who registered, in which state, each worker's routing floor, and
+which servers the job wants, drains and retires. Pure: no sockets, no threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from trimtab.errors import ProtocolError
+from trimtab.protocol.messages import Control, ErrorCode, Header, field
+from trimtab.roles.coordinator.outbox import Outbox, Send
+from trimtab.transport.base import Peer
+
+log = logging.getLogger("trimtab.coordinator")
+
+
+class Role(str, enum.Enum):
+    SERVER = "server"
+    WORKER = "worker"
+
+
+class MemberState(enum.Enum):
+    """Where a member is in its life. The legal transitions::
+
+        server:  JOINED -> ACTIVE        given chunks (the first map, or a migration)
+                 JOINED -> DRAINING      drained before it was given anything
+                 ACTIVE -> DRAINING      scaled in: its chunks move away
+                 DRAINING -> EMPTY       it owns nothing as of map ``empty_at``
+                 EMPTY -> RETIRED        every worker's routing floor passed ``empty_at``:
+                                         told to exit
+        worker:  ACTIVE -> DONE          its script finished
+
+    A server is *active* (placement may give it chunks) while JOINED or ACTIVE; a
+    member is *finished* (no longer watched for silence) once RETIRED or DONE.
+    """
+
+    JOINED = "joined"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    EMPTY = "empty"
+    RETIRED = "retired"
+    DONE = "done"
+
+
+_MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
+    (Role.SERVER, MemberState.JOINED): frozenset({MemberState.ACTIVE, MemberState.DRAINING}),
+    (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING}),
+    (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY}),
+    (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED}),
+    (Role.WORKER, MemberState.ACTIVE): frozenset({MemberState.DONE}),
+}
+
+
+@dataclasses.dataclass
+class Member:
+    """One registered node. Loop thread only."""
+
+    role: Role
+    rank: int
+    peer: Peer
+    addr: str = ""
+    state: MemberState = MemberState.ACTIVE
+    last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    # The map epoch from which an EMPTY server owns nothing.
+    empty_at: int = 0
+    # A worker's routing floor: the oldest map by which it may still have a data request
+    # in flight (the ``lo`` of its MAP_GETs, REPORTs and heartbeats; the first map until
+    # it says).
+    floor: int = 0
+
+    def move(self, to: MemberState) -> None:
+        """Go to state ``to``. Raises a BAD_STATE :class:`ProtocolError` for a move the
+        :class:`MemberState` docstring does not list."""
+        if to not in _MOVES.get((self.role, self.state), frozenset()):
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"{self.role.value} {self.rank} cannot go from {self.state.value} to {to.value}",
+            )
+        self.state = to
+
+    @property
+    def active(self) -> bool:
+        """A server placement may give chunks to (JOINED or ACTIVE)."""
+        return self.state in (MemberState.JOINED, MemberState.ACTIVE)
+
+    @property
+    def finished(self) -> bool:
+        """Retired or done: its silence is expected."""
+        return self.state in (MemberState.RETIRED, MemberState.DONE)
+
+
+class Members:
+    """Every member of one job, by peer, server index and worker rank, and the number of
+    active servers the job aims for. Not thread-safe: the coordinator's loop owns it.
+
+    Args:
+        num_workers: the job's workers (ranks ``0..num_workers-1``).
+        num_servers: servers the job starts with (and the first target).
+        max_servers: active servers the job may grow to.
+    """
+
+    def __init__(self, num_workers: int, num_servers: int, max_servers: int) -> None:
+        self.num_workers = num_workers
+        self.num_servers = num_servers
+        self.max_servers = max_servers
+        self.by_peer: dict[Peer, Member] = {}
+        self.servers: list[Member] = []
+        self.workers: dict[int, Member] = {}
+        #: Active servers wanted: more than there are asks the launcher for some.
+        self.target_servers = num_servers
+
+    def register(self, peer: Peer, header: Header, *, running: bool) -> Member:
+        """Add the node that sent REGISTER ``header`` (``role``, ``rank``, ``addr``).
+        ``running``: the job is placed already, so a server may join up to
+        :meth:`wanted_servers`. Raises :class:`ProtocolError` (BAD_STATE: registered
+        already, no rank or server slot free; MALFORMED: unknown role)."""
+        role = field(header, "role", str)
+        if peer in self.by_peer:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "this node is already registered")
+        if role == Role.SERVER.value:
+            limit = self.wanted_servers() if running else self.num_servers
+            if len(self.servers) >= limit:
+                grow = self.max_servers > limit
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value,
+                    f"the job already has its {limit} servers"
+                    + (f" (it may grow to {self.max_servers} when asked)" if grow else ""),
+                )
+            addr = field(header, "addr", str)
+            member = Member(Role.SERVER, len(self.servers), peer, addr, MemberState.JOINED)
+            self.servers.append(member)
+        elif role == Role.WORKER.value:
+            rank = header.get("rank", -1)
+            if not isinstance(rank, int) or rank < 0:
+                rank = min(set(range(self.num_workers)) - set(self.workers), default=-1)
+            if rank >= self.num_workers or rank < 0:
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value,
+                    f"no worker rank free (the job has {self.num_workers})",
+                )
+            if rank in self.workers:
+                raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker rank {rank} is taken")
+            member = Member(Role.WORKER, rank, peer)
+            self.workers[rank] = member
+        else:
+            raise ProtocolError(ErrorCode.MALFORMED.value, f"unknown role {role!r}")
+        self.by_peer[peer] = member
+        log.info("%s %d joined", member.role.value, member.rank)
+        return member
+
+    # -- servers -------------------------------------------------------------------
+
+    def active_servers(self) -> list[Member]:
+        """Servers placement may give chunks to, by index."""
+        return [m for m in self.servers if m.active]
+
+    def active_mask(self) -> list[bool]:
+        """Per server index: whether it is active."""
+        return [m.active for m in self.servers]
+
+    def wanted_servers(self) -> int:
+        """How many server processes the job wants started (the launcher polls it):
+        those registered plus those the target still lacks."""
+        lacking = max(0, self.target_servers - len(self.active_servers()))
+        return len(self.servers) + lacking
+
+    def placed(self, owners: Sequence[int]) -> None:
+        """The servers in ``owners`` were given chunks: JOINED ones become ACTIVE."""
+        for rank in set(owners):
+            if self.servers[rank].state is MemberState.JOINED:
+                self.servers[rank].move(MemberState.ACTIVE)
+
+    def unsettled(self) -> bool:
+        """Whether a server drains (or waits to retire), or joined and was given nothing
+        yet: the map may have to change for it. A server the policy emptied on purpose
+        is ACTIVE and does not count: refilling it is the policy's call."""
+        unsettled = (MemberState.JOINED, MemberState.DRAINING, MemberState.EMPTY)
+        return any(m.state in unsettled for m in self.servers)
+
+    def drain(self, member: Member) -> None:
+        """Start moving ``member``'s chunks away; it retires once it owns nothing."""
+        member.move(MemberState.DRAINING)
+        log.info("server %d drains: its chunks move away, then it exits", member.rank)
+
+    def scale_to(self, target: int, speeds: Sequence[float] | None) -> int:
+        """Aim for ``target`` active servers, bounded by 1 and ``max_servers``; drain the
+        slowest measured beyond it (unmeasured ones count as fast). Returns the target."""
+        target = min(max(1, target), self.max_servers)
+        self.target_servers = target
+        active = self.active_servers()
+        if len(active) > target:
+            known = speeds or [1.0] * len(self.servers)
+            active.sort(key=lambda m: -known[m.rank])
+            for m in active[target:]:
+                self.drain(m)
+        return target
+
+    def retire_empty(self, owners: Sequence[int], epoch: int) -> Outbox:
+        """Retire draining servers that own nothing under map ``epoch`` (``owners``),
+        once no worker has a request in flight that an older map routed (each worker's
+        floor): until then such a request may still reach them, and they answer it
+        *moved*. Having sent a worker the newer map is not enough: requests it sent by
+        the old one may not have been read yet, and a server stopped before reading them
+        leaves their sender waiting forever. Returns their SHUTDOWNs."""
+        owned = set(owners)
+        known = min((w.floor for w in self.workers.values() if not w.finished), default=epoch)
+        out: Outbox = []
+        for m in self.servers:
+            if m.state is MemberState.DRAINING and m.rank not in owned:
+                m.move(MemberState.EMPTY)
+                m.empty_at = epoch
+            if m.state is MemberState.EMPTY and m.rank not in owned and known >= m.empty_at:
+                log.info("server %d owns nothing now: it retires", m.rank)
+                m.move(MemberState.RETIRED)
+                out.append(Send(m.peer, {"o": int(Control.SHUTDOWN), "i": 0}))
+        return out
+
+    # -- workers -------------------------------------------------------------------
+
+    def raise_floor(self, member: Member, floor: int) -> bool:
+        """Take a worker's routing floor; True if it rose (draining servers may retire)."""
+        if member.role is not Role.WORKER or floor <= member.floor:
+            return False
+        member.floor = floor
+        return True
+
+    def worker_done(self, member: Member) -> bool:
+        """``member``'s script finished (a repeated DONE changes nothing). Returns True
+        once every worker of the job is done."""
+        if member.state is not MemberState.DONE:
+            member.move(MemberState.DONE)
+        return len(self.workers) == self.num_workers and all(
+            m.state is MemberState.DONE for m in self.workers.values()
+        )
+
+    def shutdown(self) -> Outbox:
+        """SHUTDOWN for every server not retired: the job ended."""
+        return [
+            Send(m.peer, {"o": int(Control.SHUTDOWN), "i": 0})
+            for m in self.servers
+            if m.state is not MemberState.RETIRED
+        ]
+
+    def silent(self, now: float, dead_after_s: float) -> Member | None:
+        """A member not finished and silent for more than ``dead_after_s``, or None."""
+        for m in self.by_peer.values():
+            if not m.finished and now - m.last_seen > dead_after_s:
+                return m
+        return None
+
+    def describe(self, owned: Callable[[int], int]) -> list[str]:
+        """One line per server: address, state, chunks owned (``owned(rank)``)."""
+        return [
+            f"  server {m.rank} at {m.addr}: {m.state.value}, owns {owned(m.rank)} chunks"
+            for m in self.servers
+        ]

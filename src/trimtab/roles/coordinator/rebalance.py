@@ -1,0 +1,233 @@
+"""Moving chunks while the job runs: at step boundaries, asks the policies (forced
+rotation, PSLD, server scaling) whether chunks should move or servers come or go, and
+runs the migration that follows (:mod:`.migration`), retiring drained servers after.
+
+Every operation appends the messages to send to an ``out`` list rather than returning
+them: several state changes follow one another, and the messages of those done before
+an error must still be sent (a server marked retired must get its SHUTDOWN).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from trimtab.errors import ProtocolError
+from trimtab.policies.psld import PsldController, SpeedEstimator, chunk_costs, rebalance
+from trimtab.policies.scaling import ScalingPolicy
+from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.coordinator import migration
+from trimtab.roles.coordinator.maps import Maps
+from trimtab.roles.coordinator.members import Members
+from trimtab.roles.coordinator.migration import Migration
+from trimtab.roles.coordinator.outbox import Outbox
+
+log = logging.getLogger("trimtab.coordinator")
+
+
+class Rebalancer:
+    """Live placement and elastic servers. Not thread-safe: the coordinator's loop owns it.
+
+    Args:
+        members, maps: the job's members and map (shared with the coordinator).
+        speeds: the servers' speed figures (fed by LOAD and the workers' reports).
+        psld: the live placement policy, or None (the map then changes only by
+            rotation, scaling and servers joining).
+        scaling: decides when to ask for a server or give one back (with ``psld``).
+        rotate_every: every this many steps, move every chunk to the next active server
+            (a forced migration, for tests; 0 = never).
+        synchronous: the consistency policy updates at step boundaries, where chunks
+            can move; ``mode`` names it for the error when it does not.
+        job_clock: the job's clock, for the logs.
+    """
+
+    def __init__(
+        self,
+        members: Members,
+        maps: Maps,
+        speeds: SpeedEstimator,
+        psld: PsldController | None,
+        scaling: ScalingPolicy,
+        *,
+        rotate_every: int,
+        synchronous: bool,
+        mode: str,
+        job_clock: Callable[[], int],
+    ) -> None:
+        self.members = members
+        self.maps = maps
+        self.speeds = speeds
+        self.psld = psld
+        self.scaling = scaling
+        self.rotate_every = rotate_every
+        self.synchronous = synchronous
+        self.mode = mode
+        self.job_clock = job_clock
+        #: The migration in flight (at most one).
+        self.migrating: Migration | None = None
+        self.migrations = 0
+        self.bytes_moved = 0
+        self._last = 0  # the clock of the last migration a policy started
+
+    def step_boundary(self, clock: int, out: Outbox) -> None:
+        """Every worker reported step ``clock - 1``: rotate, or ask PSLD for a new map
+        and the scaling policy whether to grow or give a server back."""
+        current = self.maps.map
+        if current is None or self.migrating is not None or clock <= self._last:
+            return
+        owners = current.owners
+        active = self.members.active_mask()
+        n = len(self.members.servers)
+        new: tuple[int, ...] | None = None
+        speeds: list[float] | None = None
+        if self.rotate_every and clock - self._last >= self.rotate_every:
+            live = [s for s, a in enumerate(active) if a]
+            new = tuple(live[(live.index(o) + 1) % len(live)] for o in owners)
+        elif self.psld is not None:
+            costs = chunk_costs(self.maps.sizes, self.members.num_workers)
+            speeds = self.speeds.speeds(n)
+            probe = frozenset(self.speeds.unknown(n))
+            new = self.psld.decide(clock, costs, owners, speeds, active=active, probe=probe)
+            self._maybe_grow(speeds, active)
+            idle = self.scaling.idle_server(
+                clock,
+                owners,
+                active,
+                self.speeds.lasting(n),
+                settled=not self.psld.trial_running,
+            )
+            if new is None and idle is not None:
+                log.info(
+                    "psld: server %d owns nothing and was found slow again each time it "
+                    "was re-measured (%d times): it retires",
+                    idle,
+                    self.speeds.slow_rechecks(idle),
+                )
+                self.members.drain(self.members.servers[idle])
+                self.members.target_servers = len(self.members.active_servers())
+                self.membership_changed(out)
+                return
+        if new is None or new == owners:
+            return
+        self._last = clock
+        if self.psld is not None and speeds is not None:
+            self._log_plan(clock, speeds, owners, new)
+        self.migrate(new, out)
+
+    def _maybe_grow(self, speeds: Sequence[float] | None, active: Sequence[bool]) -> None:
+        serving = len(self.members.active_servers())
+        if (
+            serving < self.members.max_servers
+            and self.members.target_servers < serving + 1
+            and self.scaling.wants_server(speeds, active)
+        ):
+            self.members.target_servers = serving + 1
+            log.info("psld: a server straggles; asking for server %d", len(self.members.servers))
+
+    def _log_plan(
+        self, clock: int, speeds: Sequence[float], owners: Sequence[int], new: Sequence[int]
+    ) -> None:
+        n = len(self.members.servers)
+        seen = [self.speeds.observed(s) for s in range(n)]
+        bounds = [None if v is None else [round(x / 1e6, 1) for x in v] for v in seen]
+        log.info(
+            "psld at clock %d: speeds %s MB/s (workers saw between %s), chunks per server %s -> %s",
+            clock,
+            [round(v / 1e6, 1) for v in speeds],
+            bounds,
+            [owners.count(s) for s in range(n)],
+            [new.count(s) for s in range(n)],
+        )
+
+    def scale(self, servers: int, out: Outbox) -> int:
+        """Go to ``servers`` active servers (bounded by 1 and ``max_servers``): more are
+        asked of the launcher (``wanted_servers`` in the status), fewer are drained
+        (their chunks move away, then they are told to exit). Returns the target.
+        Raises a BAD_STATE :class:`ProtocolError` unless the job is synchronous."""
+        if not self.synchronous:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"scaling moves chunks at a synchronous step boundary; this job runs "
+                f"--mode {self.mode}, so it cannot scale",
+            )
+        before = len(self.members.active_servers())
+        target = self.members.scale_to(servers, self.speeds.speeds(len(self.members.servers)))
+        if before > target:
+            self.membership_changed(out)
+        return target
+
+    def membership_changed(self, out: Outbox) -> None:
+        """A server joined or is draining: move chunks onto (off) it now; retried when
+        the migration in flight finishes."""
+        current = self.maps.map
+        if current is None or self.migrating is not None:
+            return
+        active = self.members.active_mask()
+        if not any(active):
+            return
+        n = len(self.members.servers)
+        speeds = self.speeds.speeds(n) or [1.0] * n
+        costs = chunk_costs(self.maps.sizes, self.members.num_workers)
+        plan = rebalance(costs, current.owners, speeds, active=active)
+        if plan.owners != current.owners:
+            self.migrate(plan.owners, out)
+        else:
+            self.retire(out)
+
+    def migrate(self, owners: Sequence[int], out: Outbox) -> None:
+        """Start moving chunks to ``owners`` (:func:`migration.start`). Raises
+        :class:`UsageError` if no map exists, a migration is in flight, or ``owners``
+        names a server that is not there."""
+        self.migrating, sends = migration.start(
+            self.migrating, self.maps.map, self.maps.header, owners, self.members.servers
+        )
+        moving = self.migrating.moving
+        log.info(
+            "migration to epoch %d at step %d: %d chunks (%d bytes) move",
+            self.migrating.epoch,
+            self.job_clock(),
+            len(moving),
+            sum(self.maps.sizes[c] for c in moving),
+        )
+        out += sends
+
+    def on_ack(self, rank: int, header: Header, out: Outbox) -> None:
+        """A server's MIGRATE_ACK; the last one publishes the map to the workers."""
+        before = self.migrating
+        self.migrating = after = migration.ack(before, rank, header)
+        if before is not None and not before.acked and after.acked:
+            addrs = [m.addr for m in self.members.servers]
+            out += self.maps.publish(after.epoch, after.owners, addrs, after.cuts)
+            self.members.placed(after.owners)
+        self._finish_if_done(out)
+
+    def on_handed(self, header: Header, out: Outbox) -> None:
+        """A server's HANDED: chunks reached their new owners."""
+        self.migrating, moved = migration.handed(self.migrating, header, self.maps.sizes)
+        self.bytes_moved += moved
+        self._finish_if_done(out)
+
+    def retire(self, out: Outbox) -> None:
+        """Retire the drained servers no request can reach any more (see
+        :meth:`Members.retire_empty`)."""
+        if self.maps.map is not None:
+            out += self.members.retire_empty(self.maps.map.owners, self.maps.map.epoch)
+
+    def _finish_if_done(self, out: Outbox) -> None:
+        done = self.migrating
+        if done is None or not done.done:
+            return
+        self.migrations += 1
+        self.migrating = None
+        log.info(
+            "migration to epoch %d done at step %d (%d so far)",
+            done.epoch,
+            self.job_clock(),
+            self.migrations,
+        )
+        self.retire(out)
+        # A server draining, or one that joined during the migration (not yet given
+        # anything), is handled now. A server the policy emptied on purpose is not
+        # refilled here: that is the policy's to decide (or to retire it).
+        if self.members.unsettled():
+            self.membership_changed(out)
