@@ -37,9 +37,6 @@ from trimtab.transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.coordinator")
 
-#: The error code of a request that failed inside the coordinator (a bug, not the
-#: sender's fault). TODO: ``ErrorCode.INTERNAL`` once the protocol module has it.
-INTERNAL = "internal"
 
 #: A handler of a registered member's op: (member, header, frames after the header, the
 #: messages to send, appended to).
@@ -271,7 +268,7 @@ class Coordinator:
             out.append(Refuse(peer, rid, code, msg))
         except Exception as exc:
             log.exception("internal error on a request")
-            out.append(Refuse(peer, rid, INTERNAL, f"{type(exc).__name__}: {exc}"))
+            out.append(Refuse(peer, rid, ErrorCode.INTERNAL.value, f"{type(exc).__name__}: {exc}"))
         finally:
             self._send(out)
 
