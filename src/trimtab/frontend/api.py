@@ -22,7 +22,7 @@ from trimtab.protocol.messages import Control
 from trimtab.roles.worker.client import WorkerConfig
 from trimtab.roles.worker.context import Context
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
-from trimtab.transport.zmq import spin_from_env
+from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 _default: Context | None = None
 _forget_state: Callable[[], None] | None = None  # takes the context's state dump back
@@ -59,7 +59,7 @@ def config_from_env() -> WorkerConfig:
             job=_env("TRIMTAB_JOB") or "trimtab",
             rank=int(rank) if rank is not None else -1,
             request_timeout_s=float(_env("TRIMTAB_REQUEST_TIMEOUT_S") or 600.0),
-            spin_s=spin_from_env(),
+            spin_s=spin_from_env(os.environ),
         )
     except ValueError as exc:
         raise ConfigError(f"bad TRIMTAB_* setting: {exc}") from None
@@ -83,6 +83,7 @@ def init(config: WorkerConfig | None = None) -> None:
         local_rank=local_rank,
         stragglers=stragglers,
         compression=compression,
+        transport=ZmqTransport(bind=False, lane=lane_from_env(os.environ)),
     )
     atexit.register(shutdown)
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)

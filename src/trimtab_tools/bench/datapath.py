@@ -51,13 +51,13 @@ from typing import Any
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.transport.shm import ENV as SHM_ENV
 from trimtab.transport.zmq import LANE_ENV, SPIN_ENV
-from trimtab_tools.bench._datapath_worker import RESULT
 from trimtab_tools.bench.baselines import (
     gloo_allreduce_s,
     memcpy_gbps,
     tcp_ceiling_gbps,
     zmq_rtt_per_s,
 )
+from trimtab_tools.bench.markers import RESULT
 
 MIB = 1 << 20
 PEERS = ("mxnet",)

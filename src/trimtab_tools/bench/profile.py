@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trimtab_tools.bench._datapath_worker import DONE, READY
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
+from trimtab_tools.bench.markers import DONE, READY
 
 __all__ = [
     "Role",
