@@ -125,7 +125,7 @@ class Job:
         100 MiB job of ``trimtab bench datapath`` measured the same step either way
         here (its waits are long), so this errs on the side of the shared machine."""
         c = self.config
-        return c.workers + max(c.servers, c.max_servers) <= available_cores()
+        return c.workers + c.settings.max_servers <= available_cores()
 
     def _spawn(self, source: str, argv: list[str], env: dict[str, str]) -> _Proc:
         popen = subprocess.Popen(
