@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import uuid
@@ -59,7 +60,7 @@ class Cluster:
                 job=self.job,
                 rank=rank,
                 request_timeout_s=30.0,
-                shared_memory=not shm_turned_off(),
+                shared_memory=not shm_turned_off(os.environ),
             ),
             transport=self._transport(bind=False),
         )

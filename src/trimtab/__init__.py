@@ -11,6 +11,11 @@ Use it like Horovod::
 and start the job with ``trimtab run --workers 2 --servers 2 -- python train.py``.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from trimtab.errors import (
     ChunkMoved,
     ConfigError,
@@ -23,27 +28,30 @@ from trimtab.errors import (
     TrimtabError,
     UsageError,
 )
-from trimtab.frontend.api import (
-    barrier,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-    config_from_env,
-    init,
-    is_initialized,
-    job_status,
-    local_rank,
-    local_size,
-    rank,
-    server_stats,
-    shutdown,
-    size,
-)
-from trimtab.frontend.compression import Compression
-from trimtab.frontend.optimizer import DistributedOptimizer
-from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
-from trimtab.roles.server import Server, ServerConfig
-from trimtab.roles.worker.client import WorkerConfig
-from trimtab.roles.worker.context import Context
+
+if TYPE_CHECKING:  # the names below load lazily (PEP 562): see __getattr__
+    from trimtab.frontend.api import (
+        barrier,
+        broadcast_optimizer_state,
+        broadcast_parameters,
+        config_from_env,
+        init,
+        is_initialized,
+        job_status,
+        local_rank,
+        local_size,
+        rank,
+        server_stats,
+        shutdown,
+        size,
+    )
+    from trimtab.frontend.compression import Compression
+    from trimtab.frontend.optimizer import DistributedOptimizer
+    from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
+    from trimtab.roles.server import Server, ServerConfig
+    from trimtab.roles.worker.client import WorkerConfig
+    from trimtab.roles.worker.context import Context
+
 
 __version__ = "0.1.0"
 
@@ -81,3 +89,50 @@ __all__ = [
     "shutdown",
     "size",
 ]
+
+#: Where each public name lives. Importing ``trimtab`` loads none of them: a name's
+#: module is imported on first use, so the launcher, the coordinator and ``trimtab
+#: --help`` never load torch, which only the front end and the servers need.
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "barrier",
+            "broadcast_optimizer_state",
+            "broadcast_parameters",
+            "config_from_env",
+            "init",
+            "is_initialized",
+            "job_status",
+            "local_rank",
+            "local_size",
+            "rank",
+            "server_stats",
+            "shutdown",
+            "size",
+        ),
+        "trimtab.frontend.api",
+    ),
+    "Compression": "trimtab.frontend.compression",
+    "DistributedOptimizer": "trimtab.frontend.optimizer",
+    "Coordinator": "trimtab.roles.coordinator",
+    "CoordinatorConfig": "trimtab.roles.coordinator",
+    "Server": "trimtab.roles.server",
+    "ServerConfig": "trimtab.roles.server",
+    "WorkerConfig": "trimtab.roles.worker.client",
+    "Context": "trimtab.roles.worker.context",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name's module on first use (PEP 562). Raises AttributeError for
+    a name ``trimtab`` does not have."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trimtab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

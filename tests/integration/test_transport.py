@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from trimtab.transport import Envelope, Peer, ZmqTransport, lane
-from trimtab.transport.zmq import lane_default
+from trimtab.transport.zmq import lane_from_env
 
 # One process binds, one connects; the receiver holds a round's 16 frames of 2 MiB, then
 # drops them all (as a worker does once a step's values are copied into the parameters),
@@ -171,12 +171,20 @@ def test_without_a_lane_on_the_other_side_messages_go_through_zeromq() -> None:
 def test_the_lane_is_off_with_trimtab_shm_0_or_trimtab_lane_0(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert lane_default()
+    assert lane_from_env({})
+    assert lane_from_env({"TRIMTAB_LANE": "1", "TRIMTAB_SHM": "1"})
+    assert not lane_from_env({"TRIMTAB_LANE": "0"})
+    assert not lane_from_env({"TRIMTAB_SHM": "0"})
+    # The transport itself reads no environment variable: only what it is given.
     monkeypatch.setenv("TRIMTAB_LANE", "0")
-    assert not lane_default()
-    monkeypatch.delenv("TRIMTAB_LANE")
-    monkeypatch.setenv("TRIMTAB_SHM", "0")
-    assert not lane_default()
+    server = ZmqTransport(bind=True, lane=True)
+    client = ZmqTransport(bind=False, lane=True)
+    try:
+        peer = client.connect(server.address)
+        assert client.through_lane(peer)
+    finally:
+        client.close()
+        server.close()
 
 
 @lane_only

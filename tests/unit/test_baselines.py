@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trimtab_tools.bench import baselines
+from trimtab_tools.bench.baselines import gloo
 
 
 @pytest.mark.timeout(60)
@@ -41,11 +42,11 @@ def test_gloo_allreduce_small_returns_positive_times() -> None:
 def test_check_allreduced_accepts_right_and_rejects_wrong_sums() -> None:
     expected = 3.0  # 2 ranks contributing 1 and 2
     good = [torch.full((10,), expected), torch.full((7,), expected)]
-    baselines._check_allreduced(good, expected)
+    gloo._check_allreduced(good, expected)
     bad = [torch.full((10,), expected), torch.full((7,), expected)]
     bad[1][4] = 2.0  # e.g. one rank's contribution lost
     with pytest.raises(ValueError, match=r"tensor 1 .*element 4 is 2.0, expected 3.0"):
-        baselines._check_allreduced(bad, expected)
+        gloo._check_allreduced(bad, expected)
 
 
 @pytest.mark.timeout(120)

@@ -11,11 +11,11 @@ import pytest
 
 from trimtab import WorkerConfig
 from trimtab.errors import ConfigError
-from trimtab.launch.job import Job, LaunchConfig, available_cores, cgroup_cpu_quota
+from trimtab.launch.cores import available_cores, cgroup_cpu_quota
+from trimtab.launch.job import Job, LaunchConfig
 from trimtab.roles.server import ServerConfig
 from trimtab.transport import ZmqTransport
-from trimtab.transport.spin import SpinPolicy
-from trimtab.transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin, spin_from_env
+from trimtab.transport.spin import SPIN_DEFAULT_US, SPIN_ENV, SpinPolicy, parse_spin, spin_from_env
 
 COORD = "tcp://127.0.0.1:5555"
 
@@ -33,11 +33,21 @@ def test_a_bad_spin_says_what_to_give(raw: str) -> None:
         parse_spin(raw)
 
 
-def test_spin_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(SPIN_ENV, raising=False)
-    assert spin_from_env() == 0.0  # unset: a node sleeps at once
-    monkeypatch.setenv(SPIN_ENV, "80")
-    assert spin_from_env() == pytest.approx(8e-5)
+def test_spin_comes_from_the_environment_the_edge_passes() -> None:
+    assert spin_from_env({}) == 0.0  # unset: a node sleeps at once
+    assert spin_from_env({SPIN_ENV: "80"}) == pytest.approx(8e-5)
+    with pytest.raises(ConfigError, match=SPIN_ENV):
+        spin_from_env({SPIN_ENV: "fast"})
+
+
+def test_a_transport_spins_only_as_told_and_checks_it() -> None:
+    transport = ZmqTransport(bind=False, lane=False, spin_s=5e-5)
+    try:
+        assert transport.spin_s == pytest.approx(5e-5)
+    finally:
+        transport.close()
+    with pytest.raises(ConfigError, match="spin_s"):
+        ZmqTransport(bind=False, lane=False, spin_s=1.0)
 
 
 @pytest.mark.parametrize("spin_s", [-1e-6, 0.02])

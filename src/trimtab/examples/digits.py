@@ -16,9 +16,7 @@ from torch import nn
 
 import trimtab
 from trimtab.data import GlobalBatchSampler
-
-PROGRESS = "TRIMTAB_PROGRESS "
-RESULT = "TRIMTAB_RESULT "
+from trimtab.examples.markers import PROGRESS, RESULT
 
 
 def load_digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from trimtab.roles.worker.client import WorkerConfig
 from trimtab.roles.worker.context import Context, StepHook
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
 from trimtab.transport.shm import turned_off as shm_turned_off
-from trimtab.transport.zmq import spin_from_env
+from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 _default: Context | None = None
 _forget_state: Callable[[], None] | None = None  # takes the context's state dump back
@@ -65,8 +65,8 @@ def config_from_env() -> WorkerConfig:
             request_timeout_s=float(
                 _env("TRIMTAB_REQUEST_TIMEOUT_S") or WorkerConfig.request_timeout_s
             ),
-            spin_s=spin_from_env(),
-            shared_memory=not shm_turned_off(),
+            spin_s=spin_from_env(os.environ),
+            shared_memory=not shm_turned_off(os.environ),
         )
     except ValueError as exc:
         raise ConfigError(f"bad TRIMTAB_* setting: {exc}") from None
@@ -85,7 +85,12 @@ def init(config: WorkerConfig | None = None) -> None:
     local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
     stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
     compression = compressor(os.environ.get(COMPRESSION_ENV) or "none").name
-    _default = Context(config or config_from_env(), local_rank=local_rank, compression=compression)
+    _default = Context(
+        config or config_from_env(),
+        local_rank=local_rank,
+        compression=compression,
+        transport=ZmqTransport(bind=False, lane=lane_from_env(os.environ)),
+    )
     add_stragglers(_default, stragglers)
     atexit.register(shutdown)
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)

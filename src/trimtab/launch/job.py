@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import math
 import os
 import signal
 import subprocess
@@ -19,20 +18,21 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trimtab.errors import ConfigError, NodeTimeout, ProtocolError
-from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
-from trimtab.faults.stragglers import parse_stragglers
-from trimtab.frontend.compression import ENV as COMPRESSION_ENV
+from trimtab.errors import ConfigError, NodeTimeout
 from trimtab.frontend.compression import compressor
-from trimtab.policies.placement import is_live
-from trimtab.protocol.messages import Control, Header, decode, encode
+from trimtab.launch import env as envvars
+from trimtab.launch.control import ask_coordinator
+from trimtab.launch.cores import available_cores
+from trimtab.launch.spec import LaunchConfig, to_argv
+from trimtab.protocol.messages import Control
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.transport.shm import remove_job_arenas
-from trimtab.transport.zmq import SPIN_DEFAULT_US, SPIN_ENV, parse_spin
+from trimtab.transport.spin import SPIN_DEFAULT_US, parse_spin
+
+__all__ = ["DEADLINE_STATUS", "Job", "LaunchConfig", "OutputHandler", "print_prefixed"]
 
 #: Called with (source, line) for every line a process prints, e.g. ("worker 0", "...").
 OutputHandler = Callable[[str, str], None]
@@ -45,78 +45,6 @@ def print_prefixed(source: str, line: str) -> None:
     """The default output handler: ``[worker 0] line`` on stdout."""
     sys.stdout.write(f"[{source}] {line}\n")
     sys.stdout.flush()
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchConfig:
-    """A local job's shape.
-
-    Attributes:
-        workers: worker processes (each runs the command).
-        servers: server processes.
-        placement: initial placement policy.
-        chunk_bytes: largest chunk, in bytes.
-        consistency: ``bsp``, ``asp``, ``ssp`` or ``saps``.
-        staleness: the bound of ``ssp``.
-        batching: ``equal``, ``lbbsp`` or ``lbbsp-gpu``.
-        stragglers: straggler specs (see ``trimtab.faults.stragglers``), injected for experiments.
-        compression: the workers' default gradient compression: ``none``, ``fp16``,
-            ``bf16`` (what ``DistributedOptimizer`` uses unless given ``compression=``).
-        rebalance_every: force a migration of every chunk every this many steps (0 =
-            never; for tests and demonstrations of live migration; needs bsp).
-        max_servers: live servers the job may grow to (psld's scale-out, ``trimtab
-            scale``); the launcher starts them when the coordinator asks, and may start
-            another after one retired. 0 = ``servers``.
-        job: job id; a fresh random one by default.
-        host: the interface every role binds (loopback).
-        startup_timeout_s: how long the coordinator may take to come up.
-        grace_s: after the workers finish (or on a failure), how long the other
-            processes get to exit before they are killed.
-        deadline_s: stop the job if it is still running after this many seconds (0:
-            never); every process prints its threads' stacks first, and :meth:`Job.run`
-            returns :data:`DEADLINE_STATUS`.
-        verbose: let the roles log at INFO level.
-    """
-
-    workers: int = 2
-    servers: int = 2
-    placement: str = "greedy"
-    chunk_bytes: int = 1 << 20
-    job: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
-    host: str = "127.0.0.1"
-    consistency: str = "bsp"
-    staleness: int = 3
-    batching: str = "equal"
-    stragglers: tuple[str, ...] = ()
-    compression: str = "none"
-    rebalance_every: int = 0
-    max_servers: int = 0
-    startup_timeout_s: float = 60.0
-    grace_s: float = 10.0
-    deadline_s: float = 0.0
-    verbose: bool = False
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.servers < 1:
-            raise ConfigError("--workers and --servers must be at least 1")
-        if self.deadline_s < 0:
-            raise ConfigError(f"--deadline must be positive (0: none), not {self.deadline_s}")
-        compressor(self.compression)  # refuse an unknown name before starting
-        if self.max_servers and self.max_servers < self.servers:
-            raise ConfigError(
-                f"--max-servers ({self.max_servers}) must be at least --servers ({self.servers})"
-            )
-        for spec in parse_stragglers(self.stragglers):  # refuse bad specs before starting
-            count = self.workers if spec.role == "worker" else max(self.servers, self.max_servers)
-            if spec.index >= count:
-                raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
-        moves = self.rebalance_every or is_live(self.placement)
-        if (moves or self.max_servers > self.servers) and self.consistency != "bsp":
-            raise ConfigError(
-                "live migration (--placement psld, --max-servers, --rebalance-every) hands "
-                "chunks over at a synchronous step boundary: use it with --mode bsp, not "
-                f"{self.consistency}"
-            )
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -182,10 +110,10 @@ class Job:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.extra_env)
-        if SPIN_ENV in env:
-            parse_spin(env[SPIN_ENV])  # the user's: checked before anything starts
+        if envvars.SPIN_US in env:
+            parse_spin(env[envvars.SPIN_US])  # the user's: checked before anything starts
         else:
-            env[SPIN_ENV] = str(SPIN_DEFAULT_US if self._fits_cores() else 0)
+            env[envvars.SPIN_US] = str(SPIN_DEFAULT_US if self._fits_cores() else 0)
         return env
 
     def _fits_cores(self) -> bool:
@@ -197,7 +125,7 @@ class Job:
         100 MiB job of ``trimtab bench datapath`` measured the same step either way
         here (its waits are long), so this errs on the side of the shared machine."""
         c = self.config
-        return c.workers + max(c.servers, c.max_servers) <= available_cores()
+        return c.workers + c.settings.max_servers <= available_cores()
 
     def _spawn(self, source: str, argv: list[str], env: dict[str, str]) -> _Proc:
         popen = subprocess.Popen(
@@ -237,22 +165,12 @@ class Job:
                     str(c.workers),
                     "--servers",
                     str(c.servers),
-                    "--placement",
-                    c.placement,
-                    "--chunk-bytes",
-                    str(c.chunk_bytes),
+                    *to_argv(c.settings.placement),
+                    *to_argv(c.settings.consistency),
+                    *to_argv(c.settings.batching),
+                    *to_argv(c.settings.elastic),
                     "--job",
                     c.job,
-                    "--mode",
-                    c.consistency,
-                    "--staleness",
-                    str(c.staleness),
-                    "--batching",
-                    c.batching,
-                    "--rebalance-every",
-                    str(c.rebalance_every),
-                    "--max-servers",
-                    str(max(c.max_servers, c.servers)),
                     "--host",
                     c.host,
                     "--address-file",
@@ -287,21 +205,21 @@ class Job:
             wenv.setdefault("OMP_NUM_THREADS", str(threads))
             wenv.update(
                 {
-                    "TRIMTAB_COORDINATOR": self.coordinator_address,
-                    "TRIMTAB_JOB": c.job,
-                    "TRIMTAB_RANK": str(rank),
-                    "TRIMTAB_LOCAL_RANK": str(rank),
-                    "TRIMTAB_LOCAL_SIZE": str(c.workers),
-                    "TRIMTAB_NUM_WORKERS": str(c.workers),
-                    "TRIMTAB_NUM_SERVERS": str(c.servers),
-                    STRAGGLER_ENV: ";".join(c.stragglers),
-                    COMPRESSION_ENV: compressor(c.compression).name,
-                    "DMLC_ROLE": "worker",
-                    "DMLC_PS_ROOT_URI": host,
-                    "DMLC_PS_ROOT_PORT": port,
-                    "DMLC_NUM_WORKER": str(c.workers),
-                    "DMLC_NUM_SERVER": str(c.servers),
-                    "DMLC_WORKER_ID": str(rank),
+                    envvars.COORDINATOR: self.coordinator_address,
+                    envvars.JOB: c.job,
+                    envvars.RANK: str(rank),
+                    envvars.LOCAL_RANK: str(rank),
+                    envvars.LOCAL_SIZE: str(c.workers),
+                    envvars.NUM_WORKERS: str(c.workers),
+                    envvars.NUM_SERVERS: str(c.servers),
+                    envvars.STRAGGLERS: ";".join(c.stragglers),
+                    envvars.COMPRESSION: compressor(c.compression).name,
+                    envvars.DMLC_ROLE: "worker",
+                    envvars.DMLC_PS_ROOT_URI: host,
+                    envvars.DMLC_PS_ROOT_PORT: port,
+                    envvars.DMLC_NUM_WORKER: str(c.workers),
+                    envvars.DMLC_NUM_SERVER: str(c.servers),
+                    envvars.DMLC_WORKER_ID: str(rank),
                 }
             )
             self._spawn(f"worker {rank}", self.command, wenv)
@@ -310,7 +228,7 @@ class Job:
         c = self.config
         env = self._role_env()
         env.setdefault("OMP_NUM_THREADS", "1")
-        env[STRAGGLER_ENV] = ";".join(c.stragglers)
+        env[envvars.STRAGGLERS] = ";".join(c.stragglers)
         index = sum(p.source.startswith("server") for p in self._procs)
         self._spawn(
             f"server {index}",
@@ -424,34 +342,6 @@ class Job:
         self.output("trimtab", message)
 
 
-def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """The cores this process may run on: its affinity where the OS says, bounded by a
-    cgroup CPU quota (a container's CPU limit, which affinity does not show), rounded
-    up. Never blocks or raises."""
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
-    quota = cgroup_cpu_quota(cgroup)
-    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
-
-
-def cgroup_cpu_quota(root: Path) -> float | None:
-    """The CPUs a cgroup quota under ``root`` allows (v2 ``cpu.max``, else v1's CFS
-    quota over its period), or ``None`` where there is none. Never blocks or raises."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError, ZeroDivisionError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
-
-
 def _describe(code: int) -> str:
     if code < 0:
         with contextlib.suppress(ValueError):
@@ -461,28 +351,3 @@ def _describe(code: int) -> str:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def ask_coordinator(address: str, job: str, header: Header, timeout_s: float) -> Header:
-    """Send one control request to a running job's coordinator and return the reply.
-
-    For tools (the launcher, ``trimtab scale``) that are not members of the job. Blocks
-    up to ``timeout_s``; raises :class:`NodeTimeout` if no reply came, and
-    :class:`ProtocolError` if the coordinator answered an error.
-    """
-    import zmq
-
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(address)
-        sock.send(encode({**header, "i": 1, "j": job}))
-        if not sock.poll(int(timeout_s * 1000)):
-            raise NodeTimeout(f"the coordinator at {address} did not answer in {timeout_s:g}s")
-        reply = decode(sock.recv(), job)
-    finally:
-        sock.close()
-    if reply["o"] == Control.ERROR:
-        raise ProtocolError(f"the coordinator refused: {reply.get('msg')}")
-    return reply

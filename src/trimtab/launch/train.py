@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from trimtab.examples.digits import PROGRESS, RESULT
+from trimtab.examples.markers import PROGRESS, RESULT
 from trimtab.launch.job import Job
+from trimtab.launch.spec import LaunchConfig
 
 
 class _TrainOutput:
@@ -52,9 +53,8 @@ class _TrainOutput:
 
 
 def run_training(args: argparse.Namespace) -> int:
-    """Run the example job; print a summary (or JSON). Blocks; returns the exit status."""
-    from trimtab.cli import launch_config
-
+    """Run the example job (``trimtab train``'s flags in ``args``); print a summary (or
+    JSON). Blocks; returns the exit status. Raises :class:`ConfigError` for bad flags."""
     console = Console(stderr=True)
     out = _TrainOutput(console, show_progress=True)
     command = [
@@ -68,7 +68,7 @@ def run_training(args: argparse.Namespace) -> int:
         "--lr",
         str(args.lr),
     ]
-    config = launch_config(args)
+    config = LaunchConfig.from_args(args)
     start = time.perf_counter()
     with out.progress:
         status = Job(config, command, output=out).run()

@@ -29,7 +29,7 @@ import mmap
 import os
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 log = logging.getLogger("trimtab.shm")
@@ -40,10 +40,10 @@ SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"trimtab-[A-Za-z0-9_.-]+")
 
 
-def turned_off() -> bool:
-    """Whether ``TRIMTAB_SHM=0`` asks for everything through TCP, as between machines
-    (no shared memory, no local lane)."""
-    return os.environ.get(ENV, "1") == "0"
+def turned_off(environ: Mapping[str, str]) -> bool:
+    """Whether ``TRIMTAB_SHM=0`` in ``environ`` (an edge passes ``os.environ``) asks for
+    everything through TCP, as between machines (no shared memory, no local lane)."""
+    return environ.get(ENV, "1") == "0"
 
 
 def is_local(address: str) -> bool:

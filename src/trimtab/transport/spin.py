@@ -13,6 +13,55 @@ most of its recent spins caught their message; otherwise it tries one wait in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from trimtab.errors import ConfigError
+
+#: Microseconds a waiting worker or server polls for its next message before it sleeps.
+SPIN_ENV = "TRIMTAB_SPIN_US"
+#: What ``trimtab run`` sets (unless set already) when the job's workers and servers on
+#: this machine are no more than its cores. A sleeping process woken by a message answers
+#: it tens to a hundred us later; a 1 KiB round trip here waits about 100 us on each
+#: side, so 50 us of polling gained 10%, 100 us doubled the round trips per second and
+#: more gained nothing more (BENCHMARKS.md): twice the knee, for slower machines.
+SPIN_DEFAULT_US = 200
+#: The longest spin accepted: beyond a few ms, sleeping costs nothing measurable.
+_SPIN_MAX_US = 10_000
+
+
+def check_spin(spin_s: float) -> None:
+    """Raise :class:`ConfigError` unless ``spin_s`` is from 0 to 0.01 s. Never blocks."""
+    if not 0 <= spin_s <= _SPIN_MAX_US / 1e6:
+        raise ConfigError(
+            f"spin_s={spin_s!r}: a waiting node polls from 0 to {_SPIN_MAX_US / 1e6} s "
+            f"before it sleeps ({SPIN_ENV} gives it in microseconds)"
+        )
+
+
+def spin_from_env(environ: Mapping[str, str]) -> float:
+    """Seconds from ``TRIMTAB_SPIN_US`` in ``environ`` (unset: 0, no spinning), for the
+    edges that read the environment (the CLI, ``trimtab.init()``) to pass on. Never
+    blocks. Raises :class:`ConfigError` unless it is microseconds from 0 to 10000.
+    """
+    return parse_spin(environ.get(SPIN_ENV, ""))
+
+
+def parse_spin(raw: str) -> float:
+    """Seconds from a ``TRIMTAB_SPIN_US`` value (empty: 0). Raises as :func:`spin_from_env`."""
+    raw = raw.strip()
+    if not raw:
+        return 0.0
+    try:
+        us = float(raw)
+    except ValueError:
+        us = -1.0
+    if not 0 <= us <= _SPIN_MAX_US:
+        raise ConfigError(
+            f"{SPIN_ENV}={raw!r}: give the microseconds a waiting node polls before it "
+            f"sleeps, from 0 (never) to {_SPIN_MAX_US}; e.g. {SPIN_ENV}={SPIN_DEFAULT_US}"
+        )
+    return us / 1e6
+
 
 class SpinPolicy:
     """The record of one transport's spins, and whether its next wait should spin.

@@ -17,25 +17,42 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
-import ctypes.util
 import itertools
 import logging
 import os
 import socket
-import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
 
-from trimtab.errors import ConfigError
+from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
 from trimtab.transport.lane import LaneClosed, LaneConnection, lane_name, supported
-from trimtab.transport.shm import is_local, turned_off
-from trimtab.transport.spin import SpinPolicy
+from trimtab.transport.shm import ENV as SHM_ENV
+from trimtab.transport.shm import is_local
+from trimtab.transport.spin import (
+    SPIN_DEFAULT_US,
+    SPIN_ENV,
+    SpinPolicy,
+    check_spin,
+    parse_spin,
+    spin_from_env,
+)
+
+__all__ = [
+    "LANE_ENV",
+    "SPIN_DEFAULT_US",
+    "SPIN_ENV",
+    "ZmqTransport",
+    "check_spin",
+    "keep_freed_memory",
+    "lane_from_env",
+    "parse_spin",
+    "spin_from_env",
+]
 
 log = logging.getLogger("trimtab.transport")
 
@@ -47,97 +64,14 @@ _LINGER_S = 2.0
 
 #: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
 LANE_ENV = "TRIMTAB_LANE"
-#: Microseconds a waiting worker or server polls for its next message before it sleeps.
-SPIN_ENV = "TRIMTAB_SPIN_US"
-#: What ``trimtab run`` sets (unless set already) when the job's workers and servers on
-#: this machine are no more than its cores. A sleeping process woken by a message answers
-#: it tens to a hundred us later; a 1 KiB round trip here waits about 100 us on each
-#: side, so 50 us of polling gained 10%, 100 us doubled the round trips per second and
-#: more gained nothing more (BENCHMARKS.md): twice the knee, for slower machines.
-SPIN_DEFAULT_US = 200
-#: The longest spin accepted: beyond a few ms, sleeping costs nothing measurable.
-_SPIN_MAX_US = 10_000
 
 
-def check_spin(spin_s: float) -> None:
-    """Raise :class:`ConfigError` unless ``spin_s`` is from 0 to 0.01 s. Never blocks."""
-    if not 0 <= spin_s <= _SPIN_MAX_US / 1e6:
-        raise ConfigError(
-            f"spin_s={spin_s!r}: a waiting node polls from 0 to {_SPIN_MAX_US / 1e6} s "
-            f"before it sleeps ({SPIN_ENV} gives it in microseconds)"
-        )
-
-
-def spin_from_env() -> float:
-    """Seconds from ``TRIMTAB_SPIN_US`` (unset: 0, no spinning). Never blocks.
-
-    Raises :class:`ConfigError` unless it is a number of microseconds from 0 to 10000.
-    """
-    return parse_spin(os.environ.get(SPIN_ENV, ""))
-
-
-def parse_spin(raw: str) -> float:
-    """Seconds from a ``TRIMTAB_SPIN_US`` value (empty: 0). Raises as :func:`spin_from_env`."""
-    raw = raw.strip()
-    if not raw:
-        return 0.0
-    try:
-        us = float(raw)
-    except ValueError:
-        us = -1.0
-    if not 0 <= us <= _SPIN_MAX_US:
-        raise ConfigError(
-            f"{SPIN_ENV}={raw!r}: give the microseconds a waiting node polls before it "
-            f"sleeps, from 0 (never) to {_SPIN_MAX_US}; e.g. {SPIN_ENV}={SPIN_DEFAULT_US}"
-        )
-    return us / 1e6
-
-
-def lane_default() -> bool:
-    """Whether transports use the local lane unless told: on Linux, unless
+def lane_from_env(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` lets transports use the local lane: yes unless
     ``TRIMTAB_LANE=0``, or ``TRIMTAB_SHM=0`` (everything through TCP, as between
-    machines)."""
-    return supported() and not turned_off() and os.environ.get(LANE_ENV, "1") != "0"
-
-
-# glibc's mallopt() parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-_kept_freed_memory = False
-
-
-def keep_freed_memory() -> bool:
-    """Make this process's allocator reuse the memory of freed receive buffers.
-
-    ZeroMQ allocates a fresh buffer for every large frame it receives and frees it when
-    the frame is dropped. With glibc's defaults, buffers of a few MiB are mapped and
-    unmapped (or trimmed off the heap) each time, so every received byte first costs a
-    page fault: 15.6k faults a step per worker in ``trimtab bench datapath``, a third of
-    the ZeroMQ I/O thread's CPU (BENCHMARKS.md). Keeping freed memory on the heap lets
-    the next frame land in pages already mapped. The price: the process keeps its peak
-    of in-flight frames mapped (about one model's worth for a worker). Process-wide and
-    idempotent; returns whether it applied (glibc only). Never raises.
-    """
-    global _kept_freed_memory
-    if _kept_freed_memory:
-        return True
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc (musl has no mallopt): nothing to tune
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    ok = (
-        mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # frames up to 32 MiB come from the heap
-        and mallopt(_M_TRIM_THRESHOLD, 1 << 30)  # and freed ones stay there
-        and mallopt(_M_TOP_PAD, 64 << 20)  # grow heaps in large steps
-    )
-    _kept_freed_memory = bool(ok)
-    return _kept_freed_memory
+    machines). For the edges that read the environment (the CLI, the launcher,
+    ``trimtab.init()``) to pass as ``ZmqTransport(lane=...)``. Never blocks or raises."""
+    return environ.get(LANE_ENV, "1") != "0" and environ.get(SHM_ENV, "1") != "0"
 
 
 class _SharedContext:
@@ -174,7 +108,10 @@ class ZmqTransport(Transport):
         reuse_buffers: tune the process's allocator so received frames reuse freed
             memory (:func:`keep_freed_memory`).
         lane: listen on, and connect through, the local lane for peers on this
-            machine's loopback; ``None`` for :func:`lane_default`.
+            machine's loopback, where the platform has it. The transport reads no
+            environment variable: an edge passes :func:`lane_from_env`'s answer.
+        spin_s: seconds a :meth:`recv` that has to wait polls before it sleeps
+            (:attr:`Transport.spin_s`; ``TRIMTAB_SPIN_US`` at the edges).
 
     A lane message the kernel cannot take at once (its socket buffer is full) leaves
     during this transport's later :meth:`recv` calls, which every node makes while it
@@ -189,14 +126,17 @@ class ZmqTransport(Transport):
         port: int = 0,
         max_frame_bytes: int | None = None,
         reuse_buffers: bool = True,
-        lane: bool | None = None,
+        lane: bool = True,
+        spin_s: float = 0.0,
         _shared: _SharedContext | None = None,
     ) -> None:
+        check_spin(spin_s)
         if reuse_buffers:
             keep_freed_memory()
         self._shared = _shared or _SharedContext()
         self._shared.acquire()
         self._closed = False
+        self.spin_s = spin_s
         self._ctx = self._shared.ctx
         self._poller = zmq.Poller()
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
@@ -225,7 +165,7 @@ class ZmqTransport(Transport):
         os.set_blocking(self._wake_w, False)
         self._poller.register(self._wake_r, zmq.POLLIN)
         # The local lane: connections by address (ours) and by identity (theirs).
-        self._lane = lane_default() if lane is None else lane and supported()
+        self._lane = lane and supported()
         self._lane_out: dict[str, LaneConnection] = {}
         self._lane_in: dict[bytes, LaneConnection] = {}
         self._lane_fds: dict[int, LaneConnection] = {}

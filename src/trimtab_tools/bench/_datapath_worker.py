@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -22,11 +23,9 @@ import torch
 import trimtab
 import trimtab.frontend.api
 from trimtab.frontend.compression import Compression, compressor
-from trimtab.transport.zmq import spin_from_env
+from trimtab.transport.spin import spin_from_env
+from trimtab_tools.bench.markers import DONE, READY, RESULT
 
-RESULT = "TRIMTAB_BENCH "
-READY = "TRIMTAB_BENCH_READY"
-DONE = "TRIMTAB_BENCH_DONE"
 LR = 0.1
 GRAD = 1e-3
 
@@ -89,7 +88,7 @@ def main() -> None:
         # How many pushes the servers read from shared memory (0: all through sockets).
         shared = sum(int(s.get("shared", 0)) for s in trimtab.server_stats())
         # How long a wait polled before sleeping (trimtab run's choice, or the user's).
-        spin_us = spin_from_env() * 1e6
+        spin_us = spin_from_env(os.environ) * 1e6
         print(
             RESULT + json.dumps({"times": times, "shared_pushes": shared, "spin_us": spin_us}),
             flush=True,

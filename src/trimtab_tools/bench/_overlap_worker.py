@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import trimtab
-from trimtab_tools.bench._datapath_worker import RESULT
+from trimtab_tools.bench.markers import RESULT
 
 
 class _Sleep(torch.autograd.Function):

@@ -42,22 +42,17 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trimtab.launch.job import Job, LaunchConfig
-from trimtab.transport.shm import ENV as SHM_ENV
-from trimtab.transport.zmq import LANE_ENV, SPIN_ENV
-from trimtab_tools.bench._datapath_worker import RESULT
 from trimtab_tools.bench.baselines import (
     gloo_allreduce_s,
     memcpy_gbps,
     tcp_ceiling_gbps,
     zmq_rtt_per_s,
 )
+from trimtab_tools.bench.job import busy_process, run_trimtab
 
 MIB = 1 << 20
 PEERS = ("mxnet",)
@@ -81,108 +76,6 @@ def model_sizes(total_mib: int) -> list[int]:
                 sizes.append(take * MIB)
                 left -= take
     return sizes
-
-
-def run_trimtab(
-    sizes: list[int],
-    steps: int,
-    chunk_bytes: int,
-    workers: int = 2,
-    servers: int = 2,
-    *,
-    warmup: int = 3,
-    go_file: Path | None = None,
-    on_line: Callable[[str, str], None] | None = None,
-    compression: str = "none",
-    shm: bool = True,
-    lane: bool = True,
-    spin: bool = True,
-    info: dict[str, Any] | None = None,
-) -> list[float]:
-    """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
-
-    ``go_file`` and ``on_line`` are the profiler's handshake (see
-    ``_datapath_worker.py``): every line the job prints is handed to ``on_line`` first.
-    ``shm=False`` sends every byte through TCP (``TRIMTAB_SHM=0``), ``lane=False`` the
-    messages through ZeroMQ rather than the local lane (``TRIMTAB_LANE=0``), ``spin=False``
-    makes every wait sleep at once (``TRIMTAB_SPIN_US=0``; otherwise ``trimtab run``
-    decides, or the caller's environment); ``info`` receives the job's other figures
-    (``shared_pushes``, ``spin_us``). Blocks for the job; raises RuntimeError on failure.
-    """
-    command = [
-        sys.executable,
-        "-m",
-        "trimtab_tools.bench._datapath_worker",
-        "--sizes",
-        ",".join(map(str, sizes)),
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
-    ]
-    if go_file is not None:
-        command += ["--go-file", str(go_file)]
-    config = LaunchConfig(
-        workers=workers,
-        servers=servers,
-        chunk_bytes=chunk_bytes,
-        placement="greedy",
-        compression=compression,
-    )
-    env = {}
-    if not shm:
-        env[SHM_ENV] = "0"
-    if not lane:
-        env[LANE_ENV] = "0"
-    if not spin:
-        env[SPIN_ENV] = "0"
-    return run_timed_job(config, command, on_line=on_line, env=env or None, info=info)
-
-
-@contextlib.contextmanager
-def busy_process() -> Iterator[subprocess.Popen[bytes]]:
-    """Keep one other process busy (a pure Python loop) while the block runs: a user of
-    the machine the job does not know of. Blocks only to stop it (killed, then reaped)."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def run_timed_job(
-    config: LaunchConfig,
-    command: list[str],
-    *,
-    on_line: Callable[[str, str], None] | None = None,
-    env: dict[str, str] | None = None,
-    info: dict[str, Any] | None = None,
-) -> list[float]:
-    """Run a benchmark job whose rank 0 prints its step times after :data:`RESULT`;
-    return them (and the result's other fields into ``info``). Every line the job
-    prints is handed to ``on_line`` first. Blocks; raises RuntimeError if the job fails
-    or prints no times."""
-    found: list[float] = []
-    log: list[str] = []
-
-    def output(source: str, line: str) -> None:
-        if on_line is not None:
-            on_line(source, line)
-        if line.startswith(RESULT):
-            result = json.loads(line[len(RESULT) :])
-            found.extend(result.pop("times"))
-            if info is not None:
-                info.update(result)
-        else:
-            log.append(f"[{source}] {line}")
-
-    status = Job(config, command, output=output, extra_env=env).run()
-    if status != 0 or not found:
-        raise RuntimeError(
-            f"trimtab benchmark job failed (status {status}):\n" + "\n".join(log[-30:])
-        )
-    return found
 
 
 def _mxnet(
@@ -414,7 +307,7 @@ def main(args: argparse.Namespace) -> int:
         print("trimtab bench datapath: --steps and --small-steps must be >= 1", file=sys.stderr)
         return 2
     if args.profile is not None:
-        from trimtab_tools.bench.profile import profile_datapath, render
+        from trimtab_tools.bench.profile import profile_datapath, render  # only with --profile
 
         if args.profile_small:
             shape: dict[str, Any] = {"workers": 1, "servers": 1, "warmup": 100}

@@ -24,8 +24,8 @@ import sys
 from typing import Any
 
 from trimtab.launch.job import LaunchConfig
-from trimtab_tools.bench._datapath_worker import RESULT
-from trimtab_tools.bench.datapath import run_timed_job
+from trimtab_tools.bench.job import run_timed_job
+from trimtab_tools.bench.markers import RESULT
 
 WORKER = "trimtab_tools.bench._overlap_worker"
 

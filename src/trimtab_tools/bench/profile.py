@@ -41,8 +41,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trimtab_tools.bench._datapath_worker import DONE, READY
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
+from trimtab_tools.bench.job import run_trimtab
+from trimtab_tools.bench.markers import DONE, READY
 
 __all__ = [
     "Role",
@@ -444,8 +445,6 @@ def profile_datapath(
     Raises:
         RuntimeError: the job failed, or the profiling window never opened or closed.
     """
-    from trimtab_tools.bench.datapath import run_trimtab
-
     out.mkdir(parents=True, exist_ok=True)
     pyspy: Path | None = None
     note: str | None = None

@@ -21,7 +21,8 @@ from torch import nn
 from trimtab.data import GlobalBatchSampler
 from trimtab.examples.digits import load_digits, make_cnn
 from trimtab.faults.stragglers import WorkerStraggler, parse_stragglers
-from trimtab_tools.experiments._stragglers_worker import RESULT, accuracy
+from trimtab_tools.experiments._stragglers_worker import accuracy
+from trimtab_tools.experiments.markers import STRAGGLERS_RESULT as RESULT
 
 
 def main() -> None:

@@ -15,8 +15,7 @@ import time
 import torch
 
 import trimtab
-
-RESULT = "TRIMTAB_PSLD "
+from trimtab_tools.experiments.markers import PSLD_RESULT as RESULT
 
 
 def main() -> None:

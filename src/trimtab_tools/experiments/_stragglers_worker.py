@@ -16,8 +16,7 @@ from torch import nn
 import trimtab
 from trimtab.data import BalancedSampler
 from trimtab.examples.digits import load_digits, make_cnn
-
-RESULT = "TRIMTAB_EXPERIMENT "
+from trimtab_tools.experiments.markers import STRAGGLERS_RESULT as RESULT
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -30,7 +30,7 @@ from typing import Any
 
 from trimtab.errors import ConfigError
 from trimtab.launch.job import Job, LaunchConfig
-from trimtab_tools.experiments._psld_worker import RESULT
+from trimtab_tools.experiments.markers import PSLD_RESULT as RESULT
 
 WORKERS = 2
 SERVERS = 4

@@ -35,7 +35,7 @@ from typing import Any
 
 from trimtab.errors import ConfigError
 from trimtab.launch.job import Job, LaunchConfig
-from trimtab_tools.experiments._stragglers_worker import RESULT
+from trimtab_tools.experiments.markers import STRAGGLERS_RESULT as RESULT
 
 WORKERS = 4
 SERVERS = 2

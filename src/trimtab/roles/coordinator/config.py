@@ -1,18 +1,34 @@
-"""How the coordinator runs a job: its policies and their knobs, validated once."""
+"""How the coordinator runs a job: its policies and their knobs, validated once.
+
+The defaults and rules of the policy settings live in :mod:`trimtab.settings`; this
+config lays them out flat (the fields the coordinator reads) and adds what only the
+coordinator needs: where it binds and how it watches for dead nodes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 from trimtab.errors import ConfigError
-from trimtab.policies.batching import BATCHING
-from trimtab.policies.consistency import CONSISTENCY
-from trimtab.policies.placement import PLACEMENTS, is_live
+from trimtab.settings import (
+    BatchingSettings,
+    ConsistencySettings,
+    ElasticSettings,
+    JobSettings,
+    PlacementSettings,
+)
+
+_PLACEMENT = PlacementSettings()
+_CONSISTENCY = ConsistencySettings()
+_BATCHING = BatchingSettings()
+_ELASTIC = ElasticSettings()
 
 
 @dataclasses.dataclass(frozen=True)
 class CoordinatorConfig:
-    """How a job is shaped and how its coordinator behaves.
+    """How a job is shaped and how its coordinator behaves. Construction raises
+    :class:`ConfigError` for a setting out of range or a pair of settings that cannot
+    work together (the rules of :class:`~trimtab.settings.JobSettings`).
 
     Attributes:
         num_workers: workers the job waits for.
@@ -20,9 +36,9 @@ class CoordinatorConfig:
         job: job id shared by every node; messages of other jobs are refused.
         host: interface to bind (loopback by default).
         port: port to bind; 0 picks a free one.
-        placement: initial placement policy (``hash``, ``mxnet``, ``greedy``).
+        placement: initial placement policy (:attr:`PlacementSettings.policy`).
         chunk_bytes: the largest chunk, in bytes.
-        consistency: consistency policy name (``bsp``, ``asp``, ``ssp``, ``saps``).
+        consistency: consistency policy name (:attr:`ConsistencySettings.mode`).
         staleness: the bound of ``ssp`` (a worker may lead the slowest by this many clocks).
         batching: how each step's global batch is split (``equal``, ``lbbsp``,
             ``lbbsp-gpu``); anything but ``equal`` needs ``bsp``.
@@ -41,55 +57,54 @@ class CoordinatorConfig:
     job: str
     host: str = "127.0.0.1"
     port: int = 0
-    placement: str = "greedy"
-    chunk_bytes: int = 1 << 20
-    consistency: str = "bsp"
-    staleness: int = 3
-    batching: str = "equal"
+    placement: str = _PLACEMENT.policy
+    chunk_bytes: int = _PLACEMENT.chunk_bytes
+    consistency: str = _CONSISTENCY.mode
+    staleness: int = _CONSISTENCY.staleness
+    batching: str = _BATCHING.policy
     heartbeat_s: float = 1.0
     dead_after_s: float = 30.0
-    rebalance_every: int = 0
-    max_servers: int = 0
+    rebalance_every: int = _ELASTIC.rebalance_every
+    max_servers: int = _ELASTIC.max_servers
 
     def __post_init__(self) -> None:
-        if self.max_servers == 0:
-            object.__setattr__(self, "max_servers", self.num_servers)
-        if self.max_servers < self.num_servers:
-            raise ConfigError(
-                f"max_servers ({self.max_servers}) is below num_servers ({self.num_servers})"
-            )
-        if self.num_workers < 1 or self.num_servers < 1:
-            raise ConfigError("a job needs at least 1 worker and 1 server")
-        if self.chunk_bytes < 64:
-            raise ConfigError(f"chunk_bytes must be at least 64, got {self.chunk_bytes}")
-        if self.placement not in PLACEMENTS.names():
-            raise ConfigError(
-                f"unknown placement {self.placement!r}; choose one of {PLACEMENTS.names()}"
-            )
-        if self.consistency not in CONSISTENCY.names():
-            raise ConfigError(
-                f"unknown consistency mode {self.consistency!r}; choose one of "
-                f"{CONSISTENCY.names()}"
-            )
-        if self.batching not in BATCHING.names():
-            raise ConfigError(
-                f"unknown batching {self.batching!r}; choose one of {BATCHING.names()}"
-            )
-        if self.batching != "equal" and self.consistency != "bsp":
-            raise ConfigError(
-                f"--batching {self.batching} balances synchronous steps: use it with "
-                f"--mode bsp, not {self.consistency}"
-            )
-        if self.staleness < 0:
-            raise ConfigError(f"staleness must be >= 0, got {self.staleness}")
-        if self.rebalance_every < 0:
-            raise ConfigError(f"rebalance_every must be >= 0, got {self.rebalance_every}")
-        moves = self.rebalance_every or is_live(self.placement)
-        if (moves or self.max_servers > self.num_servers) and self.consistency != "bsp":
-            raise ConfigError(
-                "live migration (--placement psld, --max-servers, rebalancing) hands chunks "
-                f"over at a synchronous step boundary: use it with --mode bsp, not "
-                f"{self.consistency}"
-            )
+        settings = self.settings()  # every policy rule, checked in one place
+        object.__setattr__(self, "max_servers", settings.max_servers)
         if self.dead_after_s <= 2 * self.heartbeat_s:
             raise ConfigError("dead_after_s must be more than twice heartbeat_s")
+
+    def settings(self) -> JobSettings:
+        """These settings as components. Raises :class:`ConfigError` as the constructor."""
+        return JobSettings(
+            workers=self.num_workers,
+            servers=self.num_servers,
+            placement=PlacementSettings(self.placement, self.chunk_bytes),
+            consistency=ConsistencySettings(self.consistency, self.staleness),
+            batching=BatchingSettings(self.batching),
+            elastic=ElasticSettings(self.max_servers, self.rebalance_every),
+        )
+
+    @classmethod
+    def of(
+        cls,
+        settings: JobSettings,
+        *,
+        job: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> CoordinatorConfig:
+        """The coordinator of the job ``settings`` describe. Never blocks."""
+        return cls(
+            num_workers=settings.workers,
+            num_servers=settings.servers,
+            job=job,
+            host=host,
+            port=port,
+            placement=settings.placement.policy,
+            chunk_bytes=settings.placement.chunk_bytes,
+            consistency=settings.consistency.mode,
+            staleness=settings.consistency.staleness,
+            batching=settings.batching.policy,
+            rebalance_every=settings.elastic.rebalance_every,
+            max_servers=settings.elastic.max_servers,
+        )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from trimtab.errors import ConfigError
-from trimtab.faults.stragglers import StragglerSpec
-from trimtab.transport.zmq import check_spin
+from trimtab.transport.spin import check_spin
+
+if TYPE_CHECKING:  # the role does not import fault injection; the launcher wires it in
+    from trimtab.faults.stragglers import StragglerSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,35 @@
+"""How many cores this process may use: affinity, bounded by a container's CPU quota."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its affinity where the OS says, bounded by a
+    cgroup CPU quota (a container's CPU limit, which affinity does not show), rounded
+    up. Never blocks or raises."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cgroup_cpu_quota(root: Path) -> float | None:
+    """The CPUs a cgroup quota under ``root`` allows (v2 ``cpu.max``, else v1's CFS
+    quota over its period), or ``None`` where there is none. Never blocks or raises."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None

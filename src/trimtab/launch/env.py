@@ -1,0 +1,107 @@
+"""Every environment variable the launcher and the CLI read or set, in one place.
+
+The runtime below reads none: the edges (the CLI, the launcher, and a worker's
+``trimtab.init()``) read them and pass settings down as arguments. Names that a
+worker's ``init()`` reads too are defined beside their parser in the layer that parses
+them (``TRIMTAB_SPIN_US`` in :mod:`trimtab.transport.spin`, ``TRIMTAB_LANE`` in
+:mod:`trimtab.transport.zmq`, ...) and listed here again, so that this module names
+them all. ``DMLC_*`` names are ps-lite's, for MXNet and BytePS users.
+
+Every reader takes the environment as an argument (``os.environ`` at the edges, a dict
+in tests); none blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trimtab.errors import ConfigError
+from trimtab.faults.stragglers import ENV as STRAGGLERS
+from trimtab.frontend.compression import ENV as COMPRESSION
+from trimtab.transport.shm import ENV as SHM
+from trimtab.transport.spin import SPIN_ENV as SPIN_US
+from trimtab.transport.zmq import LANE_ENV as LANE
+
+__all__ = [
+    "COMPRESSION",
+    "COORDINATOR",
+    "DMLC_NODE_HOST",
+    "DMLC_NUM_SERVER",
+    "DMLC_NUM_WORKER",
+    "DMLC_PS_ROOT_PORT",
+    "DMLC_PS_ROOT_URI",
+    "DMLC_ROLE",
+    "DMLC_WORKER_ID",
+    "JOB",
+    "LANE",
+    "LOCAL_RANK",
+    "LOCAL_SIZE",
+    "NUM_SERVERS",
+    "NUM_WORKERS",
+    "PRIORITY",
+    "RANK",
+    "SHM",
+    "SPIN_US",
+    "STRAGGLERS",
+    "coordinator_address",
+    "env_int",
+    "job_id",
+    "priority",
+]
+
+#: The coordinator's address, ``tcp://HOST:PORT`` (else ``DMLC_PS_ROOT_URI``/``_PORT``).
+COORDINATOR = "TRIMTAB_COORDINATOR"
+#: The job id every node of a job shares.
+JOB = "TRIMTAB_JOB"
+#: A worker's rank, its rank on its machine, and the workers on its machine.
+RANK = "TRIMTAB_RANK"
+LOCAL_RANK = "TRIMTAB_LOCAL_RANK"
+LOCAL_SIZE = "TRIMTAB_LOCAL_SIZE"
+#: The job's worker and server counts (``trimtab coordinator``'s defaults).
+NUM_WORKERS = "TRIMTAB_NUM_WORKERS"
+NUM_SERVERS = "TRIMTAB_NUM_SERVERS"
+#: ``0``: a server merges queued pushes in arrival order (``trimtab server --no-priority``).
+PRIORITY = "TRIMTAB_PRIORITY"
+
+DMLC_ROLE = "DMLC_ROLE"
+DMLC_PS_ROOT_URI = "DMLC_PS_ROOT_URI"
+DMLC_PS_ROOT_PORT = "DMLC_PS_ROOT_PORT"
+DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
+DMLC_NUM_SERVER = "DMLC_NUM_SERVER"
+DMLC_WORKER_ID = "DMLC_WORKER_ID"
+DMLC_NODE_HOST = "DMLC_NODE_HOST"
+
+#: The job id of a node started by hand without ``--job`` or ``TRIMTAB_JOB``.
+DEFAULT_JOB = "trimtab"
+
+
+def env_int(environ: Mapping[str, str], *names: str, default: int) -> int:
+    """The first of ``names`` set (non-empty) in ``environ``, as an int, else ``default``.
+    Raises :class:`ConfigError` naming the variable if it is not a whole number."""
+    for name in names:
+        raw = environ.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} must be a whole number") from None
+    return default
+
+
+def coordinator_address(environ: Mapping[str, str]) -> str | None:
+    """The coordinator's address from ``TRIMTAB_COORDINATOR``, else from
+    ``DMLC_PS_ROOT_URI`` and ``DMLC_PS_ROOT_PORT``; ``None`` if neither is set."""
+    if environ.get(COORDINATOR):
+        return environ[COORDINATOR]
+    host, port = environ.get(DMLC_PS_ROOT_URI), environ.get(DMLC_PS_ROOT_PORT)
+    return f"tcp://{host}:{port}" if host and port else None
+
+
+def job_id(environ: Mapping[str, str]) -> str:
+    """``TRIMTAB_JOB``, else :data:`DEFAULT_JOB`."""
+    return environ.get(JOB, DEFAULT_JOB)
+
+
+def priority(environ: Mapping[str, str]) -> bool:
+    """Whether servers merge the first layers' pushes first (unless ``TRIMTAB_PRIORITY=0``)."""
+    return environ.get(PRIORITY, "1") != "0"

@@ -1,0 +1,46 @@
+"""``trimtab bench`` and ``trimtab experiment``: the tools' subcommands.
+
+Registered with the ``trimtab`` command through the ``trimtab.commands`` entry point
+(see ``pyproject.toml`` and :mod:`trimtab.cli.plugins`); the runtime never imports this
+package. Adding the subcommands loads the drivers' flag definitions only: the drivers
+and their worker scripts load torch when they run, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trimtab_tools.bench import datapath, overlap
+from trimtab_tools.experiments import psld, stragglers
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``experiment`` and ``bench`` to ``trimtab``'s subcommands ``sub``."""
+    exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
+    exp_sub = exp.add_subparsers(dest="experiment", required=True)
+    stragglers.add_arguments(
+        exp_sub.add_parser("stragglers", help="worker stragglers: bsp, lbbsp, asp, ssp, saps, ddp")
+    )
+    psld.add_arguments(
+        exp_sub.add_parser(
+            "psld", help="server stragglers: hash, mxnet, greedy, psld placements side by side"
+        )
+    )
+    exp.set_defaults(handler=_experiment)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    datapath.add_arguments(bench_sub.add_parser("datapath", help="push+pull step vs limits, peers"))
+    overlap.add_arguments(
+        bench_sub.add_parser("overlap", help="next forward overlapping the step (model=, priority)")
+    )
+    bench.set_defaults(handler=_bench)
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    return psld.main(args) if args.experiment == "psld" else stragglers.main(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    return overlap.main(args) if args.bench == "overlap" else datapath.main(args)
