@@ -336,16 +336,23 @@ def _cmd_server(args: argparse.Namespace) -> int:
         )
     torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
     from trimtab.faults.stragglers import parse_stragglers
+    from trimtab.faults.throttle import ThrottledTransport
+    from trimtab.roles.server.node import server_transport
 
-    Server(
-        ServerConfig(
-            coordinator=args.coordinator,
-            job=args.job,
-            host=args.host,
-            port=args.port,
-            stragglers=tuple(parse_stragglers(args.straggler)),
-            priority=not args.no_priority,
-            spin_s=spin_from_env(),
-        )
-    ).run()
+    config = ServerConfig(
+        coordinator=args.coordinator,
+        job=args.job,
+        host=args.host,
+        port=args.port,
+        priority=not args.no_priority,
+        spin_s=spin_from_env(),
+    )
+    specs = [s for s in parse_stragglers(args.straggler) if s.role == "server"]
+    throttle = None
+    if specs:  # a slow server is emulated around it: its link is paced
+        throttle = ThrottledTransport(server_transport(config), specs, args.job, args.coordinator)
+    server = Server(config, throttle)
+    if throttle is not None:
+        throttle.follow(server)
+    server.run()
     return 0
