@@ -8,7 +8,6 @@ handover (:mod:`.handover`) return. Load is counted in one :class:`LoadMeter`.""
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import threading
@@ -32,6 +31,7 @@ from trimtab.roles.server.handover import Handover
 from trimtab.roles.server.lifecycle import ChunkPhase
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
+from trimtab.roles.server.priority import by_priority
 from trimtab.roles.server.slots import SharedArenas, Slot
 from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.diagnostics import add_state_dump
@@ -177,10 +177,7 @@ class Server:
 
     def _by_priority(self, first: Envelope) -> list[tuple[Peer, list[memoryview], Header | None]]:
         """``first`` and the messages queued behind it (up to :data:`PRIORITY_WINDOW`),
-        each with its header when it is a push. Each run of consecutive pushes is sorted
-        by chunk id (stable: one chunk's pushes keep their order); every other message
-        keeps its place, so nothing is reordered around a control or migration message.
-        Non-blocking."""
+        in the order :func:`by_priority` gives them. Non-blocking."""
         batch = [first]
         if self.config.priority:
             # What the transport holds already (it receives in bursts), then, behind a
@@ -192,27 +189,7 @@ class Server:
                 if env is None:
                     break
                 batch.append(env)
-        if len(batch) == 1:
-            return [(first.peer, first.frames, None)]
-        out: list[tuple[Peer, list[memoryview], Header | None]] = []
-        run: list[tuple[Peer, list[memoryview], Header | None]] = []
-        for env in batch:
-            header = None
-            if env.peer != self._coord:
-                with contextlib.suppress(Exception):  # undecodable: answered in order
-                    header = decode(env.frames[0], self.config.job)
-            if (
-                header is not None
-                and header.get("o") == Data.PUSH
-                and isinstance(header.get("c"), int)
-            ):
-                run.append((env.peer, env.frames, header))
-                continue
-            out.extend(sorted(run, key=lambda m: m[2]["c"]))  # type: ignore[index]
-            run = []
-            out.append((env.peer, env.frames, header))
-        out.extend(sorted(run, key=lambda m: m[2]["c"]))  # type: ignore[index]
-        return out
+        return by_priority(batch, self._coord, self.config.job)
 
     def _serve(self, peer: Peer, frames: list[memoryview], header: Header | None) -> None:
         """Handle one message, from the coordinator or a data peer."""
