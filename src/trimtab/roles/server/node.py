@@ -75,6 +75,10 @@ class Server:
     or :meth:`start` for a background thread in tests. Never raises for a bad message:
     it answers ERROR and goes on. :meth:`run` raises :class:`JobAborted` if the job was
     aborted or the coordinator went silent.
+
+    A slow server is emulated around it, not in it: ``config.stragglers`` is not read
+    here; wrap the transport in :class:`trimtab.faults.throttle.ThrottledTransport`
+    (``trimtab server`` does, when ``--straggler`` names servers).
     """
 
     def __init__(self, config: ServerConfig, transport: Transport | None = None) -> None:
@@ -305,7 +309,12 @@ class Server:
                     )
                     return
             cid = header.get("c")
-            if op != Data.HANDOVER and isinstance(cid, int) and self._handover.is_arriving(cid):
+            if (
+                self._store.moves  # (empty but while placement changes: one check a push)
+                and op != Data.HANDOVER
+                and isinstance(cid, int)
+                and self._handover.is_arriving(cid)
+            ):
                 sent_by = header.get("e")
                 if isinstance(sent_by, int) and sent_by < self._store.epoch:
                     # Routed by a map older than the one moving the chunk here: for its
@@ -331,7 +340,7 @@ class Server:
                 )
                 for r in replies:
                     self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
-                if self._handover.moves:
+                if self._store.moves:  # a leaving chunk goes once its last round is answered
                     self._hand_over(header["c"])
             elif op == Data.PULL:
                 chunk = self._store.owned(header)
