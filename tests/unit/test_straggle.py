@@ -212,3 +212,30 @@ def test_worker_slowdown_sleeps_in_proportion_and_reports_the_slow_time() -> Non
     assert other(2, 0.02) == 0.02
     slow.close()
     other.close()
+
+
+def test_a_paced_link_hands_over_one_message_at_a_time_only_in_its_window() -> None:
+    throttle, worker, _, node = _throttled("server:0:delay=6s/MB@3-")
+    to_server = worker.connect(throttle.address)
+    for _ in range(2):
+        worker.send(to_server, _push(10))
+    assert throttle.recv(5.0) is not None
+    assert throttle.recv_queued() is not None  # before step 3: batched as without it
+    node.step = 3
+    for _ in range(2):
+        worker.send(to_server, _push(10))
+    assert throttle.recv(5.0) is not None
+    assert throttle.recv_queued() is None  # paced: the next waits for the next recv
+    assert throttle.recv(5.0) is not None
+    throttle.close()
+
+
+def test_a_server_no_spec_names_is_never_paced_and_keeps_its_batching() -> None:
+    throttle, worker, _, node = _throttled("server:1:delay=6s/MB")  # it is server 0
+    to_server = worker.connect(throttle.address)
+    for _ in range(2):
+        worker.send(to_server, _push(500_000))
+    start = time.monotonic()
+    assert throttle.recv(5.0) is not None and throttle.recv_queued() is not None
+    assert time.monotonic() - start < PACED_S / 2 and node.stalls == []
+    throttle.close()

@@ -14,10 +14,12 @@ schedule (:class:`~trimtab.faults.stragglers.ServerStraggler`). Traffic with the
 coordinator is not paced. The time slept counts as the server's busy time
 (:meth:`Paced.stalled`), so PSLD's speed figure sees the slowness.
 
-A throttled server takes one message at a time (:meth:`ThrottledTransport.recv_queued`
-holds nothing): each is paced before the server sees it, as a slow link delivers them,
-and replies leave as soon as each is handled rather than after a window of queued
-pushes has been paced.
+While its link is paced, a throttled server takes one message at a time
+(:meth:`ThrottledTransport.recv_queued` holds nothing, so it orders no batch by
+priority): each is paced before the server sees it, as a slow link delivers them, and
+replies leave as soon as each is handled rather than after a whole window of queued
+pushes has been paced. Outside its windows, and for every server no spec names, the
+inner transport's batching is untouched.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class ThrottledTransport(Transport):
             self._schedule.close()
             self._index = node.index
             self._schedule = ServerStraggler(self._specs, self._index)
+            if self._index >= 0 and not self._schedule:
+                self._node = None  # registered, and no spec names it: nothing to pace, ever
         if not self._schedule:
             return None
         step = node.step
@@ -124,8 +128,14 @@ class ThrottledTransport(Transport):
         return env
 
     def recv_queued(self) -> Envelope | None:
-        """Nothing: a throttled link hands over one message at a time (see the module)."""
-        return None
+        """Nothing while the link is paced: it hands over one message at a time (see
+        the module). Otherwise the inner transport's."""
+        schedule = self._active()
+        if schedule is not None and any(
+            s.kind != "cpu" and s.active(self._step) for s in schedule.specs
+        ):
+            return None
+        return self._inner.recv_queued()
 
     def _received(self, env: Envelope | None) -> None:
         schedule, node = self._active(), self._node
