@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-import trimtab.roles.server.node
+import trimtab.roles.server.slots
 from tests.equivalence_job import Setup, max_difference, reference, train_worker
 from trimtab.transport.shm import SHM_DIR, Arena, is_local, job_prefix
 
@@ -54,7 +54,7 @@ def test_a_server_that_cannot_map_the_arena_is_sent_bytes(
         refusals.append(name)
         raise FileNotFoundError(2, "No such file or directory", name)
 
-    monkeypatch.setattr(trimtab.roles.server.node.Arena, "attach", cannot_map)
+    monkeypatch.setattr(trimtab.roles.server.slots.Arena, "attach", cannot_map)
     monkeypatch.setenv("TRIMTAB_SHM", "1")
     assert train(cluster_factory, Setup("adam", (5, 19), hidden=HIDDEN)) == 0
     # Refused: the big chunks' pushes sent before the first refusal came back (the

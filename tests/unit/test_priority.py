@@ -6,7 +6,8 @@ import uuid
 
 from trimtab import Server, ServerConfig
 from trimtab.protocol.messages import Data, decode, encode
-from trimtab.transport import Fabric
+from trimtab.roles.server.priority import by_priority
+from trimtab.transport import Envelope, Fabric
 
 
 def _queued_order(priority: bool) -> list[tuple[int, int | None]]:
@@ -52,3 +53,26 @@ def test_queued_pushes_go_lowest_chunk_first_without_crossing_other_messages() -
 def test_without_priority_the_arrival_order_is_kept() -> None:
     # Only the first message is taken; the next loop turn takes the next, in order.
     assert _queued_order(priority=False) == [(int(Data.PUSH), 5)]
+
+
+def test_the_order_is_a_pure_function_of_the_batch() -> None:
+    """Neither the coordinator's messages nor undecodable ones are read as pushes; each
+    keeps its place and splits the runs of pushes around it."""
+    job, coordinator, worker = "j", b"o:coordinator", b"i:worker"
+
+    def push(chunk: int) -> Envelope:
+        header = {"o": int(Data.PUSH), "i": chunk, "j": job, "c": chunk}
+        return Envelope(worker, [memoryview(encode(header))])
+
+    from_coordinator = Envelope(coordinator, push(9).frames)  # a push's header, yet not one
+    garbage = Envelope(worker, [memoryview(b"\xc1not msgpack")])
+    batch = [push(2), push(1), from_coordinator, push(8), push(7), garbage, push(4), push(3)]
+    order = by_priority(batch, coordinator, job)
+    assert [f[0].obj for _, f, _ in order] == [
+        e.frames[0].obj
+        for e in [push(1), push(2), from_coordinator, push(7), push(8), garbage, push(3), push(4)]
+    ]
+    assert [h is None for _, _, h in order] == [False, False, True, False, False, True] + [
+        False
+    ] * 2
+    assert by_priority([push(5)], coordinator, job) == [(worker, push(5).frames, None)]

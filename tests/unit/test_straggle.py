@@ -1,4 +1,5 @@
-"""Straggler specs, slowdown schedules, and lag-based straggler detection."""
+"""Straggler specs, slowdown schedules, the throttling transport and the worker step
+hook that inject them, and lag-based straggler detection."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import time
 import pytest
 
 from trimtab import ConfigError
+from trimtab.faults.slowdown import WorkerSlowdown
 from trimtab.faults.stragglers import (
     ServerStraggler,
     StragglerSpec,
     WorkerStraggler,
     parse_stragglers,
 )
+from trimtab.faults.throttle import ThrottledTransport
 from trimtab.policies.detection import DETECTORS
+from trimtab.protocol.messages import Data, encode
+from trimtab.transport import Fabric, Transport
 
 
 def test_parse_static_transient_and_drift() -> None:
@@ -101,3 +106,136 @@ def test_lag_detector_needs_a_lasting_outlier() -> None:
     assert det.stragglers({0: 11, 1: 11, 2: 10, 3: 5}) == {3}
     assert det.stragglers({0: 12, 1: 12, 2: 11, 3: 11}) == set()  # caught up
     assert det.stragglers({0: 5, 1: 4, 2: 3, 3: 2}) == set()  # all within min_lag
+
+
+class _Node:
+    """What a throttle follows: an index, a step, and where its pauses are counted."""
+
+    def __init__(self, index: int = 0, step: int = 0) -> None:
+        self.index = index
+        self.step = step
+        self.stalls: list[float] = []
+
+    def stalled(self, seconds: float) -> None:
+        self.stalls.append(seconds)
+
+
+# A pause these tests must not see would last PACED_S or more; one they must see lasts
+# at least its share of it. Only lower bounds are tight: a busy machine only adds time.
+PACED_S = 3.0
+DELAY = "server:0:delay=6s/MB"  # 0.5 MB: 3 s; 0.05 MB: 0.3 s
+
+
+def _throttled(spec: str) -> tuple[ThrottledTransport, Transport, Transport, _Node]:
+    """A throttled server transport on a fabric, a worker and a coordinator to reach it."""
+    fabric = Fabric()
+    coordinator = fabric.transport(bind=True)
+    inner = fabric.transport(bind=True)
+    throttle = ThrottledTransport(inner, parse_stragglers(spec), "job", coordinator.address)
+    node = _Node()
+    throttle.follow(node)
+    return throttle, fabric.transport(bind=False), coordinator, node
+
+
+def _timed_recv(throttle: ThrottledTransport) -> float:
+    start = time.monotonic()
+    assert throttle.recv(5.0) is not None
+    return time.monotonic() - start
+
+
+def _push(nbytes: int, **more: object) -> list[bytes]:
+    header = encode({"o": int(Data.PUSH), "i": 1, "j": "job", "c": 0, **more})
+    return [header, b"x" * nbytes] if nbytes else [header]
+
+
+def test_throttled_transport_paces_received_bytes_and_counts_the_pause_as_busy() -> None:
+    throttle, worker, coordinator, node = _throttled(DELAY)
+    worker.send(worker.connect(throttle.address), _push(50_000))
+    assert _timed_recv(throttle) >= 0.3  # 0.05 MB at 6 s/MB
+    assert len(node.stalls) == 1 and node.stalls[0] >= 0.3
+    # The coordinator's traffic, either way, is not paced.
+    to_coordinator = throttle.connect(coordinator.address)
+    start = time.monotonic()
+    throttle.send(to_coordinator, _push(500_000))
+    hello = coordinator.recv(5.0)
+    assert hello is not None
+    coordinator.send(hello.peer, _push(500_000))
+    assert _timed_recv(throttle) < PACED_S / 2 and time.monotonic() - start < PACED_S / 2
+    assert len(node.stalls) == 1
+    assert throttle.recv_queued() is None  # one message at a time
+    throttle.close()
+
+
+def test_throttled_transport_counts_shared_memory_and_values_sent() -> None:
+    throttle, worker, _, _ = _throttled(DELAY)
+    to_server = worker.connect(throttle.address)
+    shm = {"n": 12_500, "dt": "float32", "sm": ["trimtab-job-w0", 0, 50_000]}
+    worker.send(to_server, _push(0, **shm))
+    assert _timed_recv(throttle) >= 0.3  # the gradient in shared memory: 0.05 MB
+    worker.send(to_server, [encode({"o": int(Data.STATS), "i": 2, "j": "job"})])
+    got = throttle.recv(5.0)
+    assert got is not None
+    value = {"o": int(Data.VALUE), "i": 2, "j": "job", "c": 0, "n": 12_500, "dt": "float32"}
+    start = time.monotonic()
+    throttle.send(got.peer, [encode({**value, "sm": 1})])  # the value went into the slot
+    assert time.monotonic() - start >= 0.3
+    start = time.monotonic()
+    throttle.send(got.peer, [encode({"o": int(Data.ACK), "i": 2, "j": "job"}), b"x" * 500_000])
+    assert time.monotonic() - start < PACED_S / 2  # only values are paced on the way out
+    throttle.close()
+
+
+def test_throttled_transport_paces_only_its_server_once_known_and_in_its_window() -> None:
+    throttle, worker, _, node = _throttled("server:1:delay=6s/MB@3-")
+    to_server = worker.connect(throttle.address)
+    node.index = -1  # not registered yet
+    worker.send(to_server, _push(500_000))
+    assert _timed_recv(throttle) < PACED_S / 2
+    node.index = 1  # server 1, before step 3
+    worker.send(to_server, _push(500_000))
+    assert _timed_recv(throttle) < PACED_S / 2
+    assert sum(node.stalls) < PACED_S / 2
+    node.step = 3
+    worker.send(to_server, _push(50_000))
+    assert _timed_recv(throttle) >= 0.3
+    throttle.close()
+
+
+def test_worker_slowdown_sleeps_in_proportion_and_reports_the_slow_time() -> None:
+    specs = parse_stragglers("worker:1:slowdown=3@2-")
+    slow, other = WorkerSlowdown(specs, 1), WorkerSlowdown(specs, 0)
+    assert slow and not other
+    assert slow(0, 0.02) == 0.02  # before its window
+    start = time.monotonic()
+    assert slow(2, 0.02) == pytest.approx(0.06)
+    assert time.monotonic() - start >= 0.04  # (3 - 1) x 20 ms
+    assert other(2, 0.02) == 0.02
+    slow.close()
+    other.close()
+
+
+def test_a_paced_link_hands_over_one_message_at_a_time_only_in_its_window() -> None:
+    throttle, worker, _, node = _throttled("server:0:delay=6s/MB@3-")
+    to_server = worker.connect(throttle.address)
+    for _ in range(2):
+        worker.send(to_server, _push(10))
+    assert throttle.recv(5.0) is not None
+    assert throttle.recv_queued() is not None  # before step 3: batched as without it
+    node.step = 3
+    for _ in range(2):
+        worker.send(to_server, _push(10))
+    assert throttle.recv(5.0) is not None
+    assert throttle.recv_queued() is None  # paced: the next waits for the next recv
+    assert throttle.recv(5.0) is not None
+    throttle.close()
+
+
+def test_a_server_no_spec_names_is_never_paced_and_keeps_its_batching() -> None:
+    throttle, worker, _, node = _throttled("server:1:delay=6s/MB")  # it is server 0
+    to_server = worker.connect(throttle.address)
+    for _ in range(2):
+        worker.send(to_server, _push(500_000))
+    start = time.monotonic()
+    assert throttle.recv(5.0) is not None and throttle.recv_queued() is not None
+    assert time.monotonic() - start < PACED_S / 2 and node.stalls == []
+    throttle.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 from trimtab.errors import ConfigError
 from trimtab.faults.stragglers import parse_stragglers
+from trimtab.faults.throttle import ThrottledTransport
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.spec import LaunchConfig, add_flags, job_settings_from_args
@@ -24,6 +25,7 @@ from trimtab.settings import (
     ElasticSettings,
     PlacementSettings,
 )
+from trimtab.transport import Transport
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 
@@ -142,18 +144,25 @@ def _server(args: argparse.Namespace) -> int:
         job=args.job,
         host=args.host,
         port=args.port,
-        stragglers=tuple(parse_stragglers(args.straggler)),
         priority=not args.no_priority,
         spin_s=spin_from_env(os.environ),
     )
-    transport = ZmqTransport(
+    transport: Transport = ZmqTransport(
         bind=True,
         host=config.host,
         port=config.port,
         max_frame_bytes=config.max_frame_bytes,
         lane=lane_from_env(os.environ),
     )
-    Server(config, transport=transport).run()
+    specs = [s for s in parse_stragglers(args.straggler) if s.role == "server"]
+    throttle = None
+    if specs:  # a slow server is emulated around it: its link is paced
+        throttle = ThrottledTransport(transport, specs, args.job, args.coordinator)
+        transport = throttle
+    server = Server(config, transport=transport)
+    if throttle is not None:
+        throttle.follow(server)
+    server.run()
     return 0
 
 

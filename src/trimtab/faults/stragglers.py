@@ -18,8 +18,11 @@ experiments as ``--straggler SPEC`` (repeatable, or several SPECs joined by ``;`
 
 A slowdown of K is real compute plus a sleep of (K - 1) x the compute time of the step:
 the work stays real, its speed is what is emulated. A server's step is the highest
-clock it has completed on any chunk it owns. Units: bandwidth in B/s, KB/s, MB/s, GB/s
-(powers of 1000) or KiB/s, MiB/s, GiB/s; delay in s/MB, ms/MB or us/MB.
+clock it has completed on any chunk it owns. A worker's schedule runs through the step
+hook :class:`trimtab.faults.slowdown.WorkerSlowdown`, a server's through the transport
+:class:`trimtab.faults.throttle.ThrottledTransport`, both wired in around the roles.
+Units: bandwidth in B/s, KB/s, MB/s, GB/s (powers of 1000) or KiB/s, MiB/s, GiB/s; delay
+in s/MB, ms/MB or us/MB.
 """
 
 from __future__ import annotations
@@ -207,7 +210,8 @@ class WorkerStraggler:
 
 
 class ServerStraggler:
-    """The slowdown schedule of one server. Not thread-safe; the server's loop uses it.
+    """The slowdown schedule of one server. Not thread-safe; the server's loop uses it,
+    through the transport that paces it (:class:`trimtab.faults.throttle.ThrottledTransport`).
 
     :meth:`on_bytes` blocks for as long as the schedule says handling ``nbytes`` at
     step ``step`` takes beyond the real work: a token bucket for ``bandwidth`` (bursts

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from trimtab.errors import ConfigError
 from trimtab.transport.spin import check_spin
-
-if TYPE_CHECKING:  # the role does not import fault injection; the launcher wires it in
-    from trimtab.faults.stragglers import StragglerSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +20,6 @@ class ServerConfig:
         heartbeat_s: seconds between heartbeats to the coordinator.
         coordinator_timeout_s: exit if the coordinator is silent this long.
         max_frame_bytes: a frame over this closes the sender's connection.
-        stragglers: straggler specs; those naming this server's index slow it down.
         priority: of the pushes queued at once, merge those of lower chunk ids (the
             first layers, in ``named_parameters`` order) first, so that their values
             return first and the next forward can start (P3); off only to compare.
@@ -40,7 +35,6 @@ class ServerConfig:
     coordinator_timeout_s: float = 30.0
     max_frame_bytes: int = 64 << 20
     priority: bool = True
-    stragglers: tuple[StragglerSpec, ...] = ()
     spin_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -1,0 +1,215 @@
+"""Chunks changing hands between servers: the cuts of a new map, the HANDOVER of a
+chunk (value, optimizer state, version, round) to its new owner, and its arrival there.
+
+Each chunk on the move has a :class:`~trimtab.roles.server.lifecycle.Move` whose
+:class:`~trimtab.roles.server.lifecycle.ChunkPhase` says where it stands. Nothing here
+sends: :class:`Handover` returns the messages, the server's loop sends them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from trimtab.errors import ProtocolError
+from trimtab.protocol.messages import Data, ErrorCode, Header, field
+from trimtab.roles.server.lifecycle import ChunkPhase, Move
+from trimtab.roles.server.optim import ChunkOptimizer, hyperparameters
+from trimtab.roles.server.store import Chunk, ChunkStore
+from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes, check_tensor_frames, tensor_from
+from trimtab.transport import Frame, Peer
+
+log = logging.getLogger("trimtab.server")
+
+
+def encode_state(opt: ChunkOptimizer, header: Header, frames: list[Frame]) -> None:
+    """Put a chunk optimizer's hyperparameters (``hp``) and state (``st``: per key,
+    ``["t", dtype, shape]`` for a tensor, whose bytes are appended to ``frames``, or
+    ``["v", value]``) into a HANDOVER. Never blocks."""
+    header["hp"] = hyperparameters(opt.optimizer.param_groups[0])
+    state = opt.optimizer.state.get(opt.param, {})
+    meta: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            t = value.detach().contiguous()
+            meta[key] = ["t", WIRE_DTYPES[t.dtype], list(t.shape)]
+            frames.append(as_bytes(t.view(-1)) if t.numel() else b"")
+        else:
+            meta[key] = ["v", value]
+    header["st"] = meta
+
+
+def decode_state(opt: ChunkOptimizer, header: Header, frames: Sequence[memoryview]) -> None:
+    """Restore what :func:`encode_state` wrote into ``opt`` (``frames``: the state's,
+    after the value's). Never blocks. Raises a MALFORMED :class:`ProtocolError` for a
+    missing ``st``; tensors are copied out of the frames."""
+    hp = header.get("hp")
+    if isinstance(hp, dict):
+        opt.set_hparams(hp)
+    state: dict[str, Any] = {}
+    rest = list(frames)
+    for key, (kind, *info) in field(header, "st", dict).items():
+        if kind == "t":
+            dtype, shape = info
+            numel = 1
+            for d in shape:
+                numel *= d
+            t = tensor_from(rest.pop(0), dtype, numel) if numel else torch.empty(0)
+            state[key] = t.clone().view(shape)
+        else:
+            state[key] = info[0]
+    if state:
+        opt.optimizer.state[opt.param] = state
+
+
+class Handover:
+    """The migrations of one server's chunks, over its :class:`ChunkStore`.
+
+    Not thread-safe: the server's loop owns it. Nothing here blocks.
+
+    Attributes:
+        early: HANDOVERs of a map this server has not received yet, in arrival order.
+        moved_in, moved_out: chunks received, and handed over and acknowledged.
+    """
+
+    def __init__(self, store: ChunkStore) -> None:
+        self.store = store
+        self.moves = store.moves
+        self.early: list[tuple[Peer, list[memoryview]]] = []
+        self.moved_in = 0
+        self.moved_out = 0
+        self._rids = 0
+
+    def plan(self, header: Header) -> dict[str, int]:
+        """Take a MIGRATE map: decide, for each chunk leaving, the clock from which it
+        is its new owner's (the round in progress if no push for it arrived yet, else
+        the next), and expect the chunks arriving. Returns the cuts, by chunk id."""
+        store = self.store
+        if not store.specs:
+            store.learn_job(header)  # a server that joined after the job started
+        store.servers = tuple(header["servers"])
+        owners = tuple(header["owners"])
+        cuts: dict[str, int] = {}
+        for cid, chunk in store.chunks.items():
+            if owners[cid] == store.index or cid in self.moves:
+                continue
+            cut = chunk.round + (1 if chunk.arrived else 0)
+            self.moves[cid] = Move(cid, ChunkPhase.LEAVING, cut, owners[cid])
+            cuts[str(cid)] = cut
+        for cid, owner in enumerate(owners):
+            if owner == store.index and cid not in store.chunks and cid not in self.moves:
+                self.moves[cid] = Move(cid, ChunkPhase.ARRIVING)
+        store.owners = owners
+        store.epoch = header["epoch"]
+        log.info(
+            "server %d: map epoch %d, %d chunks leaving, %d arriving",
+            store.index,
+            store.epoch,
+            len(cuts),
+            self.arriving(),
+        )
+        return cuts
+
+    def arriving(self) -> int:
+        """How many chunks this server expects."""
+        return sum(m.phase is ChunkPhase.ARRIVING for m in self.moves.values())
+
+    def leaving(self) -> list[int]:
+        """The chunks LEAVING, not yet handed over."""
+        return [c for c, m in self.moves.items() if m.phase is ChunkPhase.LEAVING]
+
+    def ready(self, cid: int) -> tuple[str, Header, list[Frame]] | None:
+        """If chunk ``cid`` is LEAVING and every round before its cut is applied and
+        answered, hand it over: return the new owner's address, the HANDOVER header and
+        its frames (value, optimizer state, version and round go together); the chunk is
+        HANDED and requests for it get MOVED from now on. Else None."""
+        move = self.moves.get(cid)
+        chunk = self.store.chunks.get(cid)
+        if (
+            move is None
+            or move.phase is not ChunkPhase.LEAVING
+            or chunk is None
+            or chunk.round < move.cut
+            or chunk.arrived
+            or chunk.waiting
+            or chunk.held
+        ):
+            return None
+        header: Header = {
+            "o": int(Data.HANDOVER),
+            "c": cid,
+            "v": chunk.version,
+            "k": chunk.round,
+            "e": self.store.epoch,
+            "dt": WIRE_DTYPES[chunk.value.dtype],
+            "n": chunk.spec.numel,
+        }
+        frames: list[Frame] = [as_bytes(chunk.value)]
+        header["p"] = [chunk.pushes, chunk.dropped, chunk.discounted]
+        if chunk.optimizer is not None:
+            encode_state(chunk.optimizer, header, frames)
+        self._rids += 1
+        move.rid = self._rids
+        header["i"] = move.rid
+        move.to(ChunkPhase.HANDED)
+        del self.store.chunks[cid]
+        return self.store.servers[move.owner], header, frames
+
+    def queue(self, cid: int, peer: Peer, frames: list[memoryview]) -> bool:
+        """Hold a request for chunk ``cid`` if it is ARRIVING (answered once it
+        arrived); whether it was held."""
+        move = self.moves.get(cid)
+        if move is None or move.phase is not ChunkPhase.ARRIVING:
+            return False
+        move.queued.append((peer, frames))
+        return True
+
+    def is_arriving(self, cid: int) -> bool:
+        """Whether chunk ``cid`` is on its way here."""
+        move = self.moves.get(cid)
+        return move is not None and move.phase is ChunkPhase.ARRIVING
+
+    def arrive(
+        self, header: Header, frames: Sequence[memoryview]
+    ) -> list[tuple[Peer, list[memoryview]]]:
+        """Take a HANDOVER (``frames``: those after the header): the chunk is OWNED
+        here from now on. Returns the requests that waited for it, in order. Raises a
+        BAD_STATE :class:`ProtocolError` for a chunk this server does not expect, or as
+        :func:`decode_state` (and then nothing changed)."""
+        cid = field(header, "c", int)
+        move = self.moves.get(cid)
+        if move is None or move.phase is not ChunkPhase.ARRIVING:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"chunk {cid} handed to server {self.store.index}, which does not expect it",
+            )
+        spec = self.store.specs[cid]
+        value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
+        chunk: Chunk = self.store.new_chunk(spec)
+        chunk.value.copy_(value)
+        chunk.version = field(header, "v", int)
+        chunk.round = field(header, "k", int)
+        chunk.pushes, chunk.dropped, chunk.discounted = (int(x) for x in field(header, "p", list))
+        if chunk.optimizer is not None:
+            decode_state(chunk.optimizer, header, frames[1:])
+        move.to(ChunkPhase.OWNED)
+        del self.moves[cid]
+        self.store.chunks[cid] = chunk
+        self.moved_in += 1
+        return move.queued
+
+    def handed(self, rid: int) -> int | None:
+        """The chunk whose HANDOVER request ``rid`` is, if one is HANDED (else None)."""
+        for cid, move in self.moves.items():
+            if move.phase is ChunkPhase.HANDED and move.rid == rid:
+                return cid
+        return None
+
+    def acked(self, cid: int) -> None:
+        """The new owner acknowledged chunk ``cid``: this server is done with it."""
+        self.moves[cid].to(None)
+        del self.moves[cid]
+        self.moved_out += 1

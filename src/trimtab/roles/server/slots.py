@@ -1,0 +1,84 @@
+"""The server's end of shared memory: a push's gradient read from the worker's arena
+slot, and the reply's value written back into it (see :mod:`trimtab.transport.shm`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trimtab.core.dtypes import DTYPE_SIZES
+from trimtab.errors import ProtocolError
+from trimtab.protocol.messages import ErrorCode, Header, field
+from trimtab.transport.shm import Arena, job_prefix
+
+
+class Slot:
+    """Where a push's gradient was in a worker's shared memory; its reply's value goes
+    there too. Immutable by convention."""
+
+    __slots__ = ("arena", "capacity", "offset")
+
+    def __init__(self, arena: Arena, offset: int, capacity: int) -> None:
+        self.arena = arena
+        self.offset = offset
+        self.capacity = capacity
+
+
+class SharedArenas:
+    """The workers' arenas one server has mapped, on first use. Not thread-safe: the
+    server's loop owns it."""
+
+    def __init__(self, job: str) -> None:
+        self._prefix = job_prefix(job)
+        self._arenas: dict[str, Arena] = {}
+
+    def read(
+        self, header: Header, frames: Sequence[memoryview], server: int
+    ) -> tuple[Slot, list[memoryview]]:
+        """A push whose gradient is in the worker's shared memory (its ``sm``): its slot,
+        and the gradient's bytes there. Never blocks. Raises :class:`ProtocolError`:
+        MALFORMED for a bad ``sm`` or a slot outside the arena, NO_SHM if the arena
+        cannot be mapped here (``server`` names this server in the message)."""
+        sm = header["sm"]
+        if (
+            frames
+            or not isinstance(sm, list)
+            or len(sm) != 3
+            or not isinstance(sm[0], str)
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in sm[1:])
+        ):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value,
+                "'sm' must be [arena, offset, capacity], with no tensor frame",
+            )
+        name, offset, capacity = sm
+        arena = self._arenas.get(name)
+        if arena is None:
+            if not name.startswith(self._prefix):
+                raise ProtocolError(
+                    ErrorCode.MALFORMED.value, f"{name!r} is not an arena of this job"
+                )
+            try:
+                arena = Arena.attach(name)
+            except (OSError, ValueError) as exc:
+                raise ProtocolError(
+                    ErrorCode.NO_SHM.value,
+                    f"server {server} cannot map shared memory {name!r} ({exc}); send it the bytes",
+                ) from None
+            self._arenas[name] = arena
+        nbytes = field(header, "n", int) * DTYPE_SIZES.get(field(header, "dt", str), 0)
+        if nbytes > capacity:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"{nbytes} bytes do not fit a slot of {capacity}"
+            )
+        try:
+            arena.view(offset, capacity)
+            data = arena.view(offset, nbytes)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
+        return Slot(arena, offset, capacity), [data]
+
+    def close(self) -> None:
+        """Unmap every arena (the workers remove them). Idempotent; never raises."""
+        for arena in self._arenas.values():
+            arena.close()
+        self._arenas.clear()

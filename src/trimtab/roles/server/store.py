@@ -1,0 +1,324 @@
+"""A server's chunks and their arithmetic: validate a push, merge it, update the chunk,
+and say which replies must go out. Nothing here sends: the server's loop does, so the
+store is tested without a transport (``tests/unit/test_server_store.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from trimtab.core.chunks import ChunkSpec, TensorSpec, make_chunks
+from trimtab.errors import ChunkMoved, ProtocolError
+from trimtab.policies.consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
+from trimtab.protocol.messages import ErrorCode, Header, field, payload_frames
+from trimtab.roles.server.lifecycle import ChunkPhase, Move
+from trimtab.roles.server.meter import LoadMeter
+from trimtab.roles.server.optim import ChunkOptimizer, OptimizerMode
+from trimtab.roles.server.slots import SharedArenas, Slot
+from trimtab.runtime.tensors import TORCH_DTYPES, as_bytes, check_tensor_frames
+from trimtab.transport import Peer
+
+#: What a push that completes nothing returns: no reply to send.
+NO_REPLIES: tuple[Reply, ...] = ()
+
+
+class Chunk:
+    """A chunk this server holds (OWNED or LEAVING), with its aggregation state for the
+    current round. Not thread-safe: the server's loop owns it."""
+
+    def __init__(self, spec: ChunkSpec, opt: tuple[str, dict[str, Any]] | None) -> None:
+        self.spec = spec
+        dtype = TORCH_DTYPES[spec.dtype]
+        self.value = torch.zeros(spec.numel, dtype=dtype)
+        # Half-precision gradients are summed in float32, as torch's AMP would.
+        merge_dtype = torch.float32 if spec.dtype in ("float16", "bfloat16") else dtype
+        self.merge = torch.empty(spec.numel, dtype=merge_dtype)
+        # Byte views of both buffers, made once: replies send them without copying
+        # (both are only ever updated in place).
+        self.value_bytes = as_bytes(self.value)
+        self.merge_bytes = as_bytes(self.merge)
+        self.optimizer = ChunkOptimizer(opt[0], self.value, opt[1]) if opt else None
+        self.version = 0
+        self.round = 0
+        self.weight_sum = 0.0
+        self.scale = 0.0  # what each arrival of this round is divided by as it is merged
+        self.last_sum = 0.0  # the previous round's sum of weights (synchronous modes)
+        self.any_grad = False
+        self.arrived: set[int] = set()
+        self.waiting: list[Reply] = []
+        self.held: list[Reply] = []  # replies the consistency policy holds back
+        self.last_clock: dict[int, int] = {}
+        self.last_weight: dict[int, float] = {}
+        self.pushes = 0
+        self.dropped = 0
+        self.discounted = 0
+
+
+class Reply:
+    """A push waiting for its reply, and, once the store releases it, the reply to send:
+    a VALUE of ``chunk`` carrying ``value`` (None: no gradient anywhere, ``z``), the
+    chunk's version and ``round``, into ``slot`` when the push came through shared
+    memory. One per push (it existed before the store was split out). Not thread-safe."""
+
+    __slots__ = ("chunk", "clock_after", "peer", "rank", "rid", "round", "slot", "value")
+
+    def __init__(
+        self, peer: Peer, rid: int, rank: int, clock_after: int, chunk: Chunk, slot: Slot | None
+    ) -> None:
+        self.peer = peer
+        self.rid = rid
+        self.rank = rank
+        self.clock_after = clock_after
+        self.chunk = chunk
+        self.slot = slot
+        self.value: torch.Tensor | None = None
+        self.round = 0
+
+
+class ChunkStore:
+    """The chunks one server holds, the job's terms they follow (tensors, optimizer,
+    workers, consistency), and the placement it knows.
+
+    :meth:`push` validates and merges a gradient and, when the consistency policy says
+    the round is complete, applies the update; it returns the :class:`Reply` objects to
+    send now. Not thread-safe: the server's loop owns it. Nothing here blocks. Bad input
+    raises :class:`ProtocolError` (with an :class:`ErrorCode`) before any state
+    changes; a chunk this server does not hold raises :class:`ChunkMoved`.
+
+    Attributes:
+        index: this server's index (-1 until it registered).
+        chunks: the chunks held (OWNED or LEAVING), by id.
+        moves: the chunks on the move here, by id (written by the handover).
+        owners: each chunk's owner in the latest map; ``epoch`` that map's epoch.
+    """
+
+    def __init__(self, meter: LoadMeter, arenas: SharedArenas) -> None:
+        self.meter = meter
+        self.arenas = arenas
+        self.index = -1
+        self.chunks: dict[int, Chunk] = {}
+        self.moves: dict[int, Move] = {}
+        self.owners: tuple[int, ...] = ()
+        self.epoch = 0
+        self.workers: set[int] = set()
+        self.servers: tuple[str, ...] = ()
+        self.mode = OptimizerMode.SERVER
+        self.consistency: ConsistencyPolicy = CONSISTENCY.create("bsp")
+        self.tensors: list[TensorSpec] = []
+        self.specs: list[ChunkSpec] = []
+        self._opt: dict[str, Any] = {}
+        self.shared_pushes = 0  # pushes whose gradient came through shared memory
+        self.lane_pushes = 0  # pushes that came over the transport's local lane
+
+    # -- the job and the map -----------------------------------------------------------
+
+    def learn_job(self, header: Header) -> None:
+        """Take what every map carries about the job: tensors, optimizer, workers, mode."""
+        self.tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
+        self.specs = make_chunks(self.tensors, header["chunk_bytes"])
+        self.workers = set(header["workers"])
+        self.servers = tuple(header["servers"])
+        self.consistency = CONSISTENCY.create(
+            header.get("consistency", "bsp"),
+            workers=len(self.workers),
+            **header.get("consistency_args", {}),
+        )
+        self._opt = header["opt"]
+        self.mode = OptimizerMode(self._opt["mode"])
+
+    def new_chunk(self, spec: ChunkSpec) -> Chunk:
+        """A fresh chunk of ``spec`` under the job's optimizer (zero value, version 0)."""
+        hp = self._opt["groups"][self.tensors[spec.tensor].group]
+        server_opt = (self._opt["cls"], hp) if self.mode is OptimizerMode.SERVER else None
+        return Chunk(spec, server_opt)
+
+    def apply_map(self, header: Header) -> None:
+        """Take the job's first map (MAP): hold, fresh, every chunk it gives this server."""
+        self.learn_job(header)
+        self.owners = tuple(header["owners"])
+        self.epoch = header["epoch"]
+        self.chunks = {
+            spec.id: self.new_chunk(spec)
+            for spec in self.specs
+            if self.owners[spec.id] == self.index
+        }
+
+    def owned(self, header: Header) -> Chunk:
+        """The chunk ``header`` names. Raises :class:`ChunkMoved` if another server has
+        it, a MALFORMED or UNKNOWN_CHUNK :class:`ProtocolError` for a bad id."""
+        cid = field(header, "c", int)
+        chunk = self.chunks.get(cid)
+        if chunk is not None:
+            return chunk
+        if 0 <= cid < len(self.owners):
+            raise ChunkMoved(cid, self.owners[cid], self.epoch)
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_CHUNK.value,
+            f"no chunk {cid} in this job ({len(self.owners)} chunks at epoch {self.epoch})",
+        )
+
+    # -- the data path -----------------------------------------------------------------
+
+    def push(
+        self, peer: Peer, header: Header, frames: Sequence[memoryview], lane: bool
+    ) -> Sequence[Reply]:
+        """Validate a PUSH (``frames``: those after the header; ``lane``: whether it
+        came over the local lane) and merge its gradient, scaled by its weight; apply
+        the update if the round is complete. Returns the replies to send now."""
+        frames = payload_frames(header, frames)
+        chunk = self.owned(header)
+        slot = None
+        if "sm" in header:
+            slot, frames = self.arenas.read(header, frames, self.index)
+            # What a socket would have carried: for the speed figure.
+            self.meter.count(frames[0].nbytes)
+        rank = field(header, "r", int)
+        clock = field(header, "k", int)
+        move = self.moves.get(chunk.spec.id)
+        if move is not None and move.phase is ChunkPhase.LEAVING and clock >= move.cut:
+            raise ChunkMoved(chunk.spec.id, move.owner, self.epoch)
+        weight = field(header, "w", (int, float))
+        read = header.get("v", chunk.version)
+        if rank not in self.workers:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker {rank} is not in this job")
+        if not isinstance(read, int) or isinstance(read, bool) or weight <= 0:
+            raise ProtocolError(ErrorCode.MALFORMED.value, "'v' must be an int, 'w' positive")
+        info = PushInfo(rank, clock, float(weight), read, chunk.version)
+        why = self.consistency.check(info, chunk.round, chunk.last_clock.get(rank))
+        if why is not None:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"chunk {chunk.spec.id}: {why}")
+        if rank in chunk.arrived:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"worker {rank} already pushed chunk {chunk.spec.id} for clock {clock}",
+            )
+        grad = None
+        if not header.get("z", False):
+            grad = check_tensor_frames(
+                header, frames, chunk.spec.dtype, chunk.spec.numel, compressed=True
+            )
+        hp = header.get("hp")
+        if hp is not None and not isinstance(hp, dict):
+            raise ProtocolError(ErrorCode.MALFORMED.value, "'hp' must be a map")
+        # Everything is validated: from here on the chunk's state changes.
+        if hp and chunk.optimizer is not None:
+            chunk.optimizer.set_hparams(hp)
+        discount = self.consistency.discount(info)
+        chunk.pushes += 1
+        self.shared_pushes += slot is not None
+        self.lane_pushes += lane
+        if discount is None:
+            chunk.dropped += 1
+        else:
+            if discount < 1.0:
+                chunk.discounted += 1
+            w = float(weight) * discount
+            if self.consistency.synchronous:
+                chunk.weight_sum += float(weight)
+                if not chunk.any_grad and chunk.scale <= 0:
+                    # The round's divisor, predicted as last round's sum of weights (or
+                    # this weight times the workers), so that each arrival is scaled as
+                    # it is merged rather than the sum divided in a pass of its own;
+                    # update() corrects the rare round whose weights changed.
+                    chunk.scale = chunk.last_sum or float(weight) * len(self.workers)
+            else:
+                # Each push is an update of its own: it counts its worker's share of the
+                # global batch (b_i / sum of the latest b_j), so N pushes move the model
+                # as far as one synchronous step would.
+                chunk.last_weight[rank] = float(weight)
+                chunk.weight_sum = sum(
+                    chunk.last_weight.get(r, float(weight)) for r in self.workers
+                )
+                chunk.scale = chunk.weight_sum
+            if grad is not None:
+                alpha = w / chunk.scale
+                if chunk.any_grad:
+                    chunk.merge.add_(grad, alpha=alpha)  # (a compressed one in float32)
+                elif grad.dtype == chunk.merge.dtype:
+                    torch.mul(grad, alpha, out=chunk.merge)  # first arrival: copy, scaled
+                    chunk.any_grad = True
+                else:  # compressed: widen first, so the scaling is not rounded to fp16
+                    chunk.merge.copy_(grad).mul_(alpha)
+                    chunk.any_grad = True
+        chunk.arrived.add(rank)
+        chunk.last_clock[rank] = clock
+        chunk.waiting.append(Reply(peer, header["i"], rank, clock + 1, chunk, slot))
+        if self.consistency.ready(chunk.arrived, self.workers):
+            return self.update(chunk)
+        return NO_REPLIES
+
+    def update(self, chunk: Chunk) -> list[Reply]:
+        """Complete the chunk's round: apply the merged gradient (or hand it out, in
+        summation mode), advance version and round. Returns the replies to send now:
+        every waiting one (synchronous), or those the policy releases (asynchronous)."""
+        result: torch.Tensor | None = None
+        if chunk.any_grad and chunk.weight_sum > 0:
+            if chunk.scale != chunk.weight_sum:  # the weights changed this round
+                chunk.merge.mul_(chunk.scale / chunk.weight_sum)
+            if chunk.optimizer is not None:
+                chunk.optimizer.step(chunk.merge.to(chunk.value.dtype))
+                result = chunk.value
+            else:
+                result = chunk.merge
+            chunk.version += 1
+        elif chunk.optimizer is not None:
+            result = chunk.value  # no gradient anywhere: torch skips the step, so do we
+        if self.consistency.synchronous:
+            # Zero-copy is safe under BSP: no worker pushes this chunk again (and so nothing
+            # overwrites this buffer) before it has received this message.
+            replies = chunk.waiting
+            for reply in replies:
+                reply.value = result
+                reply.round = chunk.round
+        else:
+            # Asynchronous: the buffer changes with the next push, so replies carry a copy.
+            snapshot = None if result is None else result.clone()
+            for reply in chunk.waiting:
+                reply.value = snapshot
+            chunk.held.extend(chunk.waiting)
+            replies = self.release(chunk)
+        chunk.waiting = []
+        chunk.arrived.clear()
+        if self.consistency.synchronous and chunk.weight_sum > 0:
+            chunk.last_sum = chunk.weight_sum
+        chunk.scale = 0.0
+        chunk.weight_sum = 0.0
+        chunk.any_grad = False
+        chunk.round += 1
+        self.meter.advance(chunk.round)
+        return replies
+
+    def release(self, chunk: Chunk) -> list[Reply]:
+        """The held replies the consistency policy lets go now (SSP holds fast workers'),
+        taken off the chunk."""
+        progress = {w: c + 1 for w, c in chunk.last_clock.items()}
+        keep, out = [], []
+        for reply in chunk.held:
+            if self.consistency.may_release(reply.clock_after, progress, self.workers):
+                reply.round = chunk.round
+                out.append(reply)
+            else:
+                keep.append(reply)
+        chunk.held = keep
+        return out
+
+    def init(self, header: Header, frames: Sequence[memoryview]) -> None:
+        """Set a chunk's value from an INIT (``frames``: those after the header)."""
+        chunk = self.owned(header)
+        value = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
+        chunk.value.copy_(value)
+
+    def stats(self) -> dict[str, Any]:
+        """Versions and counters of the chunks held, as ``Server.stats`` reports them."""
+        held = self.chunks.values()
+        return {
+            "versions": {str(c): ch.version for c, ch in self.chunks.items()},
+            "pushes": sum(ch.pushes for ch in held),
+            "shared": self.shared_pushes,
+            "lane": self.lane_pushes,
+            "dropped": sum(ch.dropped for ch in held),
+            "discounted": sum(ch.discounted for ch in held),
+            "held": sum(len(ch.held) for ch in held),
+        }

@@ -1,0 +1,81 @@
+"""Chunks changing hands between two servers' stores, with no transport: the lifecycle
+(OWNED -> LEAVING -> HANDED -> gone at the old owner, ARRIVING -> OWNED at the new one)
+and the HANDOVER that carries value, version, round and optimizer state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.unit.test_server_store import map_header, push, store_of
+from trimtab.errors import ProtocolError
+from trimtab.roles.server.handover import Handover
+from trimtab.roles.server.lifecycle import TRANSITIONS, ChunkPhase, Move, check_transition
+
+
+def migrate(owners: list[int]) -> dict[str, Any]:
+    return {**map_header(owners), "epoch": 2}
+
+
+def servers(**opt: Any) -> tuple[Handover, Handover]:
+    """Server 0 owning chunks 0 and 1 (server 1 owns none yet), momentum SGD."""
+    header = map_header([0, 0], mode="server")
+    header["opt"]["groups"] = [{"lr": 0.5, "momentum": 0.9, **opt}]
+    old, new = store_of(index=0), store_of(index=1)
+    old.apply_map(header)
+    new.apply_map(header)
+    return Handover(old), Handover(new)
+
+
+def test_every_phase_has_its_legal_next_phases_and_nothing_else() -> None:
+    assert TRANSITIONS[ChunkPhase.LEAVING] == {ChunkPhase.HANDED}
+    check_transition(3, ChunkPhase.ARRIVING, ChunkPhase.OWNED)
+    for was, to in [
+        (ChunkPhase.OWNED, ChunkPhase.HANDED),  # must leave first
+        (ChunkPhase.HANDED, ChunkPhase.OWNED),
+        (None, ChunkPhase.LEAVING),
+    ]:
+        with pytest.raises(ProtocolError, match="cannot go from"):
+            check_transition(3, was, to)
+    move = Move(3, ChunkPhase.ARRIVING)
+    with pytest.raises(ProtocolError, match="from arriving to handed"):
+        move.to(ChunkPhase.HANDED)
+
+
+def test_a_chunk_leaves_after_its_cut_with_value_version_round_and_optimizer_state() -> None:
+    old, new = servers()
+    push(old.store, 0, [1, 1, 1, 1], chunk=0)  # round 0 in progress: the cut is 1
+    target = migrate([1, 0])
+    assert old.plan(target) == {"0": 1}
+    assert new.plan(target) == {} and new.is_arriving(0) and new.arriving() == 1
+    assert old.ready(0) is None  # round 0 still waits for worker 1
+    assert old.moves[0].phase is ChunkPhase.LEAVING
+    push(old.store, 1, [3, 3, 3, 3], chunk=0)  # completes round 0: now it may go
+    assert new.queue(0, b"early-worker", [memoryview(b"x")])
+    message = old.ready(0)
+    assert message is not None
+    address, header, frames = message
+    assert address == "inproc://s1" and old.moves[0].phase is ChunkPhase.HANDED
+    assert 0 not in old.store.chunks and old.handed(header["i"]) == 0
+    queued = new.arrive(header, [memoryview(bytes(f)) for f in frames])
+    assert queued == [(b"early-worker", [memoryview(b"x")])]
+    got = new.store.chunks[0]
+    assert (got.version, got.round) == (1, 1) and 0 not in new.moves
+    assert got.value.tolist() == [-1.0] * 4  # 0 - 0.5 * mean(1, 3)
+    assert got.optimizer is not None
+    buf = got.optimizer.optimizer.state[got.optimizer.param]["momentum_buffer"]
+    assert torch.equal(buf, torch.full((4,), 2.0))  # the first step's buffer: the gradient
+    assert got.optimizer.optimizer.param_groups[0]["momentum"] == 0.9
+    old.acked(0)
+    assert 0 not in old.moves and old.moved_out == 1 and new.moved_in == 1
+
+
+def test_a_handover_nobody_expects_is_refused() -> None:
+    old, new = servers()
+    old.plan(migrate([1, 0]))
+    message = old.ready(0)
+    assert message is not None
+    with pytest.raises(ProtocolError, match="does not expect it"):
+        new.arrive(message[1], [memoryview(bytes(f)) for f in message[2]])

@@ -1,0 +1,157 @@
+"""The server's chunk store on its own: no transport, no threads. A push is validated,
+merged with its weight, and the round's update returns the replies to send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from trimtab.errors import ChunkMoved, ProtocolError
+from trimtab.protocol.messages import Data
+from trimtab.roles.server.lifecycle import ChunkPhase, Move
+from trimtab.roles.server.meter import LoadMeter
+from trimtab.roles.server.slots import SharedArenas
+from trimtab.roles.server.store import ChunkStore
+from trimtab.runtime.tensors import as_bytes
+
+WORKERS = [0, 1]
+
+
+def map_header(
+    owners: list[int], *, mode: str = "summation", consistency: str = "bsp", **more: Any
+) -> dict[str, Any]:
+    """A MAP for one float32 tensor of 8 elements cut into two chunks of 4."""
+    return {
+        "tensors": [["w", [8], "float32", 0]],
+        "chunk_bytes": 16,
+        "workers": WORKERS,
+        "servers": ["inproc://s0", "inproc://s1"],
+        "opt": {"mode": mode, "cls": "SGD", "groups": [{"lr": 0.5}]},
+        "owners": owners,
+        "epoch": 1,
+        "consistency": consistency,
+        **more,
+    }
+
+
+def store_of(index: int = 0, **header: Any) -> ChunkStore:
+    store = ChunkStore(LoadMeter(), SharedArenas("job"))
+    store.index = index
+    store.apply_map(map_header(header.pop("owners", [0, 1]), **header))
+    return store
+
+
+def push(
+    store: ChunkStore, rank: int, grad: list[float], *, chunk: int = 0, clock: int = 0, w: float = 1
+) -> list[Any]:
+    header = {
+        "o": int(Data.PUSH),
+        "i": 10 + rank,
+        "c": chunk,
+        "r": rank,
+        "k": clock,
+        "w": w,
+        "dt": "float32",
+        "n": len(grad),
+    }
+    frame = as_bytes(torch.tensor(grad, dtype=torch.float32))
+    return list(store.push(b"peer%d" % rank, header, [frame], False))
+
+
+def test_the_store_holds_the_chunks_its_map_gives_it() -> None:
+    store = store_of(index=1)
+    assert list(store.chunks) == [1] and store.chunks[1].spec.numel == 4
+    with pytest.raises(ChunkMoved) as moved:
+        store.owned({"c": 0})
+    assert (moved.value.chunk, moved.value.owner, moved.value.epoch) == (0, 0, 1)
+    with pytest.raises(ProtocolError, match="no chunk 7"):
+        store.owned({"c": 7})
+
+
+def test_a_round_completes_with_the_weighted_mean_and_replies_to_every_pusher() -> None:
+    store = store_of()
+    assert push(store, 0, [1, 2, 3, 4], w=1) == []  # waits for worker 1
+    replies = push(store, 1, [4, 8, 12, 16], w=3)
+    chunk = store.chunks[0]
+    assert [(r.peer, r.rid, r.round) for r in replies] == [(b"peer0", 10, 0), (b"peer1", 11, 0)]
+    # Summation mode: the reply is the merge buffer itself, (1*g0 + 3*g1) / 4, not a copy.
+    assert all(r.value is chunk.merge for r in replies)
+    assert chunk.merge.tolist() == [3.25, 6.5, 9.75, 13.0]
+    assert (chunk.version, chunk.round, store.meter.step) == (1, 1, 1)
+    assert store.stats()["pushes"] == 2 and not chunk.arrived and not chunk.waiting
+
+
+def test_server_mode_applies_the_optimizer_to_the_value() -> None:
+    store = store_of(mode="server")
+    push(store, 0, [1, 1, 1, 1])
+    replies = push(store, 1, [3, 3, 3, 3])
+    value = store.chunks[0].value
+    assert replies[0].value is value and value.tolist() == [-1.0] * 4  # 0 - 0.5 * 2
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"r": 9}, "bad_state"),  # not a worker of this job
+        ({"w": 0}, "malformed"),
+        ({"n": 3}, "bad_shape"),
+        ({"dt": "int64"}, "bad_dtype"),
+        ({"hp": 3}, "malformed"),
+        ({"k": "x"}, "malformed"),
+    ],
+)
+def test_a_bad_push_is_refused_before_anything_changes(change: dict[str, Any], code: str) -> None:
+    store = store_of()
+    header = {
+        "o": int(Data.PUSH),
+        "i": 1,
+        "c": 0,
+        "r": 0,
+        "k": 0,
+        "w": 1,
+        "dt": "float32",
+        "n": 4,
+        **change,
+    }
+    with pytest.raises(ProtocolError) as refused:
+        store.push(b"p", header, [as_bytes(torch.ones(4))], False)
+    assert refused.value.args[0] == code
+    chunk = store.chunks[0]
+    assert (chunk.pushes, chunk.arrived, chunk.waiting) == (0, set(), [])
+
+
+def test_a_second_push_of_one_round_is_refused() -> None:
+    store = store_of()
+    push(store, 0, [1, 1, 1, 1])
+    with pytest.raises(ProtocolError, match="already pushed"):
+        push(store, 0, [1, 1, 1, 1])
+
+
+def test_a_leaving_chunk_takes_pushes_before_its_cut_and_moves_the_rest() -> None:
+    store = store_of()
+    store.moves[0] = Move(0, ChunkPhase.LEAVING, cut=1, owner=1)
+    push(store, 0, [1, 1, 1, 1], clock=0)  # before the cut: merged here
+    with pytest.raises(ChunkMoved) as moved:
+        push(store, 1, [1, 1, 1, 1], clock=1)
+    assert moved.value.owner == 1
+
+
+def test_asynchronous_replies_carry_a_snapshot_and_ssp_holds_the_fast_worker() -> None:
+    store = store_of(consistency="ssp", consistency_args={"staleness": 0})
+    first = push(store, 0, [1, 1, 1, 1], clock=0)
+    assert first == []  # worker 0 is ahead of worker 1 by more than 0 clocks: held
+    assert store.stats()["held"] == 1
+    second = push(store, 1, [1, 1, 1, 1], clock=0)
+    assert {r.rank for r in second} == {0, 1}  # worker 1 caught up: both go
+    assert second[0].value is not store.chunks[0].merge  # a copy: the buffer moves on
+
+
+def test_the_meter_counts_in_one_place() -> None:
+    meter = LoadMeter()
+    meter.served(0.5, 100)
+    meter.count(20)
+    meter.stalled(0.25)
+    assert (meter.busy_s, meter.bytes, meter.requests) == (0.75, 120, 1)
+    assert meter.advance(3) and not meter.advance(2) and meter.step == 3
