@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from trimtab.faults.stragglers import WorkerStraggler, parse_stragglers
-from trimtab.frontend.api import slowdown_hook
+from trimtab.faults.slowdown import WorkerSlowdown
+from trimtab.faults.stragglers import parse_stragglers
 from trimtab.frontend.reports import StepReporter, spans_of_step
 from trimtab.protocol.messages import Control
 from trimtab.roles.worker.client import Reply
@@ -192,8 +192,7 @@ def test_slots_turned_off_send_everything_inline() -> None:
 
 
 def test_an_emulated_straggler_sleeps_and_reports_the_longer_compute() -> None:
-    straggler = WorkerStraggler(parse_stragglers("worker:0:slowdown=3@1-2"), rank=0)
-    hook = slowdown_hook(straggler)
+    hook = WorkerSlowdown(parse_stragglers("worker:0:slowdown=3@1-2"), rank=0)
     assert hook(0, 0.01) == 0.01  # before its window: untouched
     started = time.monotonic()
     assert hook(1, 0.01) == pytest.approx(0.03)

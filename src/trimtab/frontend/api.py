@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import atexit
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from trimtab.errors import ConfigError, UsageError
+from trimtab.faults.slowdown import WorkerSlowdown
 from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
-from trimtab.faults.stragglers import StragglerSpec, WorkerStraggler, parse_stragglers
+from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
 from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
 from trimtab.protocol.messages import Control
 from trimtab.roles.worker.client import WorkerConfig
-from trimtab.roles.worker.context import Context, StepHook
+from trimtab.roles.worker.context import Context
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
 from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
@@ -98,29 +98,13 @@ def init(config: WorkerConfig | None = None) -> None:
     _forget_state = add_state_dump(_default.describe)
 
 
-def slowdown_hook(straggler: WorkerStraggler) -> StepHook:
-    """A step hook that makes each step as slow as ``straggler``'s schedule says: real
-    compute plus a sleep of (factor - 1) x the step's compute, reported as compute; it
-    also starts and stops the schedule's competing processes. The hook blocks (sleeps)."""
-
-    def hook(clock: int, compute_s: float) -> float:
-        straggler.on_step(clock)
-        factor = straggler.factor(clock)
-        if factor <= 1.0:
-            return compute_s
-        time.sleep((factor - 1.0) * compute_s)
-        return compute_s * factor
-
-    return hook
-
-
 def add_stragglers(ctx: Context, specs: Sequence[StragglerSpec]) -> None:
     """Emulate the slowdowns ``specs`` (``--straggler``) give this worker, as a step
     hook on ``ctx`` (closed with it). Does nothing if none is this worker's. Blocks
     until registered; raises nothing of its own."""
-    straggler = WorkerStraggler(specs, ctx.rank)
-    if straggler:
-        ctx.add_step_hook(slowdown_hook(straggler), close=straggler.close)
+    slowdown = WorkerSlowdown(specs, ctx.rank)
+    if slowdown:
+        ctx.add_step_hook(slowdown, close=slowdown.close)
 
 
 def shutdown() -> None:
