@@ -21,7 +21,7 @@ from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
 from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
-from trimtab.protocol.messages import Control
+from trimtab.protocol import headers
 from trimtab.roles.worker.client import WorkerConfig
 from trimtab.roles.worker.context import Context
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
@@ -160,7 +160,8 @@ def job_status() -> dict[str, Any]:
     clocks, migrations done, bytes moved, measured server speeds (``speeds``: bytes per
     busy second; ``worker_speeds``: the workers' lower and upper bounds, under psld).
     Blocks (one round trip); raises :class:`~trimtab.JobAborted` if the job is over."""
-    return dict(default_context().call({"o": int(Control.STATUS)}).header)
+    reply = default_context().call(headers.status_request()).header
+    return dict(headers.read_status_reply(reply))
 
 
 def barrier() -> None:

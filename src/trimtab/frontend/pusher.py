@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -23,7 +23,9 @@ from trimtab.core.chunks import ChunkSpec
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
-from trimtab.protocol.messages import Data, ErrorCode, inline
+from trimtab.protocol import headers
+from trimtab.protocol.headers import InitHeader, PullHeader, PushHeader, ValueHeader
+from trimtab.protocol.messages import ErrorCode, inline
 from trimtab.roles.worker.client import Reply, SharedMemoryRefused, wait
 from trimtab.roles.worker.context import Context
 from trimtab.runtime.tensors import as_bytes, tensor_from, wire_dtype
@@ -39,10 +41,12 @@ MAX_MOVES = 8
 #: 99 us against 127).
 BYTE_WRITE_MAX = 64 * 1024
 
-#: A chunk's request in flight: its reply's future, its header and frames (kept to
-#: resend it if the chunk moved), the server it was sent to and the gradient bytes it
-#: carried.
-Sent = tuple[concurrent.futures.Future[Reply], dict[str, Any], list[Any], int, int]
+#: A chunk's push in flight: its reply's future, its header and frames (kept to resend
+#: it if the chunk moved), the server it was sent to and the gradient bytes it carried.
+Sent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int, int]
+
+#: A chunk request :meth:`Pusher._await` may resend: a PUSH, a PULL or an INIT.
+ChunkRequest = PushHeader | PullHeader | InitHeader
 
 
 class Pusher:
@@ -99,9 +103,6 @@ class Pusher:
         """The epoch of the placement map requests are routed by (0 before any)."""
         return self._ctx.placement.epoch if self._ctx.placement else 0
 
-    def _tensor_header(self, op: Data, c: ChunkSpec) -> dict[str, Any]:
-        return {"o": int(op), "c": c.id, "e": self.epoch, "dt": c.dtype, "n": c.numel}
-
     def take_traffic(self) -> dict[int, list[float]]:
         """This step's traffic per server (``server -> [first push sent, last reply
         read, bytes both ways]``; empty unless :attr:`timed`); start the next step's."""
@@ -143,19 +144,27 @@ class Pusher:
             raw = as_bytes(flat)  # sliced per chunk below, without copying
             size, dt = flat.element_size(), wire_dtype(flat.dtype)
         slots = self.slots.slots
+        # The same for every chunk: nothing in the loop changes the map or the rank.
+        epoch, rank, versions, empty = self.epoch, ctx.rank, self._versions, raw is None
+        build = headers.push
         for c in self.chunks_of[p]:
-            header = self._tensor_header(Data.PUSH, c)
-            header.update(r=ctx.rank, k=clock, w=weight, v=self._versions.get(c.id, 0))
-            if hp is not None:
-                header["hp"] = hp
+            header = build(
+                chunk=c.id,
+                epoch=epoch,
+                dtype=c.dtype if empty else dt,
+                numel=c.numel,
+                rank=rank,
+                clock=clock,
+                weight=weight,
+                version=versions.get(c.id, 0),
+                hp=hp,
+                empty=empty,
+            )
             nbytes = 0
             owner = ctx.owner_of(c.id, clock)
             address = ctx.address(owner)
             frames: list[memoryview] = []
-            if raw is None:
-                header["z"] = True
-            else:
-                header["dt"] = dt
+            if raw is not None:
                 nbytes = c.numel * size
                 data = raw[c.offset * size : c.offset * size + nbytes]
                 slot = slots.get(c.id)
@@ -201,8 +210,12 @@ class Pusher:
                     self.chunks_of[p], futs, strict=True
                 ):
                     reply = self._await(f, c, header, frames, clock)
-                    if reply.header.get("sm"):
-                        h = reply.header
+                    # A VALUE (its keys: ValueHeader), read directly and unchecked:
+                    # read_value would add a call and its checks per chunk. The cast
+                    # checks nothing; h and got stand for reply.header and reply.frames.
+                    h = cast(ValueHeader, reply.header)
+                    got = reply.frames
+                    if h.get("sm"):
                         nbytes = int(h.get("n", 0)) * DTYPE_SIZES.get(str(h.get("dt")), 0)
                         view = self.slots.value(c.id, nbytes)
                         if view is None:
@@ -210,13 +223,13 @@ class Pusher:
                                 ErrorCode.MALFORMED.value,
                                 f"chunk {c.id}: a shared-memory reply with no slot",
                             )
-                        reply = reply._replace(frames=[view])
+                        got = [view]
                     traffic = self._traffic.get(owner) if self.timed else None
                     if traffic is not None and f.exception() is None:
                         # Answered by the server it was sent to (not resent after a
                         # move): the last reply read off the socket closes its span.
                         traffic[1] = max(traffic[1], reply.at)
-                        traffic[2] += reply.frames[0].nbytes if reply.frames else 0
+                        traffic[2] += got[0].nbytes if got else 0
                     elif traffic is not None:
                         # Moved and resent: the server it was sent to only said so, so
                         # its bytes are not that server's work. Left in, they credited a
@@ -224,18 +237,18 @@ class Pusher:
                         # span of the few it kept (a 20 MB/s server read 56).
                         traffic[2] -= pushed
                     if not self._summation:
-                        self._write_value(p, c, reply)
-                    elif not reply.header.get("z"):
+                        self._write_value(p, c, h, got)
+                    elif not h.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
-                        self._write(p.grad, c, reply)
+                        self._write(p.grad, c, h, got)
         self.arrive_s += time.perf_counter() - started
 
     def _await(
         self,
         fut: concurrent.futures.Future[Reply],
         c: ChunkSpec,
-        header: dict[str, Any],
+        header: ChunkRequest,
         frames: list[Any],
         clock: int | None,
     ) -> Reply:
@@ -253,28 +266,34 @@ class Pusher:
                 header["e"] = self.epoch
                 fut = ctx.client.request(ctx.server_of(c.id, clock), header, frames)
             except SharedMemoryRefused as exc:
-                shared = header.pop("sm", None)
+                push = cast(PushHeader, header)  # only a push puts a gradient in a slot
+                shared = push.pop("sm", None)
                 if shared is None:  # we sent bytes: the server is out of protocol
                     raise RemoteError(exc.code, str(exc)) from None
                 address = ctx.server_of(c.id, clock)
                 log.info("trimtab: %s: %s; sending it bytes from now on", address, exc)
-                nbytes = c.numel * DTYPE_SIZES[header["dt"]]
+                nbytes = c.numel * DTYPE_SIZES[push["dt"]]
                 frames = [self.slots.refused(address, shared[1], nbytes)]
-                fut = ctx.client.request(address, header, frames)
+                fut = ctx.client.request(address, push, frames)
         raise RemoteError(
             "moved", f"chunk {c.id} moved {MAX_MOVES} times during one request; giving up"
         )
 
-    def _write(self, dst: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
-        h = reply.header
+    def _write(
+        self, dst: torch.Tensor, c: ChunkSpec, h: ValueHeader, frames: list[memoryview]
+    ) -> None:
+        """Write a chunk's VALUE (header ``h``, tensor ``frames``) into ``dst``."""
         self._versions[c.id] = h["v"]
-        src = tensor_from(reply.frames[0], h["dt"], h["n"])
+        src = tensor_from(frames[0], h["dt"], h["n"])
         dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
 
-    def _write_value(self, p: torch.Tensor, c: ChunkSpec, reply: Reply) -> None:
-        """Write a chunk's new value into parameter ``p``: small chunks of a CPU
-        parameter as bytes, the others as :meth:`_write` does."""
-        frame = reply.frames[0] if reply.frames else None
+    def _write_value(
+        self, p: torch.Tensor, c: ChunkSpec, h: ValueHeader, frames: list[memoryview]
+    ) -> None:
+        """Write a chunk's new value (VALUE header ``h``, tensor ``frames``) into
+        parameter ``p``: small chunks of a CPU parameter as bytes, the others as
+        :meth:`_write` does."""
+        frame = frames[0] if frames else None
         item = p.element_size()
         size = c.numel * item
         view = None
@@ -282,13 +301,13 @@ class Pusher:
             frame is not None
             and size <= BYTE_WRITE_MAX
             and frame.nbytes == size
-            and reply.header.get("dt") == c.dtype
+            and h.get("dt") == c.dtype
         ):
             view = self._byte_view(p)
         if view is None or frame is None:
-            self._write(p.data, c, reply)
+            self._write(p.data, c, h, frames)
             return
-        self._versions[c.id] = reply.header["v"]
+        self._versions[c.id] = h["v"]
         view[c.offset * item : c.offset * item + size] = frame
 
     def _byte_view(self, p: torch.Tensor) -> memoryview | None:
@@ -310,13 +329,16 @@ class Pusher:
         """Replace ``params`` with the servers' current values. Blocks."""
         ctx = self._ctx
         pulls = []
+        epoch = self.epoch  # nothing here changes the map before the waits
         for p in params:
             for c in self.chunks_of[p]:
-                header: dict[str, Any] = {"o": int(Data.PULL), "c": c.id, "e": self.epoch}
+                header = headers.pull(chunk=c.id, epoch=epoch)
                 pulls.append((p, c, header, ctx.client.request(ctx.server_of(c.id), header)))
         with torch.no_grad():
             for p, c, header, f in pulls:
-                self._write(p.data, c, self._await(f, c, header, [], None))
+                reply = self._await(f, c, header, [], None)
+                # A VALUE, read directly as in arrive().
+                self._write(p.data, c, cast(ValueHeader, reply.header), reply.frames)
 
     def seed(self, params: list[torch.Tensor], root_rank: int) -> None:
         """Make the servers hold worker ``root_rank``'s values of ``params`` and every
@@ -326,7 +348,9 @@ class Pusher:
             sent = []
             for p in params:
                 for c in self.chunks_of[p]:
-                    header = self._tensor_header(Data.INIT, c)
+                    header = headers.init(
+                        chunk=c.id, epoch=self.epoch, dtype=c.dtype, numel=c.numel
+                    )
                     frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
                     fut = ctx.client.request(ctx.server_of(c.id), header, frames)
                     sent.append((fut, c, header, frames))

@@ -14,9 +14,8 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from trimtab.protocol.messages import Control
+from trimtab.protocol import headers
 from trimtab.roles.worker.client import Reply, wait
 from trimtab.roles.worker.context import Context
 
@@ -102,11 +101,11 @@ class StepReporter:
     def _check_directive(self, clock: int) -> None:
         d = self._directive
         if d is not None and d.done() and d.exception() is None:
-            header = d.result().header
-            self._ctx.refresh_map(int(header.get("epoch", 0)))
+            header = headers.read_report_reply(d.result().header)
+            self._ctx.refresh_map(header["epoch"])
             if header.get("refresh"):
                 self.skipping = True
-                self.lead = int(header.get("lead", clock))
+                self.lead = header.get("lead", clock)
             self._directive = None
 
     def _report(
@@ -119,17 +118,15 @@ class StepReporter:
         spans: list[list[float]],
     ) -> concurrent.futures.Future[Reply] | None:
         """Send step ``clock``'s measurements; return the future to wait on under LB-BSP."""
-        header: dict[str, Any] = {
-            "o": int(Control.REPORT),
-            "k": clock,
-            "b": batch,
-            "cs": compute,
-            "ms": comm,
-            "cpu": min(cpu, 1.0),
-            "lo": self._ctx.routing_floor(),
-        }
-        if spans:
-            header["sv"] = spans
+        header = headers.report(
+            clock=clock,
+            batch=batch,
+            compute_s=compute,
+            comm_s=comm,
+            cpu_share=min(cpu, 1.0),
+            floor=self._ctx.routing_floor(),
+            spans=spans,
+        )
         fut = self._ctx.client.control(header)
         if not self._ctx.job.sizes_batches:
             self._directive = fut  # read at the next step's first push, never waited for
@@ -160,9 +157,9 @@ class StepReporter:
         reply, self._sizes = self._sizes, None
         sizes = None
         if reply is not None:
-            header = wait(reply, self._ctx.timeout_s).header
-            self._ctx.refresh_map(int(header.get("epoch", 0)))
-            sizes = [int(s) for s in header["sizes"]]
+            header = headers.read_report_reply(wait(reply, self._ctx.timeout_s).header)
+            self._ctx.refresh_map(header["epoch"])
+            sizes = header["sizes"]
         self._started = self._timer()
         self._cpu_started = self._cpu_timer()
         return sizes

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from trimtab.protocol.messages import Control, Header, encode, error_header
+from trimtab.protocol.headers import HeartbeatHeader, heartbeat
+from trimtab.protocol.messages import Header, WireHeader, encode, error_header
 from trimtab.transport import Frame, Peer, Transport
 
 
@@ -23,7 +23,10 @@ class NodeLoop:
         self.log = log
         self.errors_sent = 0
 
-    def send(self, peer: Peer, header: Header, frames: Sequence[Frame] = ()) -> None:
+    def send(self, peer: Peer, header: Header | WireHeader, frames: Sequence[Frame] = ()) -> None:
+        """Send ``header`` (a builder's typed header of :mod:`trimtab.protocol.headers`,
+        or a plain dict), stamped with this job's ``j``, and ``frames`` to ``peer``.
+        Blocks only as :meth:`Transport.send` does."""
         header["j"] = self.job
         self.transport.send(peer, [encode(header), *frames])
 
@@ -57,5 +60,6 @@ class Heartbeat:
     def silent_for(self) -> float:
         return time.monotonic() - self.last_heard
 
-    def header(self) -> dict[str, Any]:
-        return {"o": int(Control.HEARTBEAT), "i": 0}
+    def header(self) -> HeartbeatHeader:
+        """A server's HEARTBEAT (a worker's carries its floor: ``worker_heartbeat``)."""
+        return heartbeat()

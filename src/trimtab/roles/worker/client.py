@@ -34,11 +34,13 @@ from trimtab.errors import (
     RemoteError,
     RetryableError,
 )
+from trimtab.protocol import headers
 from trimtab.protocol.messages import (
     Control,
     Data,
     ErrorCode,
     Header,
+    WireHeader,
     decode,
     encode,
     payload_frames,
@@ -111,9 +113,10 @@ class Reply(NamedTuple):
 
 class _DataFuture(concurrent.futures.Future[Reply]):
     """The future of a data request: waiting for it receives on the data sockets.
-    ``epoch`` is the placement epoch the request was routed by (its header's ``e``)."""
+    ``epoch`` is the placement epoch the request was routed by (its header's ``e``: an
+    int in a PUSH, PULL or INIT, absent from a STATS)."""
 
-    def __init__(self, client: WorkerClient, epoch: int | None) -> None:
+    def __init__(self, client: WorkerClient, epoch: object) -> None:
         super().__init__()
         self.client = client
         self.epoch = epoch
@@ -172,8 +175,8 @@ class WorkerClient:
         self._running = True
         self._thread = threading.Thread(target=self._io_loop, name="trimtab-io", daemon=True)
         self._thread.start()
-        fut = self.control({"o": int(Control.REGISTER), "role": "worker", "rank": self.config.rank})
-        reply = wait(fut, self.config.coordinator_timeout_s).header
+        fut = self.control(headers.register_worker(rank=self.config.rank))
+        reply = headers.read_registered(wait(fut, self.config.coordinator_timeout_s).header)
         self.rank = reply["rank"]
         self.num_workers = reply["num_workers"]
         self.num_servers = reply["num_servers"]
@@ -186,7 +189,7 @@ class WorkerClient:
             return
         if done and self._dead is None:
             try:
-                wait(self.control({"o": int(Control.DONE)}), 10.0)
+                wait(self.control(headers.done()), 10.0)
             except Exception as exc:
                 log.warning("could not tell the coordinator we are done: %s", exc)
         self._running = False
@@ -228,18 +231,21 @@ class WorkerClient:
     # -- requests ------------------------------------------------------------------
 
     def control(
-        self, header: Header, frames: Sequence[Frame] = ()
+        self, header: Header | WireHeader, frames: Sequence[Frame] = ()
     ) -> concurrent.futures.Future[Reply]:
         """Send a request to the coordinator; the future gets its reply. Non-blocking."""
         return self.request(self._coord, header, frames)
 
     def request(
-        self, to: Peer | str, header: Header, frames: Sequence[Frame] = ()
+        self, to: Peer | str, header: Header | WireHeader, frames: Sequence[Frame] = ()
     ) -> concurrent.futures.Future[Reply]:
         """Send ``header`` + ``frames`` to a peer (the coordinator's, through the I/O
         thread) or to a server address (data: sent from this thread unless another
         holds the data sockets); return a future of the reply. Non-blocking;
-        thread-safe. The frames' memory must stay unchanged until the future is done."""
+        thread-safe. The frames' memory must stay unchanged until the future is done.
+
+        ``header`` is a builder's typed header (:mod:`trimtab.protocol.headers`) or a
+        plain dict; this sets its ``i`` (the request id) and ``j``."""
         data = isinstance(to, str)
         fut: concurrent.futures.Future[Reply] = (
             _DataFuture(self, header.get("e")) if data else concurrent.futures.Future()
@@ -320,11 +326,10 @@ class WorkerClient:
                     peer = self._transport.connect(to) if isinstance(to, str) else to
                     self._transport.send(peer, frames)
                 if self._heartbeat.due():
-                    beat = {**self._heartbeat.header(), "j": self.config.job}
-                    if self.map_epoch:
-                        # A worker between steps (at a barrier, say) sends no REPORT:
-                        # its heartbeat still lets a drained server retire.
-                        beat["lo"] = self.routing_floor()
+                    # A worker between steps (at a barrier, say) sends no REPORT: its
+                    # heartbeat's floor still lets a drained server retire.
+                    floor = self.routing_floor() if self.map_epoch else None
+                    beat = headers.worker_heartbeat(job=self.config.job, floor=floor)
                     self._transport.send(self._coord, [encode(beat)])
                 env = self._transport.recv(self.config.heartbeat_s)
                 if env is None:
@@ -367,7 +372,12 @@ class WorkerClient:
             else:
                 fut.set_exception(RemoteError(code, msg))
         elif op == Data.MOVED:
-            fut.set_exception(ChunkMoved(header["c"], header["s"], header["e"]))
+            try:
+                moved = headers.read_moved(header)
+            except ProtocolError as exc:  # the request fails, not the data sockets
+                fut.set_exception(exc)
+                return
+            fut.set_exception(ChunkMoved(moved["c"], moved["s"], moved["e"]))
         else:
             try:
                 payload = payload_frames(header, frames[1:])

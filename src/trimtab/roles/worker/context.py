@@ -24,7 +24,8 @@ import torch
 
 from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ConfigError, UsageError
-from trimtab.protocol.messages import Control, Data, Header
+from trimtab.protocol import headers
+from trimtab.protocol.messages import Header, WireHeader
 from trimtab.roles.worker.client import Reply, WorkerClient, WorkerConfig, wait
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Transport
@@ -62,7 +63,7 @@ class JobTerms:
     time_servers: bool = False
 
     @classmethod
-    def from_reply(cls, reply: Header) -> JobTerms:
+    def from_reply(cls, reply: Mapping[str, Any]) -> JobTerms:
         """The terms in a DECLARE reply (absent fields take the defaults)."""
         return cls(
             batching=str(reply.get("batching", "equal")),
@@ -181,17 +182,17 @@ class Context:
                 log.warning("worker %d: a step hook did not close: %s", self.rank, exc)
         self.client.close()
 
-    def call(self, header: dict[str, Any], frames: Iterable[Any] = ()) -> Reply:
-        """A blocking request to the coordinator."""
+    def call(self, header: Header | WireHeader, frames: Iterable[Any] = ()) -> Reply:
+        """A blocking request to the coordinator (``header``: a builder's of
+        :mod:`trimtab.protocol.headers`, or a plain dict)."""
         return wait(self.client.control(header, list(frames)), self.timeout_s)
 
     def declare(self, tensors: list[TensorSpec], opt: dict[str, Any]) -> PlacementMap:
         """Declare the tensors to train; blocks until every worker declared the same and
         every server holds its chunks. Raises :class:`~trimtab.RemoteError` (code
         ``mismatch``) if workers disagree."""
-        reply = self.call(
-            {"o": int(Control.DECLARE), "tensors": [t.to_wire() for t in tensors], "opt": opt}
-        ).header
+        declared = headers.declare(tensors=[t.to_wire() for t in tensors], opt=opt)
+        reply = headers.read_job_map(self.call(declared).header)
         self.tensors = tensors
         self.job = JobTerms.from_reply(reply)
         self.chunks = make_chunks(tensors, reply["chunk_bytes"])
@@ -248,7 +249,7 @@ class Context:
         if self.placement is not None and self.placement.epoch >= epoch:
             return
         floor = self.routing_floor()
-        reply = self.call({"o": int(Control.MAP_GET), "e": epoch, "lo": floor}).header
+        reply = headers.read_map_reply(self.call(headers.map_get(epoch=epoch, floor=floor)).header)
         self._prev = tuple(reply["prev"])
         self._cuts = {int(c): int(k) for c, k in reply["cuts"].items()}
         self.placement = PlacementMap(
@@ -266,15 +267,15 @@ class Context:
         worker's parameters hold every update it was sent)."""
         self._drain()
         label = name if name is not None else f"b{next(self._barrier_seq)}"
-        self.call({"o": int(Control.BARRIER), "name": label})
+        self.call(headers.barrier(name=label))
 
     def server_stats(self) -> list[dict[str, Any]]:
         """Each live server's counters (versions, pushes, errors). Blocks. Raises
         :class:`UsageError` before :meth:`declare` (no server holds anything yet)."""
         self._map()
-        status = self.call({"o": int(Control.STATUS)}).header
+        status = headers.read_status_reply(self.call(headers.status_request()).header)
         futs = [
-            self.client.request(status["servers"][s], {"o": int(Data.STATS)})
+            self.client.request(status["servers"][s], headers.stats_request())
             for s in status["live_servers"]
         ]
         return [wait(f, self.timeout_s).header for f in futs]
@@ -305,11 +306,11 @@ class Context:
                 ] or [raw]
                 frames.extend(pieces)
                 counts.append(len(pieces))
-            meta = {"names": names, "frames": counts}
-            self.call({"o": int(Control.BCAST_PUT), "key": key, "meta": meta}, frames)
+            meta: dict[str, Any] = {"names": names, "frames": counts}
+            self.call(headers.bcast_put(key=key, meta=meta), frames)
         else:
-            reply = self.call({"o": int(Control.BCAST_GET), "key": key})
-            meta = reply.header["meta"]
+            reply = self.call(headers.bcast_get(key=key))
+            meta = headers.read_bcast_value(reply.header)["meta"]
             if meta["names"] != names:
                 raise UsageError(
                     f"broadcast from rank {root_rank} carried {meta['names'][:5]}..., this "
