@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trimtab.protocol.messages import Control, Header, encode, error_header
+from trimtab.protocol.messages import Control, Header, WireHeader, encode, error_header
 from trimtab.transport import Frame, Peer, Transport
 
 
@@ -23,7 +23,10 @@ class NodeLoop:
         self.log = log
         self.errors_sent = 0
 
-    def send(self, peer: Peer, header: Header, frames: Sequence[Frame] = ()) -> None:
+    def send(self, peer: Peer, header: Header | WireHeader, frames: Sequence[Frame] = ()) -> None:
+        """Send ``header`` (a builder's typed header of :mod:`trimtab.protocol.headers`,
+        or a plain dict), stamped with this job's ``j``, and ``frames`` to ``peer``.
+        Blocks only as :meth:`Transport.send` does."""
         header["j"] = self.job
         self.transport.send(peer, [encode(header), *frames])
 
