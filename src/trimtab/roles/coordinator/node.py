@@ -211,7 +211,7 @@ class Coordinator:
         workers = self._members.workers
         lines = [
             f"coordinator: map epoch {self._maps.epoch}, published "
-            f"{self._maps.published.get('epoch', '-')}, {self._maps.waiting()} map requests "
+            f"{self._maps.published_epoch or '-'}, {self._maps.waiting()} map requests "
             f"waiting, workers' clocks {dict(sorted(self._steps.clocks.items()))}, workers' "
             f"oldest maps { {r: w.floor for r, w in sorted(workers.items())} }"
         ]
