@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trimtab.errors import ProtocolError
-from trimtab.protocol.messages import Control, ErrorCode, Header
+from trimtab.protocol import headers
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.outbox import Outbox, Send
 from trimtab.transport.base import Frame, Peer
 
@@ -29,7 +30,7 @@ class Collectives:
         if len(arrived) < self.num_workers:
             return []
         del self._barriers[name]
-        return [Send(p, {"o": int(Control.OK), "i": r}) for p, r in arrived]
+        return [Send(p, headers.ok(rid=r)) for p, r in arrived]
 
     def put(self, peer: Peer, rid: int, key: str, meta: Header, frames: Sequence[Frame]) -> Outbox:
         """The root's BCAST_PUT of ``key``: OK to it, then the value to every worker that
@@ -37,7 +38,7 @@ class Collectives:
         if key in self._values:
             raise ProtocolError(ErrorCode.BAD_STATE.value, f"broadcast {key!r} was already put")
         self._values[key] = (meta, frames, 0)
-        out: Outbox = [Send(peer, {"o": int(Control.OK), "i": rid})]
+        out: Outbox = [Send(peer, headers.ok(rid=rid))]
         for p, r in self._getters.pop(key, []):
             out.append(self._serve(p, r, key))
         return out
@@ -56,4 +57,4 @@ class Collectives:
             del self._values[key]
         else:
             self._values[key] = (meta, frames, served + 1)
-        return Send(peer, {"o": int(Control.BCAST_VALUE), "i": rid, "meta": meta}, frames)
+        return Send(peer, headers.bcast_value(rid=rid, meta=meta), frames)

@@ -11,12 +11,24 @@ from typing import Any
 from trimtab.core.chunks import PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ProtocolError
 from trimtab.policies.placement import PlacementPolicy
-from trimtab.protocol.messages import Control, ErrorCode, Header, field
+from trimtab.protocol import headers
+from trimtab.protocol.headers import JobMapHeader, MapReplyHeader
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.transport.base import Peer
 
 log = logging.getLogger("trimtab.coordinator")
+
+#: What a node assumes of a job term the MAP leaves out (see ``read_job_map``): a term
+#: not given to :class:`Maps` is sent as this, which means the same to every node.
+_TERM_DEFAULTS: dict[str, Any] = {
+    "batching": "equal",
+    "consistency": "bsp",
+    "report_s": 0.0,
+    "time_servers": False,
+    "consistency_args": {},
+}
 
 
 class Maps:
@@ -26,23 +38,28 @@ class Maps:
     Args:
         placement: the policy that makes the first map.
         chunk_bytes: the largest chunk.
-        terms: the job's terms every MAP carries after its placement fields (batching,
-            consistency, report interval...), in wire order.
+        terms: the job's terms every MAP carries after its placement fields, by the
+            keywords of :func:`~trimtab.protocol.headers.job_map` (``batching``,
+            ``consistency``, ``report_s``, ``time_servers``, ``consistency_args``); one
+            left out is sent as nodes assume it when absent (bsp, equal batches...).
     """
 
-    def __init__(self, placement: PlacementPolicy, chunk_bytes: int, terms: Header) -> None:
+    def __init__(
+        self, placement: PlacementPolicy, chunk_bytes: int, terms: Mapping[str, Any]
+    ) -> None:
         self._placement = placement
         self._chunk_bytes = chunk_bytes
-        self._terms = terms
+        self._terms = {**_TERM_DEFAULTS, **terms}
         #: The current map (None until every worker declared and every server joined).
         self.map: PlacementMap | None = None
         #: The first MAP: tensors, optimizer settings, the job's terms. A migration's
         #: MIGRATE carries it too, with the new owners.
-        self.header: Header | None = None
+        self.header: JobMapHeader | None = None
         #: Bytes of each chunk, by chunk id.
         self.sizes: list[int] = []
-        #: What MAP_GET answers since the first migration: the map and its cuts.
-        self.published: Header = {}
+        #: What MAP_GET answers since the first migration: the map and its cuts (its
+        #: ``i`` set per request).
+        self.published: MapReplyHeader | None = None
         self._declared: dict[int, tuple[Peer, int, list[Any], dict[str, Any]]] = {}
         self._awaiting_acks: set[int] = set()
         self._waiters: list[tuple[Peer, int, int]] = []
@@ -55,7 +72,7 @@ class Maps:
     @property
     def published_epoch(self) -> int:
         """The epoch of the last map a migration published (0 before any)."""
-        return int(self.published.get("epoch", 0))
+        return self.published["epoch"] if self.published is not None else 0
 
     def waiting(self) -> int:
         """How many MAP_GETs wait for a newer map."""
@@ -72,17 +89,13 @@ class Maps:
                 ErrorCode.BAD_STATE.value,
                 "tensors were already declared: one DistributedOptimizer per job is supported",
             )
-        tensors = field(header, "tensors", list)
+        declared = headers.read_declare(header)
+        tensors = declared["tensors"]
         try:
             [TensorSpec.from_wire(t) for t in tensors]
         except ValueError as exc:
             raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
-        self._declared[member.rank] = (
-            member.peer,
-            header["i"],
-            tensors,
-            field(header, "opt", dict),
-        )
+        self._declared[member.rank] = (member.peer, header["i"], tensors, declared["opt"])
 
     def place(self, members: Members) -> Outbox:
         """Make the first map once every worker declared and every server joined: the
@@ -113,17 +126,16 @@ class Maps:
         owners = self._placement.place(specs, chunks, len(members.servers))
         self.map = PlacementMap(1, tuple(owners), tuple(m.addr for m in members.servers))
         members.placed(range(len(members.servers)))
-        self.header = {
-            "o": int(Control.MAP),
-            "epoch": self.map.epoch,
-            "tensors": first[2],
-            "chunk_bytes": self._chunk_bytes,
-            "owners": owners,
-            "servers": list(self.map.servers),
-            "opt": first[3],
-            "workers": sorted(members.workers),
+        self.header = headers.job_map(
+            epoch=self.map.epoch,
+            tensors=first[2],
+            chunk_bytes=self._chunk_bytes,
+            owners=owners,
+            servers=list(self.map.servers),
+            opt=first[3],
+            workers=sorted(members.workers),
             **self._terms,
-        }
+        )
         log.info(
             "placed %d tensors in %d chunks over %d servers (%s)",
             len(specs),
@@ -161,33 +173,43 @@ class Maps:
         Returns the answers to the MAP_GETs it satisfies."""
         previous = self.map.owners if self.map else ()
         self.map = PlacementMap(epoch, owners, tuple(servers))
-        self.published = {
-            "epoch": epoch,
-            "owners": list(owners),
-            "servers": list(self.map.servers),
-            "prev": list(previous),
-            "cuts": {str(c): k for c, k in cuts.items()},
-        }
+        self.published = headers.map_reply(
+            rid=0,
+            epoch=epoch,
+            owners=list(owners),
+            servers=list(self.map.servers),
+            prev=list(previous),
+            cuts={str(c): k for c, k in cuts.items()},
+        )
         return self._answer()
 
     def _answer(self) -> Outbox:
-        published = self.published.get("epoch", self.epoch)
+        published = self.published_epoch or self.epoch
         keep = []
         out: Outbox = []
         for peer, rid, epoch in self._waiters:
             if epoch > published:
                 keep.append((peer, rid, epoch))
                 continue
-            body = self.published or {
-                "epoch": published,
-                "owners": list(self.map.owners) if self.map else [],
-                "servers": list(self.map.servers) if self.map else [],
-                "prev": [],
-                "cuts": {},
-            }
-            out.append(Send(peer, {"o": int(Control.MAP), "i": rid, **body}))
+            out.append(Send(peer, self._map_reply(rid)))
         self._waiters = keep
         return out
+
+    def _map_reply(self, rid: int) -> MapReplyHeader:
+        """MAP answering request ``rid``: the published map, or the first (no cuts)."""
+        if self.published is not None:
+            reply = self.published.copy()
+            reply["i"] = rid  # keeps its place, second: the same bytes as a new reply
+            return reply
+        current = self.map
+        return headers.map_reply(
+            rid=rid,
+            epoch=self.epoch,
+            owners=list(current.owners) if current else [],
+            servers=list(current.servers) if current else [],
+            prev=[],
+            cuts={},
+        )
 
 
 def _first_difference(a: list[Any], b: list[Any]) -> str:

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from trimtab.errors import ProtocolError
-from trimtab.protocol.messages import Control, ErrorCode, Header, field
+from trimtab.protocol import headers
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.outbox import Outbox, Send
 from trimtab.transport.base import Peer
 
@@ -116,8 +117,10 @@ class Members:
         """Add the node that sent REGISTER ``header`` (``role``, ``rank``, ``addr``).
         ``running``: the job is placed already, so a server may join up to
         :meth:`wanted_servers`. Raises :class:`ProtocolError` (BAD_STATE: registered
-        already, no rank or server slot free; MALFORMED: unknown role)."""
-        role = field(header, "role", str)
+        already, no rank or server slot free; MALFORMED: no or an unknown role, a server
+        without an address)."""
+        request = headers.read_register(header)
+        role = request["role"]
         if peer in self.by_peer:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "this node is already registered")
         if role == Role.SERVER.value:
@@ -129,11 +132,12 @@ class Members:
                     f"the job already has its {limit} servers"
                     + (f" (it may grow to {self.max_servers} when asked)" if grow else ""),
                 )
-            addr = field(header, "addr", str)
-            member = Member(Role.SERVER, len(self.servers), peer, addr, MemberState.JOINED)
+            member = Member(
+                Role.SERVER, len(self.servers), peer, request["addr"], MemberState.JOINED
+            )
             self.servers.append(member)
         elif role == Role.WORKER.value:
-            rank = header.get("rank", -1)
+            rank = request.get("rank", -1)
             if not isinstance(rank, int) or rank < 0:
                 rank = min(set(range(self.num_workers)) - set(self.workers), default=-1)
             if rank >= self.num_workers or rank < 0:
@@ -215,7 +219,7 @@ class Members:
             if m.state is MemberState.EMPTY and m.rank not in owned and known >= m.empty_at:
                 log.info("server %d owns nothing now: it retires", m.rank)
                 m.move(MemberState.RETIRED)
-                out.append(Send(m.peer, {"o": int(Control.SHUTDOWN), "i": 0}))
+                out.append(Send(m.peer, headers.shutdown()))
         return out
 
     # -- workers -------------------------------------------------------------------
@@ -239,7 +243,7 @@ class Members:
     def shutdown(self) -> Outbox:
         """SHUTDOWN for every server not retired: the job ended."""
         return [
-            Send(m.peer, {"o": int(Control.SHUTDOWN), "i": 0})
+            Send(m.peer, headers.shutdown())
             for m in self.servers
             if m.state is not MemberState.RETIRED
         ]

@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 
 from trimtab.core.chunks import PlacementMap
 from trimtab.errors import ProtocolError, UsageError
-from trimtab.protocol.messages import Control, ErrorCode, Header, field
+from trimtab.protocol import headers
+from trimtab.protocol.headers import JobMapHeader
+from trimtab.protocol.messages import ErrorCode, Header, error_of, field
 from trimtab.roles.coordinator.members import Member
 from trimtab.roles.coordinator.outbox import Outbox, Send
 
@@ -55,7 +57,7 @@ class Migration:
 def start(
     in_flight: Migration | None,
     current: PlacementMap | None,
-    base: Header | None,
+    base: JobMapHeader | None,
     owners: Sequence[int],
     servers: Sequence[Member],
 ) -> tuple[Migration, Outbox]:
@@ -78,29 +80,29 @@ def start(
     )
     live = [m for m in servers if not m.finished]
     migration = Migration(epoch, tuple(owners), frozenset(m.rank for m in live), {}, moving)
-    header = {
-        **base,
-        "o": int(Control.MIGRATE),
-        "i": 0,
-        "epoch": epoch,
-        "owners": list(owners),
-        "servers": [m.addr for m in servers],
-    }
+    header = headers.migrate(
+        job_map=base, epoch=epoch, owners=list(owners), servers=[m.addr for m in servers]
+    )
     return migration, [Send(m.peer, header) for m in live]
 
 
 def ack(migration: Migration | None, rank: int, header: Header) -> Migration:
     """Server ``rank``'s MIGRATE_ACK (``epoch``, ``cuts``: chunk id -> clock). A repeated
     ack changes nothing. Raises :class:`ProtocolError`: BAD_STATE if no migration to that
-    epoch is in flight, MALFORMED for bad cuts."""
-    if migration is None or field(header, "epoch", int) != migration.epoch:
+    epoch is in flight, MALFORMED for a missing epoch or bad cuts."""
+    if migration is None:
+        raise ProtocolError(ErrorCode.BAD_STATE.value, "no such migration in flight")
+    try:
+        acked = headers.read_migrate_ack(header)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            ErrorCode.MALFORMED.value, f"bad cuts or epoch in MIGRATE_ACK: {error_of(exc)[1]}"
+        ) from None
+    if acked["epoch"] != migration.epoch:
         raise ProtocolError(ErrorCode.BAD_STATE.value, "no such migration in flight")
     cuts = dict(migration.cuts)
-    try:
-        for cid, cut in field(header, "cuts", dict).items():
-            cuts[int(cid)] = int(cut)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(ErrorCode.MALFORMED.value, f"bad cuts in MIGRATE_ACK: {exc}") from None
+    for cid, cut in acked["cuts"].items():
+        cuts[int(cid)] = cut  # the reader checked each id a decimal string
     return dataclasses.replace(migration, acks=migration.acks - {rank}, cuts=cuts)
 
 

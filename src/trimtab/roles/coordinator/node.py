@@ -23,7 +23,8 @@ from trimtab.policies.detection import DEFAULT_DETECTOR, DETECTORS
 from trimtab.policies.placement import PLACEMENTS
 from trimtab.policies.psld import PsldController, SpeedEstimator
 from trimtab.policies.scaling import DEFAULT_SCALING, SCALING
-from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of, field
+from trimtab.protocol import headers
+from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
 from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.maps import Maps
@@ -66,7 +67,7 @@ class Coordinator:
             or config.rebalance_every > 0
             or config.max_servers > config.num_servers
         )
-        terms: Header = {
+        terms: dict[str, Any] = {
             "batching": config.batching,
             "consistency": config.consistency,
             "report_s": report_interval_s(per_step),
@@ -193,9 +194,7 @@ class Coordinator:
                 self._check_liveness()
             if self._abort is not None:
                 for member in self._members.by_peer.values():
-                    self._loop.send(
-                        member.peer, {"o": int(Control.ABORT), "i": 0, "why": self._abort}
-                    )
+                    self._loop.send(member.peer, headers.abort(why=self._abort))
         finally:
             forget_state_dump()
             self._transport.close()
@@ -211,7 +210,7 @@ class Coordinator:
         workers = self._members.workers
         lines = [
             f"coordinator: map epoch {self._maps.epoch}, published "
-            f"{self._maps.published.get('epoch', '-')}, {self._maps.waiting()} map requests "
+            f"{self._maps.published_epoch or '-'}, {self._maps.waiting()} map requests "
             f"waiting, workers' clocks {dict(sorted(self._steps.clocks.items()))}, workers' "
             f"oldest maps { {r: w.floor for r, w in sorted(workers.items())} }"
         ]
@@ -312,26 +311,25 @@ class Coordinator:
         running = self._maps.map is not None
         member = self._members.register(peer, header, running=running)
         c = self.config
-        registered = {
-            "o": int(Control.REGISTERED),
-            "i": header["i"],
-            "rank": member.rank,
-            "num_workers": c.num_workers,
-            "num_servers": c.num_servers,
-            "chunk_bytes": c.chunk_bytes,
-            "heartbeat_s": c.heartbeat_s,
-        }
+        registered = headers.registered(
+            rid=header["i"],
+            rank=member.rank,
+            num_workers=c.num_workers,
+            num_servers=c.num_servers,
+            chunk_bytes=c.chunk_bytes,
+            heartbeat_s=c.heartbeat_s,
+        )
         out.append(Send(peer, registered))
         if member.role is Role.SERVER and running:
             self._rebalancer.membership_changed(out)  # a server joined a running job
         out += self._maps.place(self._members)
 
     def _on_status(self, peer: Peer, header: Header, out: Outbox) -> None:
-        out.append(Send(peer, {"o": int(Control.OK), "i": header["i"], **self.status()}))
+        out.append(Send(peer, headers.status_reply(rid=header["i"], status=self.status())))
 
     def _on_scale(self, peer: Peer, header: Header, out: Outbox) -> None:
-        target = self._rebalancer.scale(field(header, "servers", int), out)
-        out.append(Send(peer, {"o": int(Control.OK), "i": header["i"], "target": target}))
+        target = self._rebalancer.scale(headers.read_scale(header)["servers"], out)
+        out.append(Send(peer, headers.scale_reply(rid=header["i"], target=target)))
 
     # -- ops of registered members ---------------------------------------------------
 
@@ -339,15 +337,16 @@ class Coordinator:
         """A worker's ``lo`` (in MAP_GET, REPORT and heartbeats): the oldest map by which
         it still has a request in flight. Raises a MALFORMED :class:`ProtocolError` if it
         is not an integer."""
-        if member.role is not Role.WORKER or "lo" not in header:
+        if member.role is not Role.WORKER:
             return
-        if self._members.raise_floor(member, field(header, "lo", int)):
+        floor = headers.read_floor(header)
+        if floor is not None and self._members.raise_floor(member, floor):
             self._rebalancer.retire(out)
 
     def _on_heartbeat(
         self, member: Member, header: Header, _: list[memoryview], out: Outbox
     ) -> None:
-        out.append(Send(member.peer, {"o": int(Control.HEARTBEAT), "i": 0}))
+        out.append(Send(member.peer, headers.heartbeat()))
         self._floor(member, header, out)
 
     def _on_declare(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
@@ -358,18 +357,19 @@ class Coordinator:
         out += self._maps.ack(member.rank, self._members)
 
     def _on_map_get(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
-        wanted = field(header, "e", int)
+        wanted = headers.read_map_get(header)["e"]
         self._floor(member, header, out)
         out += self._maps.want(member.peer, header["i"], wanted)
 
     def _on_report(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
-        clock, sample = self._steps.record(member, header)
+        clock, sample = self._steps.record(member, header)  # checks it (read_report)
         self._floor(member, header, out)
         psld = self._rebalancer.psld
         if psld is not None:
             psld.observe_step(clock, sample.compute_s + sample.comm_s)
             servers = len(self._members.servers)
-            self._steps.observe_traffic(clock, header.get("sv", []), servers, self._speeds)
+            spans = headers.read_report(header).get("sv", [])
+            self._steps.observe_traffic(clock, spans, servers, self._speeds)
         boundary = self._steps.boundary()
         if boundary is not None:
             self._rebalancer.step_boundary(boundary, out)
@@ -378,7 +378,7 @@ class Coordinator:
 
     def _on_done(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         everyone = self._members.worker_done(member)
-        out.append(Send(member.peer, {"o": int(Control.OK), "i": header["i"]}))
+        out.append(Send(member.peer, headers.ok(rid=header["i"])))
         if everyone:
             log.info("every worker is done; shutting the job down")
             out += self._members.shutdown()
@@ -395,22 +395,26 @@ class Coordinator:
     def _on_load(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         if member.role is not Role.SERVER:
             return
-        busy = float(field(header, "busy", (int, float)))
-        self._speeds.observe(member.rank, busy, float(field(header, "bytes", (int, float))))
+        load = headers.read_load(header)
+        self._speeds.observe(member.rank, float(load["busy"]), float(load["bytes"]))
         # The job's clock, so that a server owning nothing still knows the step (its
         # straggler schedule, for one, follows it).
-        out.append(Send(member.peer, {"o": int(Control.OK), "i": 0, "k": self._steps.job_clock}))
+        out.append(Send(member.peer, headers.job_clock(clock=self._steps.job_clock)))
 
     def _on_barrier(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
-        out += self._collectives.barrier(member.peer, header["i"], field(header, "name", str))
+        out += self._collectives.barrier(
+            member.peer, header["i"], headers.read_barrier(header)["name"]
+        )
 
     def _on_bcast_put(
         self, member: Member, header: Header, frames: list[memoryview], out: Outbox
     ) -> None:
-        key, meta = field(header, "key", str), field(header, "meta", dict)
-        out += self._collectives.put(member.peer, header["i"], key, meta, frames)
+        put = headers.read_bcast_put(header)
+        out += self._collectives.put(member.peer, header["i"], put["key"], put["meta"], frames)
 
     def _on_bcast_get(
         self, member: Member, header: Header, _: list[memoryview], out: Outbox
     ) -> None:
-        out += self._collectives.get(member.peer, header["i"], field(header, "key", str))
+        out += self._collectives.get(
+            member.peer, header["i"], headers.read_bcast_get(header)["key"]
+        )

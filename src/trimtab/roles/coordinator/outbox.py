@@ -7,15 +7,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from trimtab.protocol.messages import Header
+from trimtab.protocol.messages import Header, WireHeader
 from trimtab.transport.base import Frame, Peer
 
 
 class Send(NamedTuple):
-    """A message to send: ``header`` (the job id is added on sending) and its frames."""
+    """A message to send: ``header`` (a builder's typed header of
+    :mod:`trimtab.protocol.headers`; the job id is added on sending) and its frames."""
 
     peer: Peer
-    header: Header
+    header: Header | WireHeader
     frames: Sequence[Frame] = ()
 
 

@@ -11,7 +11,8 @@ from trimtab.errors import ProtocolError
 from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
 from trimtab.policies.detection import StragglerDetector
 from trimtab.policies.psld import SpeedEstimator
-from trimtab.protocol.messages import Control, ErrorCode, Header, field
+from trimtab.protocol import headers
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.members import Member, Role
 from trimtab.roles.coordinator.outbox import Outbox, Send
 from trimtab.transport.base import Peer
@@ -90,14 +91,15 @@ class Steps:
         MALFORMED for a missing or out-of-range figure."""
         if member.role is not Role.WORKER:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers report steps")
-        clock = field(header, "k", int)
+        report = headers.read_report(header)
+        clock = report["k"]
         try:
             sample = WorkerSample(
                 rank=member.rank,
-                batch=field(header, "b", int),
-                compute_s=max(float(field(header, "cs", (int, float))), 1e-9),
-                comm_s=max(float(field(header, "ms", (int, float))), 0.0),
-                cpu_share=min(max(float(field(header, "cpu", (int, float))), 0.0), 1.0),
+                batch=report["b"],
+                compute_s=max(float(report["cs"]), 1e-9),
+                comm_s=max(float(report["ms"]), 0.0),
+                cpu_share=min(max(float(report["cpu"]), 0.0), 1.0),
             )
         except ValueError as exc:
             raise ProtocolError(ErrorCode.MALFORMED.value, f"bad step report: {exc}") from None
@@ -149,10 +151,9 @@ class Steps:
         ``sizes`` once the last worker reported the step. Raises :class:`ConfigError`
         if the batch cannot be split as configured."""
         if not self._batching.adaptive:
-            out: Header = {"o": int(Control.OK), "i": rid, "epoch": epoch}
-            if self._skips_stragglers and member.rank in self._detector.stragglers(self.clocks):
-                out.update(refresh=True, lead=max(self.clocks.values()))
-            return [Send(member.peer, out)]
+            lags = self._skips_stragglers and member.rank in self._detector.stragglers(self.clocks)
+            lead = max(self.clocks.values()) if lags else None
+            return [Send(member.peer, headers.report_reply(rid=rid, epoch=epoch, lead=lead))]
         waiting = self._waiting.setdefault(clock, [])
         waiting.append((member.peer, rid, member.rank, sample.batch))
         if len(waiting) < self.num_workers:
@@ -163,6 +164,6 @@ class Steps:
         sizes = self._batching.batch_sizes(history, total)
         vector = [sizes[r] for r in range(self.num_workers)]
         return [
-            Send(peer, {"o": int(Control.OK), "i": r, "sizes": vector, "epoch": epoch})
+            Send(peer, headers.batch_sizes(rid=r, sizes=vector, epoch=epoch))
             for peer, r, _, _ in waiting
         ]
