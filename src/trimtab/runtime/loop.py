@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trimtab.protocol.messages import Control, Header, encode, error_header
+from trimtab.protocol.messages import Control, Header, WireHeader, encode, error_header
 from trimtab.transport import Frame, Peer, Transport
 
 
@@ -23,7 +23,7 @@ class NodeLoop:
         self.log = log
         self.errors_sent = 0
 
-    def send(self, peer: Peer, header: Header, frames: Sequence[Frame] = ()) -> None:
+    def send(self, peer: Peer, header: Header | WireHeader, frames: Sequence[Frame] = ()) -> None:
         header["j"] = self.job
         self.transport.send(peer, [encode(header), *frames])
 
