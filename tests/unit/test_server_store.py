@@ -50,6 +50,7 @@ def push(
         "o": int(Data.PUSH),
         "i": 10 + rank,
         "c": chunk,
+        "e": 1,
         "r": rank,
         "k": clock,
         "w": w,
@@ -64,10 +65,10 @@ def test_the_store_holds_the_chunks_its_map_gives_it() -> None:
     store = store_of(index=1)
     assert list(store.chunks) == [1] and store.chunks[1].spec.numel == 4
     with pytest.raises(ChunkMoved) as moved:
-        store.owned({"c": 0})
+        store.owned(0)
     assert (moved.value.chunk, moved.value.owner, moved.value.epoch) == (0, 0, 1)
     with pytest.raises(ProtocolError, match="no chunk 7"):
-        store.owned({"c": 7})
+        store.owned(7)
 
 
 def test_a_round_completes_with_the_weighted_mean_and_replies_to_every_pusher() -> None:
@@ -100,6 +101,10 @@ def test_server_mode_applies_the_optimizer_to_the_value() -> None:
         ({"dt": "int64"}, "bad_dtype"),
         ({"hp": 3}, "malformed"),
         ({"k": "x"}, "malformed"),
+        ({"e": None}, "malformed"),  # the map it was routed by: PushHeader requires it
+        ({"z": 1}, "malformed"),  # a bool
+        ({"sm": None}, "malformed"),
+        ({"c": 7, "v": "x"}, "malformed"),  # every key's type before the chunk
     ],
 )
 def test_a_bad_push_is_refused_before_anything_changes(change: dict[str, Any], code: str) -> None:
@@ -108,6 +113,7 @@ def test_a_bad_push_is_refused_before_anything_changes(change: dict[str, Any], c
         "o": int(Data.PUSH),
         "i": 1,
         "c": 0,
+        "e": 1,
         "r": 0,
         "k": 0,
         "w": 1,

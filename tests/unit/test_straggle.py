@@ -169,13 +169,16 @@ def test_throttled_transport_paces_received_bytes_and_counts_the_pause_as_busy()
 def test_throttled_transport_counts_shared_memory_and_values_sent() -> None:
     throttle, worker, _, _ = _throttled(DELAY)
     to_server = worker.connect(throttle.address)
-    shm = {"n": 12_500, "dt": "float32", "sm": ["trimtab-job-w0", 0, 50_000]}
+    # A whole push and value: the throttle counts what reads (headers.read_push/read_value).
+    shm = {"e": 1, "r": 0, "k": 0, "w": 1.0, "n": 12_500, "dt": "float32"}
+    shm["sm"] = ["trimtab-job-w0", 0, 50_000]
     worker.send(to_server, _push(0, **shm))
     assert _timed_recv(throttle) >= 0.3  # the gradient in shared memory: 0.05 MB
     worker.send(to_server, [encode({"o": int(Data.STATS), "i": 2, "j": "job"})])
     got = throttle.recv(5.0)
     assert got is not None
-    value = {"o": int(Data.VALUE), "i": 2, "j": "job", "c": 0, "n": 12_500, "dt": "float32"}
+    value = {"o": int(Data.VALUE), "i": 2, "j": "job", "c": 0, "v": 1, "k": 1, "n": 12_500}
+    value["dt"] = "float32"
     start = time.monotonic()
     throttle.send(got.peer, [encode({**value, "sm": 1})])  # the value went into the slot
     assert time.monotonic() - start >= 0.3

@@ -18,7 +18,7 @@ from trimtab.faults.throttle import ThrottledTransport
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.spec import LaunchConfig, add_flags, job_settings_from_args
-from trimtab.protocol.messages import Control
+from trimtab.protocol import headers
 from trimtab.settings import (
     BatchingSettings,
     ConsistencySettings,
@@ -172,8 +172,7 @@ def _scale(args: argparse.Namespace) -> int:
             "which job? give --coordinator tcp://HOST:PORT and --job ID (trimtab run "
             "prints both when started with --max-servers)"
         )
-    reply = ask_coordinator(
-        args.coordinator, args.job, {"o": int(Control.SCALE), "servers": args.servers}, 10.0
-    )
-    print(f"trimtab: the job goes to {reply['target']} servers", flush=True)
+    reply = ask_coordinator(args.coordinator, args.job, headers.scale(servers=args.servers), 10.0)
+    target = headers.read_scale_reply(reply)["target"]
+    print(f"trimtab: the job goes to {target} servers", flush=True)
     return 0

@@ -31,6 +31,7 @@ from typing import Protocol
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.faults.stragglers import ServerStraggler, StragglerSpec
+from trimtab.protocol import headers
 from trimtab.protocol.messages import Data, Header, decode
 from trimtab.transport import Envelope, Frame, Peer, Transport, out_peer
 
@@ -170,26 +171,35 @@ def _header(frames: Sequence[Frame], job: str) -> Header | None:
 
 def _shared_bytes(frames: Sequence[Frame], job: str) -> int:
     """The gradient bytes a PUSH left in shared memory (its ``sm``), or 0. A push that
-    names a slot has no tensor frame, so only one-frame messages are read."""
+    names a slot has no tensor frame, so only one-frame messages are read; one that
+    does not read (:func:`~trimtab.protocol.headers.read_push`) is refused before its
+    slot is, so it moved nothing there."""
     if len(frames) != 1:
         return 0
     header = _header(frames, job)
-    if header is None or header.get("o") != Data.PUSH or not isinstance(header.get("sm"), list):
+    if header is None or header["o"] != Data.PUSH or header.get("sm") is None:
         return 0
-    return _numel_bytes(header)
+    try:
+        push = headers.read_push(header)
+    except ProtocolError:
+        return 0
+    return _numel_bytes(push.get("n"), push.get("dt"))
 
 
 def _value_bytes(frames: Sequence[Frame], job: str) -> int:
     """The bytes of the value a VALUE carries (inline, as a frame or in shared memory),
-    or 0 for any other message."""
+    or 0 for any other message (the server builds every VALUE: each reads)."""
     header = _header(frames, job)
-    if header is None or header.get("o") != Data.VALUE or header.get("z"):
+    if header is None or header["o"] != Data.VALUE:
         return 0
-    return _numel_bytes(header)
+    try:
+        value = headers.read_value(header)
+    except ProtocolError:
+        return 0
+    return 0 if value.get("z") else _numel_bytes(value["n"], value.get("dt"))
 
 
-def _numel_bytes(header: Header) -> int:
-    n, dt = header.get("n"), header.get("dt")
-    if not isinstance(n, int) or not isinstance(dt, str):
+def _numel_bytes(numel: int | None, dtype: str | None) -> int:
+    if numel is None or dtype is None:
         return 0
-    return n * DTYPE_SIZES.get(dt, 0)
+    return numel * DTYPE_SIZES.get(dtype, 0)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import zmq
 
 from trimtab.errors import NodeTimeout, ProtocolError
-from trimtab.protocol.messages import Control, Header, decode, encode
+from trimtab.protocol.messages import Control, Header, WireHeader, decode, encode, read_error
 
 
-def ask_coordinator(address: str, job: str, header: Header, timeout_s: float) -> Header:
-    """Send one control request to a running job's coordinator and return the reply.
+def ask_coordinator(address: str, job: str, header: WireHeader, timeout_s: float) -> Header:
+    """Send one control request (a builder's header, e.g. ``headers.status_request()``)
+    to a running job's coordinator and return the reply, decoded: read it with its
+    reader (``headers.read_status_reply``).
 
     Blocks up to ``timeout_s``; raises :class:`NodeTimeout` if no reply came, and
     :class:`ProtocolError` if the coordinator answered an error. Thread-safe (each call
@@ -31,5 +33,5 @@ def ask_coordinator(address: str, job: str, header: Header, timeout_s: float) ->
     finally:
         sock.close()
     if reply["o"] == Control.ERROR:
-        raise ProtocolError(f"the coordinator refused: {reply.get('msg')}")
+        raise ProtocolError(f"the coordinator refused: {read_error(reply)['msg']}")
     return reply

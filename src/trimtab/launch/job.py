@@ -27,7 +27,7 @@ from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.cores import available_cores
 from trimtab.launch.spec import LaunchConfig, to_argv
-from trimtab.protocol.messages import Control
+from trimtab.protocol import headers
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.transport.shm import remove_job_arenas
 from trimtab.transport.spin import SPIN_DEFAULT_US, parse_spin
@@ -251,8 +251,8 @@ class Job:
     def _grow(self) -> None:
         """Start the servers the coordinator asks for (psld's scale-out, trimtab scale)."""
         try:
-            status = ask_coordinator(
-                self.coordinator_address, self.config.job, {"o": int(Control.STATUS)}, 2.0
+            reply = ask_coordinator(
+                self.coordinator_address, self.config.job, headers.status_request(), 2.0
             )
         except NodeTimeout:
             return  # busy or ending: the supervisor notices a dead coordinator anyway
@@ -261,7 +261,8 @@ class Job:
         # The coordinator keeps its active servers within max_servers; this bounds the
         # live processes too, in case a retired one has not exited yet.
         room = self.config.max_servers - sum(p.popen.poll() is None for p in servers)
-        for _ in range(min(int(status.get("wanted_servers", 0)) - started, room)):
+        wanted = headers.read_status_reply(reply)["wanted_servers"]
+        for _ in range(min(wanted - started, room)):
             self._say(f"the coordinator asks for another server: starting server {started}")
             self._spawn_server()
             started += 1

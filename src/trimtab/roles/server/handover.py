@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from trimtab.errors import ProtocolError
-from trimtab.protocol.messages import Data, ErrorCode, Header, field
+from trimtab.protocol import headers
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.optim import ChunkOptimizer, hyperparameters
 from trimtab.roles.server.store import Chunk, ChunkStore
@@ -25,13 +26,15 @@ from trimtab.transport import Frame, Peer
 log = logging.getLogger("trimtab.server")
 
 
-def encode_state(opt: ChunkOptimizer, header: Header, frames: list[Frame]) -> None:
-    """Put a chunk optimizer's hyperparameters (``hp``) and state (``st``: per key,
-    ``["t", dtype, shape]`` for a tensor, whose bytes are appended to ``frames``, or
-    ``["v", value]``) into a HANDOVER. Never blocks."""
-    header["hp"] = hyperparameters(opt.optimizer.param_groups[0])
+def encode_state(
+    opt: ChunkOptimizer, frames: list[Frame]
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """A chunk optimizer's hyperparameters and state, for a HANDOVER's ``hp`` and
+    ``st`` (per key, ``["t", dtype, shape]`` for a tensor, whose bytes are appended to
+    ``frames``, or ``["v", value]``). Never blocks."""
+    hp = hyperparameters(opt.optimizer.param_groups[0])
     state = opt.optimizer.state.get(opt.param, {})
-    meta: dict[str, Any] = {}
+    meta: dict[str, list[Any]] = {}
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             t = value.detach().contiguous()
@@ -39,19 +42,28 @@ def encode_state(opt: ChunkOptimizer, header: Header, frames: list[Frame]) -> No
             frames.append(as_bytes(t.view(-1)) if t.numel() else b"")
         else:
             meta[key] = ["v", value]
-    header["st"] = meta
+    return hp, meta
 
 
-def decode_state(opt: ChunkOptimizer, header: Header, frames: Sequence[memoryview]) -> None:
-    """Restore what :func:`encode_state` wrote into ``opt`` (``frames``: the state's,
-    after the value's). Never blocks. Raises a MALFORMED :class:`ProtocolError` for a
-    missing ``st``; tensors are copied out of the frames."""
+def decode_state(
+    opt: ChunkOptimizer, header: headers.HandoverHeader, frames: Sequence[memoryview]
+) -> None:
+    """Restore what :func:`encode_state` returned, as a read HANDOVER carries it, into
+    ``opt`` (``frames``: the state's, after the value's). Never blocks. Raises a
+    MALFORMED :class:`ProtocolError` for a missing ``st``; tensors are copied out of the
+    frames."""
     hp = header.get("hp")
-    if isinstance(hp, dict):
+    if hp is not None:
         opt.set_hparams(hp)
+    meta = header.get("st")
+    if meta is None:
+        raise ProtocolError(
+            ErrorCode.MALFORMED.value,
+            "a handover to a server-mode optimizer needs its state 'st'",
+        )
     state: dict[str, Any] = {}
     rest = list(frames)
-    for key, (kind, *info) in field(header, "st", dict).items():
+    for key, (kind, *info) in meta.items():
         if kind == "t":
             dtype, shape = info
             numel = 1
@@ -83,8 +95,8 @@ class Handover:
         self.moved_out = 0
         self._rids = 0
 
-    def plan(self, header: Header) -> dict[str, int]:
-        """Take a MIGRATE map: decide, for each chunk leaving, the clock from which it
+    def plan(self, header: headers.MigrateHeader) -> dict[str, int]:
+        """Take a MIGRATE map (read): decide, for each chunk leaving, the clock from which it
         is its new owner's (the round in progress if no push for it arrived yet, else
         the next), and expect the chunks arriving. Returns the cuts, by chunk id."""
         store = self.store
@@ -121,7 +133,7 @@ class Handover:
         """The chunks LEAVING, not yet handed over."""
         return [c for c, m in self.moves.items() if m.phase is ChunkPhase.LEAVING]
 
-    def ready(self, cid: int) -> tuple[str, Header, list[Frame]] | None:
+    def ready(self, cid: int) -> tuple[str, headers.HandoverHeader, list[Frame]] | None:
         """If chunk ``cid`` is LEAVING and every round before its cut is applied and
         answered, hand it over: return the new owner's address, the HANDOVER header and
         its frames (value, optimizer state, version and round go together); the chunk is
@@ -138,22 +150,24 @@ class Handover:
             or chunk.held
         ):
             return None
-        header: Header = {
-            "o": int(Data.HANDOVER),
-            "c": cid,
-            "v": chunk.version,
-            "k": chunk.round,
-            "e": self.store.epoch,
-            "dt": WIRE_DTYPES[chunk.value.dtype],
-            "n": chunk.spec.numel,
-        }
         frames: list[Frame] = [as_bytes(chunk.value)]
-        header["p"] = [chunk.pushes, chunk.dropped, chunk.discounted]
+        hp = state = None
         if chunk.optimizer is not None:
-            encode_state(chunk.optimizer, header, frames)
+            hp, state = encode_state(chunk.optimizer, frames)
         self._rids += 1
         move.rid = self._rids
-        header["i"] = move.rid
+        header = headers.handover(
+            rid=move.rid,
+            chunk=cid,
+            version=chunk.version,
+            round=chunk.round,
+            epoch=self.store.epoch,
+            dtype=WIRE_DTYPES[chunk.value.dtype],
+            numel=chunk.spec.numel,
+            counts=[chunk.pushes, chunk.dropped, chunk.discounted],
+            hp=hp,
+            state=state,
+        )
         move.to(ChunkPhase.HANDED)
         del self.store.chunks[cid]
         return self.store.servers[move.owner], header, frames
@@ -175,11 +189,14 @@ class Handover:
     def arrive(
         self, header: Header, frames: Sequence[memoryview]
     ) -> list[tuple[Peer, list[memoryview]]]:
-        """Take a HANDOVER (``frames``: those after the header): the chunk is OWNED
-        here from now on. Returns the requests that waited for it, in order. Raises a
-        BAD_STATE :class:`ProtocolError` for a chunk this server does not expect, or as
-        :func:`decode_state` (and then nothing changed)."""
-        cid = field(header, "c", int)
+        """Take a HANDOVER (``header`` as decoded, ``frames``: those after the header):
+        the chunk is OWNED here from now on. Returns the requests that waited for it, in
+        order. Raises :class:`ProtocolError` (and then nothing changed): MALFORMED for a
+        mistyped key (:func:`~trimtab.protocol.headers.read_handover`), BAD_STATE for a
+        chunk this server does not expect, as ``check_tensor_frames`` for the value, or
+        as :func:`decode_state`."""
+        msg = headers.read_handover(header)
+        cid = msg["c"]
         move = self.moves.get(cid)
         if move is None or move.phase is not ChunkPhase.ARRIVING:
             raise ProtocolError(
@@ -190,11 +207,11 @@ class Handover:
         value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
         chunk: Chunk = self.store.new_chunk(spec)
         chunk.value.copy_(value)
-        chunk.version = field(header, "v", int)
-        chunk.round = field(header, "k", int)
-        chunk.pushes, chunk.dropped, chunk.discounted = (int(x) for x in field(header, "p", list))
+        chunk.version = msg["v"]
+        chunk.round = msg["k"]
+        chunk.pushes, chunk.dropped, chunk.discounted = msg["p"]
         if chunk.optimizer is not None:
-            decode_state(chunk.optimizer, header, frames[1:])
+            decode_state(chunk.optimizer, msg, frames[1:])
         move.to(ChunkPhase.OWNED)
         del self.moves[cid]
         self.store.chunks[cid] = chunk

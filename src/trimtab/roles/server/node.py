@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ChunkMoved, JobAborted, ProtocolError
+from trimtab.protocol import headers
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -25,6 +26,7 @@ from trimtab.protocol.messages import (
     decode,
     error_of,
     inline,
+    read_error,
 )
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.handover import Handover
@@ -148,10 +150,7 @@ class Server:
         torch.set_grad_enabled(False)  # (this thread's setting) nothing here needs autograd
         warm_up()
         forget_state_dump = add_state_dump(self.describe)
-        self._loop.send(
-            self._coord,
-            {"o": int(Control.REGISTER), "i": 1, "role": "server", "addr": self.address},
-        )
+        self._loop.send(self._coord, headers.register_server(rid=1, addr=self.address))
         try:
             while not self._stop:
                 env = self._transport.recv(min(self.config.heartbeat_s, LOAD_REPORT_S))
@@ -210,41 +209,44 @@ class Server:
         except ProtocolError as exc:
             log.error("undecodable message from the coordinator: %s", exc)
             return
+        try:
+            self._control(header)
+        except ProtocolError as exc:  # a reader's: the coordinator's terms are unknown
+            self._abort = f"malformed message from the coordinator: {error_of(exc)[1]}"
+            self._stop = True
+
+    def _control(self, header: Header) -> None:
+        """Handle a decoded control message; raises a reader's MALFORMED ProtocolError."""
         op = header["o"]
         if op == Control.REGISTERED:
-            self._store.index = header["rank"]
+            self._store.index = headers.read_registered(header)["rank"]
             self.state = ServerState.SERVING
             log.info("server %d serving at %s", self.index, self.address)
         elif op == Control.MAP:
-            self._apply_map(header)
-            self._loop.send(
-                self._coord,
-                {"o": int(Control.MAP_ACK), "i": header["i"], "epoch": self._store.epoch},
-            )
+            self._apply_map(headers.read_job_map(header))
+            self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
         elif op == Control.MIGRATE:
-            cuts = self._handover.plan(header)
-            self._loop.send(
-                self._coord,
-                {"o": int(Control.MIGRATE_ACK), "i": 0, "epoch": self._store.epoch, "cuts": cuts},
-            )
+            cuts = self._handover.plan(headers.read_migrate(header))
+            self._loop.send(self._coord, headers.migrate_ack(epoch=self._store.epoch, cuts=cuts))
             for cid in self._handover.leaving():
                 self._hand_over(cid)
             early, self._handover.early = self._handover.early, []
             for peer, frames in early:
                 self._on_data(peer, frames)
-        elif op == Control.OK and isinstance(header.get("k"), int):
-            self.meter.advance(header["k"])  # the job's clock, for a server with little to do
+        elif op == Control.OK and "k" in header:
+            # The job's clock (answering LOAD), for a server with little to do.
+            self.meter.advance(headers.read_job_clock(header)["k"])
         elif op == Control.SHUTDOWN:
             log.info("server %d: job finished, shutting down", self.index)
             self._stop = True
         elif op == Control.ABORT:
-            self._abort = str(header.get("why", "job aborted"))
+            self._abort = headers.read_abort(header)["why"]
             self._stop = True
         elif op == Control.ERROR:
-            self._abort = f"coordinator refused us: {header.get('msg')}"
+            self._abort = f"coordinator refused us: {read_error(header)['msg']}"
             self._stop = True
 
-    def _apply_map(self, header: Header) -> None:
+    def _apply_map(self, header: headers.JobMapHeader) -> None:
         store = self._store
         store.apply_map(header)
         log.info(
@@ -268,14 +270,9 @@ class Server:
         meter = self.meter
         self._loop.send(
             self._coord,
-            {
-                "o": int(Control.LOAD),
-                "i": 0,
-                "busy": meter.busy_s,
-                "bytes": meter.bytes,
-                "n": meter.requests,
-                "step": meter.step,
-            },
+            headers.load(
+                busy_s=meter.busy_s, nbytes=meter.bytes, requests=meter.requests, step=meter.step
+            ),
         )
 
     # -- data plane ----------------------------------------------------------------
@@ -296,15 +293,11 @@ class Server:
                         return
                     self._handover.acked(handed)
                     self._loop.send(
-                        self._coord,
-                        {
-                            "o": int(Control.HANDED),
-                            "i": 0,
-                            "epoch": self._store.epoch,
-                            "c": [handed],
-                        },
+                        self._coord, headers.handed(epoch=self._store.epoch, chunks=[handed])
                     )
                     return
+            # A peek, before the op's reader: is it for a chunk on its way here? Any
+            # request may carry anything; its reader judges it once it is handled.
             cid = header.get("c")
             if (
                 self._store.moves  # (empty but while placement changes: one check a push)
@@ -323,12 +316,13 @@ class Server:
                 # The chunk is on its way here: answer once it arrived.
                 self._handover.queue(cid, peer, frames)
                 return
-            if op == Data.HANDOVER and header.get("e", 0) > self._store.epoch:
-                # The old owner learned of the new map before we did: wait for it.
-                self._handover.early.append((peer, frames))
-            elif op == Data.HANDOVER:
-                queued = self._handover.arrive(header, frames[1:])
-                self._loop.send(peer, {"o": int(Data.ACK), "i": rid})
+            if op == Data.HANDOVER:
+                if headers.read_handover(header)["e"] > self._store.epoch:
+                    # The old owner learned of the new map before we did: wait for it.
+                    self._handover.early.append((peer, frames))
+                    return
+                queued = self._handover.arrive(header, frames[1:])  # (reads it again: rare)
+                self._loop.send(peer, headers.ack(rid=rid))
                 for qpeer, qframes in queued:
                     self._on_data(qpeer, qframes)
             elif op == Data.PUSH:
@@ -337,30 +331,25 @@ class Server:
                 )
                 for r in replies:
                     self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
-                if self._store.moves:  # a leaving chunk goes once its last round is answered
-                    self._hand_over(header["c"])
+                if replies and self._store.moves:
+                    # A leaving chunk goes once its last round is answered: only a push
+                    # that got replies out (its own among them) can have made it ready.
+                    self._hand_over(replies[0].chunk.spec.id)
             elif op == Data.PULL:
-                chunk = self._store.owned(header)
+                chunk = self._store.owned(headers.read_pull(header)["c"])
                 self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
                 self._store.init(header, frames[1:])
-                self._loop.send(peer, {"o": int(Data.ACK), "i": rid})
+                self._loop.send(peer, headers.ack(rid=rid))
             elif op == Data.STATS:
-                self._loop.send(peer, {"o": int(Data.ACK), "i": rid, **self.stats()})
+                self._loop.send(peer, headers.stats_reply(rid=rid, stats=self.stats()))
             else:
                 raise ProtocolError(
                     ErrorCode.UNKNOWN_OP.value, f"op {op} is not a data op a server answers"
                 )
-        except ChunkMoved as moved:
+        except ChunkMoved as gone:
             self._loop.send(
-                peer,
-                {
-                    "o": int(Data.MOVED),
-                    "i": rid,
-                    "c": moved.chunk,
-                    "s": moved.owner,
-                    "e": moved.epoch,
-                },
+                peer, headers.moved(rid=rid, chunk=gone.chunk, owner=gone.owner, epoch=gone.epoch)
             )
         except ProtocolError as exc:
             code, msg = error_of(exc)
@@ -382,19 +371,18 @@ class Server:
     ) -> None:
         """Send a VALUE of ``chunk`` carrying ``t`` (None: no value, ``z``), into the
         push's shared-memory ``slot`` when it has one and ``t`` fits."""
-        header: Header = {
-            "o": int(Data.VALUE),
-            "i": rid,
-            "c": chunk.spec.id,
-            "v": chunk.version,
-            "k": round_,
-            "n": chunk.spec.numel,
-        }
+        spec = chunk.spec
+        header = headers.value(
+            rid=rid,
+            chunk=spec.id,
+            version=chunk.version,
+            round=round_,
+            numel=spec.numel,
+            dtype=None if t is None else WIRE_DTYPES[t.dtype],
+        )
         if t is None:
-            header["z"] = True
             self._loop.send(peer, header)
             return
-        header["dt"] = WIRE_DTYPES[t.dtype]
         if t is chunk.value:
             frame = chunk.value_bytes
         elif t is chunk.merge:
@@ -405,7 +393,7 @@ class Server:
         if slot is not None and frame.nbytes <= slot.capacity:
             # The push's gradient was consumed on arrival: its slot takes the value.
             slot.arena.buf[slot.offset : slot.offset + frame.nbytes] = frame
-            header["sm"] = 1
+            header["sm"] = headers.IN_SLOT
             self._loop.send(peer, header)
             return
         self._loop.send(peer, header, inline(header, frame))

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
-from trimtab.protocol.messages import ErrorCode, Header, field
+from trimtab.protocol.headers import PushHeader
+from trimtab.protocol.messages import ErrorCode
 from trimtab.transport.shm import Arena, job_prefix
 
 
@@ -32,20 +33,17 @@ class SharedArenas:
         self._arenas: dict[str, Arena] = {}
 
     def read(
-        self, header: Header, frames: Sequence[memoryview], server: int
+        self, header: PushHeader, frames: Sequence[memoryview], server: int
     ) -> tuple[Slot, list[memoryview]]:
-        """A push whose gradient is in the worker's shared memory (its ``sm``): its slot,
-        and the gradient's bytes there. Never blocks. Raises :class:`ProtocolError`:
-        MALFORMED for a bad ``sm`` or a slot outside the arena, NO_SHM if the arena
-        cannot be mapped here (``server`` names this server in the message)."""
+        """A push whose gradient is in the worker's shared memory (its ``sm``, whose
+        shape :func:`~trimtab.protocol.headers.read_push` checked): its slot, and the
+        gradient's bytes there. Never blocks. Raises :class:`ProtocolError`: MALFORMED
+        for a tensor frame besides the slot, an ``sm`` of nil, another job's arena, a
+        push with no ``dt`` and ``n`` (one with ``z``) or a slot outside the arena;
+        NO_SHM if the arena cannot be mapped here (``server`` names this server in the
+        message)."""
         sm = header["sm"]
-        if (
-            frames
-            or not isinstance(sm, list)
-            or len(sm) != 3
-            or not isinstance(sm[0], str)
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in sm[1:])
-        ):
+        if frames or sm is None:  # (read_push passes a nil sm as if it were absent)
             raise ProtocolError(
                 ErrorCode.MALFORMED.value,
                 "'sm' must be [arena, offset, capacity], with no tensor frame",
@@ -65,7 +63,12 @@ class SharedArenas:
                     f"server {server} cannot map shared memory {name!r} ({exc}); send it the bytes",
                 ) from None
             self._arenas[name] = arena
-        nbytes = field(header, "n", int) * DTYPE_SIZES.get(field(header, "dt", str), 0)
+        numel, dtype = header.get("n"), header.get("dt")
+        if numel is None or dtype is None:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, "a push naming a slot needs its 'dt' and 'n'"
+            )
+        nbytes = numel * DTYPE_SIZES.get(dtype, 0)
         if nbytes > capacity:
             raise ProtocolError(
                 ErrorCode.MALFORMED.value, f"{nbytes} bytes do not fit a slot of {capacity}"

@@ -12,7 +12,8 @@ import torch
 from trimtab.core.chunks import ChunkSpec, TensorSpec, make_chunks
 from trimtab.errors import ChunkMoved, ProtocolError
 from trimtab.policies.consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
-from trimtab.protocol.messages import ErrorCode, Header, field, payload_frames
+from trimtab.protocol import headers
+from trimtab.protocol.messages import ErrorCode, Header, payload_frames
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import ChunkOptimizer, OptimizerMode
@@ -114,8 +115,9 @@ class ChunkStore:
 
     # -- the job and the map -----------------------------------------------------------
 
-    def learn_job(self, header: Header) -> None:
-        """Take what every map carries about the job: tensors, optimizer, workers, mode."""
+    def learn_job(self, header: headers.JobMapHeader) -> None:
+        """Take what every map carries about the job (MAP or MIGRATE, read): tensors,
+        optimizer, workers, mode."""
         self.tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
         self.specs = make_chunks(self.tensors, header["chunk_bytes"])
         self.workers = set(header["workers"])
@@ -134,8 +136,9 @@ class ChunkStore:
         server_opt = (self._opt["cls"], hp) if self.mode is OptimizerMode.SERVER else None
         return Chunk(spec, server_opt)
 
-    def apply_map(self, header: Header) -> None:
-        """Take the job's first map (MAP): hold, fresh, every chunk it gives this server."""
+    def apply_map(self, header: headers.JobMapHeader) -> None:
+        """Take the job's first map (MAP, read): hold, fresh, every chunk it gives this
+        server."""
         self.learn_job(header)
         self.owners = tuple(header["owners"])
         self.epoch = header["epoch"]
@@ -145,10 +148,9 @@ class ChunkStore:
             if self.owners[spec.id] == self.index
         }
 
-    def owned(self, header: Header) -> Chunk:
-        """The chunk ``header`` names. Raises :class:`ChunkMoved` if another server has
-        it, a MALFORMED or UNKNOWN_CHUNK :class:`ProtocolError` for a bad id."""
-        cid = field(header, "c", int)
+    def owned(self, cid: int) -> Chunk:
+        """Chunk ``cid`` (a read header's ``c``). Raises :class:`ChunkMoved` if another
+        server has it, an UNKNOWN_CHUNK :class:`ProtocolError` for an id out of range."""
         chunk = self.chunks.get(cid)
         if chunk is not None:
             return chunk
@@ -164,28 +166,35 @@ class ChunkStore:
     def push(
         self, peer: Peer, header: Header, frames: Sequence[memoryview], lane: bool
     ) -> Sequence[Reply]:
-        """Validate a PUSH (``frames``: those after the header; ``lane``: whether it
-        came over the local lane) and merge its gradient, scaled by its weight; apply
-        the update if the round is complete. Returns the replies to send now."""
+        """Validate a PUSH (``header`` as decoded, ``frames``: those after the header;
+        ``lane``: whether it came over the local lane) and merge its gradient, scaled by
+        its weight; apply the update if the round is complete. Returns the replies to
+        send now.
+
+        Checks, in order: the inline payload (MALFORMED), every key's type
+        (:func:`~trimtab.protocol.headers.read_push`: MALFORMED), the chunk (MOVED,
+        UNKNOWN_CHUNK), the shared-memory slot, the cut of a leaving chunk (MOVED), the
+        worker (BAD_STATE), the weight (MALFORMED), the consistency policy and a second
+        push of the round (BAD_STATE), the tensor (BAD_DTYPE, BAD_SHAPE, MALFORMED)."""
         frames = payload_frames(header, frames)
-        chunk = self.owned(header)
+        msg = headers.read_push(header)
+        chunk = self.owned(msg["c"])
         slot = None
-        if "sm" in header:
-            slot, frames = self.arenas.read(header, frames, self.index)
+        if "sm" in msg:
+            slot, frames = self.arenas.read(msg, frames, self.index)
             # What a socket would have carried: for the speed figure.
             self.meter.count(frames[0].nbytes)
-        rank = field(header, "r", int)
-        clock = field(header, "k", int)
+        rank = msg["r"]
+        clock = msg["k"]
         move = self.moves.get(chunk.spec.id)
         if move is not None and move.phase is ChunkPhase.LEAVING and clock >= move.cut:
             raise ChunkMoved(chunk.spec.id, move.owner, self.epoch)
-        weight = field(header, "w", (int, float))
-        read = header.get("v", chunk.version)
+        weight = msg["w"]
         if rank not in self.workers:
             raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker {rank} is not in this job")
-        if not isinstance(read, int) or isinstance(read, bool) or weight <= 0:
-            raise ProtocolError(ErrorCode.MALFORMED.value, "'v' must be an int, 'w' positive")
-        info = PushInfo(rank, clock, float(weight), read, chunk.version)
+        if weight <= 0:
+            raise ProtocolError(ErrorCode.MALFORMED.value, "'w' must be positive")
+        info = PushInfo(rank, clock, float(weight), msg.get("v", chunk.version), chunk.version)
         why = self.consistency.check(info, chunk.round, chunk.last_clock.get(rank))
         if why is not None:
             raise ProtocolError(ErrorCode.BAD_STATE.value, f"chunk {chunk.spec.id}: {why}")
@@ -195,13 +204,11 @@ class ChunkStore:
                 f"worker {rank} already pushed chunk {chunk.spec.id} for clock {clock}",
             )
         grad = None
-        if not header.get("z", False):
+        if not msg.get("z", False):
             grad = check_tensor_frames(
                 header, frames, chunk.spec.dtype, chunk.spec.numel, compressed=True
             )
-        hp = header.get("hp")
-        if hp is not None and not isinstance(hp, dict):
-            raise ProtocolError(ErrorCode.MALFORMED.value, "'hp' must be a map")
+        hp = msg.get("hp")
         # Everything is validated: from here on the chunk's state changes.
         if hp and chunk.optimizer is not None:
             chunk.optimizer.set_hparams(hp)
@@ -244,7 +251,7 @@ class ChunkStore:
                     chunk.any_grad = True
         chunk.arrived.add(rank)
         chunk.last_clock[rank] = clock
-        chunk.waiting.append(Reply(peer, header["i"], rank, clock + 1, chunk, slot))
+        chunk.waiting.append(Reply(peer, msg["i"], rank, clock + 1, chunk, slot))
         if self.consistency.ready(chunk.arrived, self.workers):
             return self.update(chunk)
         return NO_REPLIES
@@ -305,8 +312,10 @@ class ChunkStore:
         return out
 
     def init(self, header: Header, frames: Sequence[memoryview]) -> None:
-        """Set a chunk's value from an INIT (``frames``: those after the header)."""
-        chunk = self.owned(header)
+        """Set a chunk's value from an INIT (``header`` as decoded, ``frames``: those
+        after the header). Raises MALFORMED for a mistyped key, then as :meth:`owned`,
+        then BAD_DTYPE, BAD_SHAPE or MALFORMED for the tensor."""
+        chunk = self.owned(headers.read_init(header)["c"])
         value = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
         chunk.value.copy_(value)
 
