@@ -16,6 +16,7 @@ from trimtab.protocol.headers import JobMapHeader, MapReplyHeader
 from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
+from trimtab.settings import BatchingSettings, ConsistencySettings
 from trimtab.transport.base import Peer
 
 log = logging.getLogger("trimtab.coordinator")
@@ -23,8 +24,8 @@ log = logging.getLogger("trimtab.coordinator")
 #: What a node assumes of a job term the MAP leaves out (see ``read_job_map``): a term
 #: not given to :class:`Maps` is sent as this, which means the same to every node.
 _TERM_DEFAULTS: dict[str, Any] = {
-    "batching": "equal",
-    "consistency": "bsp",
+    "batching": BatchingSettings().policy,
+    "consistency": ConsistencySettings().mode,
     "report_s": 0.0,
     "time_servers": False,
     "consistency_args": {},
