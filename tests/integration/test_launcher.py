@@ -187,24 +187,38 @@ def test_script_without_a_job_says_how_to_start_one(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_train_reaches_accuracy_and_prints_json_last() -> None:
+    # A mark in the environment every process of this job inherits, so the leftover
+    # check below sees only this job's processes, not another job's running beside it.
+    mark = f"train-{os.getpid()}-{time.monotonic_ns()}"
     proc = subprocess.run(
         [sys.executable, "-m", "trimtab", "train", "--json"],
         capture_output=True,
         text=True,
         timeout=110,
+        env={**os.environ, "TRIMTAB_TEST_MARK": mark},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["test_accuracy"] >= 0.95
     assert result["workers"] == 2 and result["servers"] == 2
     assert result["iterations"] > 0 and result["samples_per_s"] > 0
-    pattern = "trimtab.examples.digits|trimtab (server|coordinator)"
-    leftovers = subprocess.run(
-        ["pgrep", "-af", pattern], capture_output=True, text=True, check=False
-    ).stdout
-    # Every process of the job runs this interpreter; others' on a shared machine do not.
-    ours = [line for line in leftovers.splitlines() if sys.executable in line]
-    assert [line for line in ours if "pgrep" not in line] == []
+    assert _processes_marked(mark) == []
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """The live processes whose environment holds ``TRIMTAB_TEST_MARK=mark``."""
+    needle = f"TRIMTAB_TEST_MARK={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.timeout(90)
