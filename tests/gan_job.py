@@ -76,9 +76,7 @@ def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _bce(logits: torch.Tensor, target: float) -> torch.Tensor:
-    return nn.functional.binary_cross_entropy_with_logits(
-        logits, torch.full_like(logits, target)
-    )
+    return nn.functional.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
 
 
 def disc_loss(gen: nn.Module, disc: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
