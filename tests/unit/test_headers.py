@@ -721,6 +721,7 @@ def test_every_op_has_a_builder() -> None:
         h.status_request(),
         h.report(clock=0, batch=1, compute_s=0, comm_s=0, cpu_share=0, floor=0, spans=[]),
         h.migrate(job_map=built_job_map(), epoch=2, owners=[], servers=[]),
+        h.extend(job_map=built_job_map()),
         h.migrate_ack(epoch=1, cuts={}),
         h.handed(epoch=1, chunks=[]),
         h.map_get(epoch=1, floor=1),

@@ -186,11 +186,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "mode": self._mode.value,
             "groups": [hyperparameters(g) for g in self.param_groups],
         }
-        ctx.declare(specs, opt)
-        chunks_of: dict[torch.Tensor, list[ChunkSpec]] = {p: [] for _, p, _ in params}
+        table = ctx.declare(specs, opt)  # this optimizer's chunks, among the job's
         tensors = [p for _, p, _ in params]
-        for c in ctx.chunks:
-            chunks_of[tensors[c.tensor]].append(c)
+        chunks_of: dict[torch.Tensor, list[ChunkSpec]] = dict(
+            zip(tensors, table.chunks_by_tensor(), strict=True)
+        )
         slots = SlotMap.create(
             ctx.config.job,
             f"w{ctx.rank}",

@@ -32,7 +32,7 @@ Short keys, and what each carries in which message:
     ``v``       version: VALUE, HANDOVER; in PUSH, the version the worker last read.
     ``e``       epoch: INIT, PUSH, PULL (the sender's map), MOVED, HANDOVER (the
                 server's), MAP_GET (the one wanted). Spelt ``epoch`` in MAP, MIGRATE,
-                MAP_ACK, MIGRATE_ACK, HANDED, the OKs answering REPORT and STATUS, and
+                EXTEND, MAP_ACK, MIGRATE_ACK, HANDED, the OKs answering REPORT and STATUS, and
                 the ACK answering STATS.
     ``lo``      floor: HEARTBEAT, MAP_GET, REPORT.
     ``cuts``    chunk id (a decimal string) -> cut: MIGRATE_ACK, MAP answering MAP_GET.
@@ -44,7 +44,8 @@ Short keys, and what each carries in which message:
     ``dt``      wire dtype name; ``z`` no tensor; ``w`` weight (batch size); ``r`` worker
                 rank; ``s`` server rank; ``hp`` hyperparameters; ``st`` optimizer state;
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
-                seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD.
+                seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD;
+                ``t`` table (a worker's n-th optimizer): DECLARE.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ from trimtab.protocol.data import (
 )
 from trimtab.protocol.placement import (
     DeclareHeader,
+    ExtendHeader,
     HandedHeader,
     JobClockHeader,
     JobMapHeader,
@@ -137,6 +139,7 @@ from trimtab.protocol.placement import (
     ReportReplyHeader,
     batch_sizes,
     declare,
+    extend,
     handed,
     job_clock,
     job_map,
@@ -147,6 +150,7 @@ from trimtab.protocol.placement import (
     migrate,
     migrate_ack,
     read_declare,
+    read_extend,
     read_handed,
     read_job_clock,
     read_job_map,
@@ -158,6 +162,7 @@ from trimtab.protocol.placement import (
     read_migrate_ack,
     read_report,
     read_report_reply,
+    read_tables,
     report,
     report_reply,
 )
@@ -172,6 +177,7 @@ __all__ = [
     "BcastValueHeader",
     "DeclareHeader",
     "DoneHeader",
+    "ExtendHeader",
     "HandedHeader",
     "HandoverHeader",
     "HeartbeatHeader",
@@ -209,6 +215,7 @@ __all__ = [
     "bcast_value",
     "declare",
     "done",
+    "extend",
     "handed",
     "handover",
     "heartbeat",
@@ -231,6 +238,7 @@ __all__ = [
     "read_bcast_put",
     "read_bcast_value",
     "read_declare",
+    "read_extend",
     "read_floor",
     "read_handed",
     "read_handover",
@@ -254,6 +262,7 @@ __all__ = [
     "read_scale_reply",
     "read_stats_reply",
     "read_status_reply",
+    "read_tables",
     "read_value",
     "register_server",
     "register_worker",

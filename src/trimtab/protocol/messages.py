@@ -75,9 +75,9 @@ class Control(enum.IntEnum):
     REGISTER = 1  # node -> coord {role, addr | rank}; reply REGISTERED
     REGISTERED = 2  # {rank, num_workers, num_servers, chunk_bytes, heartbeat_s}
     HEARTBEAT = 3  # node -> coord {lo?}, echoed by the coordinator
-    DECLARE = 4  # worker -> coord {tensors, opt}; reply MAP once all workers declared
+    DECLARE = 4  # worker -> coord {tensors, opt, t?}; reply MAP once all workers declared
     MAP = 5  # coord -> node: the job map {epoch, tensors, chunk_bytes, owners, servers,
-    #          opt, workers, batching, consistency, ...}; or, answering MAP_GET, the
+    #          opt, workers, batching, consistency, tables?, ...}; or, answering MAP_GET, the
     #          published map {epoch, owners, servers, prev, cuts}
     MAP_ACK = 6  # server -> coord {epoch}, once it holds the chunks the map gives it
     BARRIER = 7  # worker -> coord {name}; reply OK when every worker arrived
@@ -101,6 +101,8 @@ class Control(enum.IntEnum):
     #               once a map of at least epoch e is published
     LOAD = 22  # server -> coord {busy, bytes, n, step}; reply OK {k}
     SCALE = 23  # tool -> coord {servers}: go to this many servers; reply OK {target}
+    EXTEND = 30  # coord -> server {the job map's keys with one more table, new epoch,
+    #              owners}: hold, fresh, the new table's chunks given you; reply MAP_ACK
 
 
 class Data(enum.IntEnum):

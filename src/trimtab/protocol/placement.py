@@ -38,26 +38,33 @@ _MIGRATE_ACK = int(Control.MIGRATE_ACK)
 _HANDED = int(Control.HANDED)
 _MAP_GET = int(Control.MAP_GET)
 _LOAD = int(Control.LOAD)
+_EXTEND = int(Control.EXTEND)
 
 # -- the first map ------------------------------------------------------------------
 
 
 class DeclareHeader(WireHeader):
-    """DECLARE, worker -> coordinator: the tensors to train; answered MAP (the job map)
-    once every worker declared the same and every server acknowledged its chunks."""
+    """DECLARE, worker -> coordinator: the tensors of one optimizer (a *table*) to
+    train; answered MAP (the job map, every table so far) once every worker declared the
+    same and every server acknowledged its chunks."""
 
     tensors: list[list[Any]]  # TensorSpec.to_wire() of each: [name, shape, dtype, group]
     opt: dict[str, Any]  # the optimizer: mode, cls, per-group hyperparameters
+    t: NotRequired[int]  # the table: this worker's n-th optimizer, from 0 (absent: 0)
 
 
-def declare(*, tensors: list[list[Any]], opt: dict[str, Any]) -> DeclareHeader:
-    return {"o": _DECLARE, "tensors": tensors, "opt": opt}
+def declare(*, tensors: list[list[Any]], opt: dict[str, Any], table: int = 0) -> DeclareHeader:
+    """``table`` 0 (the first optimizer) leaves ``t`` out."""
+    header: DeclareHeader = {"o": _DECLARE, "tensors": tensors, "opt": opt}
+    if table:
+        header["t"] = table
+    return header
 
 
 def read_declare(header: Header) -> DeclareHeader:
-    """Checks that ``tensors`` is a list and ``opt`` a map; each tensor spec is the
-    caller's to parse (``TensorSpec.from_wire``)."""
-    fields(header, (("tensors", list), ("opt", dict)))
+    """Checks that ``tensors`` is a list, ``opt`` a map and ``t`` an int if present;
+    each tensor spec is the caller's to parse (``TensorSpec.from_wire``)."""
+    fields(header, (("tensors", list), ("opt", dict)), (("t", int),))
     return cast(DeclareHeader, header)
 
 
@@ -78,6 +85,10 @@ class JobMapHeader(WireHeader):
     report_s: float  # a worker reports its steps at most this often (0: every step)
     time_servers: bool  # whether workers time each server (a live placement reads it)
     consistency_args: dict[str, Any]  # e.g. staleness for ssp
+    # With more than one table (DistributedOptimizer): per table, in declaration order,
+    # [its tensor count, its opt]; ``tensors`` lists every table's, ``opt`` is table 0's.
+    # Absent: one table of every tensor, under ``opt`` (see :func:`read_tables`).
+    tables: NotRequired[list[list[Any]]]
 
 
 def job_map(
@@ -94,8 +105,10 @@ def job_map(
     report_s: float,
     time_servers: bool,
     consistency_args: dict[str, Any],
+    tables: list[list[Any]] | None = None,
 ) -> JobMapHeader:
-    return {
+    """``tables`` (None with one table) is added last, only when given."""
+    header: JobMapHeader = {
         "o": _MAP,
         "epoch": epoch,
         "tensors": tensors,
@@ -110,6 +123,9 @@ def job_map(
         "time_servers": time_servers,
         "consistency_args": consistency_args,
     }
+    if tables is not None:
+        header["tables"] = tables
+    return header
 
 
 _JOB_MAP_KEYS: KeySpec = (
@@ -128,12 +144,60 @@ _JOB_MAP_OPTIONAL: KeySpec = (
     ("report_s", NUMBER),
     ("time_servers", bool),
     ("consistency_args", dict),
+    ("tables", list),
 )
 
 
 def read_job_map(header: Header) -> JobMapHeader:
     fields(header, _JOB_MAP_KEYS, _JOB_MAP_OPTIONAL)
     return cast(JobMapHeader, header)
+
+
+def read_tables(header: JobMapHeader) -> list[tuple[int, dict[str, Any]]]:
+    """A read job map's tables: per table, in order, its tensor count and its ``opt``
+    (one table of every tensor under ``opt`` when ``tables`` is absent). Raises a
+    MALFORMED :class:`ProtocolError` unless each is ``[count, map]`` and the counts add
+    up to the tensors'."""
+    raw = header.get("tables")
+    if raw is None:
+        return [(len(header["tensors"]), header["opt"])]
+    tables: list[tuple[int, dict[str, Any]]] = []
+    for entry in raw:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and type(entry[0]) is int
+            and entry[0] >= 0
+            and isinstance(entry[1], dict)
+        ):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"a table {entry!r} is not [tensor count, opt]"
+            )
+        tables.append((entry[0], entry[1]))
+    if sum(n for n, _ in tables) != len(header["tensors"]):
+        raise ProtocolError(
+            ErrorCode.MALFORMED.value,
+            f"the tables count {sum(n for n, _ in tables)} tensors, the map lists "
+            f"{len(header['tensors'])}",
+        )
+    return tables
+
+
+class ExtendHeader(JobMapHeader):
+    """EXTEND, coordinator -> every live server: the job grew by a table (another
+    DistributedOptimizer): the job map's keys with every table, a new ``epoch`` and the
+    ``owners`` of every chunk (the new table's chunks follow the others' ids). A server
+    holds, fresh, the new chunks given it; answered MAP_ACK."""
+
+
+def extend(*, job_map: JobMapHeader) -> ExtendHeader:
+    """``job_map``: the job map with the new table (without ``i``)."""
+    return {**job_map, "o": _EXTEND, "i": 0}
+
+
+def read_extend(header: Header) -> ExtendHeader:
+    fields(header, _JOB_MAP_KEYS, _JOB_MAP_OPTIONAL)
+    return cast(ExtendHeader, header)
 
 
 class MapAckHeader(WireHeader):

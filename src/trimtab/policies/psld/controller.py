@@ -94,6 +94,14 @@ class PsldController:
         """Whether a tried map awaits its verdict (the step times of its window)."""
         return self._trial is not None
 
+    def chunks_changed(self) -> None:
+        """The job's chunk table grew (another optimizer's tensors): a trial's maps
+        name fewer chunks than there are, so it is dropped unjudged (nothing rolls back
+        to it) and move halving starts afresh. Never blocks."""
+        self._trial = None
+        self._max_moves = None
+        self._halved_for = None
+
     def observe_step(self, clock: int, step_s: float) -> None:
         """Record the step time of clock ``clock`` (the slowest worker's, ideally)."""
         self._steps[clock] = max(step_s, self._steps.get(clock, 0.0))

@@ -1,6 +1,17 @@
 """The placement map at the coordinator: the workers' declarations, the first placement,
-the map published after each migration, and the workers waiting for a newer one. Pure:
-each operation returns the messages to send."""
+the job's growth by a table per further DistributedOptimizer, the map published after
+each migration, and the workers waiting for a newer one. Pure: each operation returns
+the messages to send.
+
+A job holds one *table* per DistributedOptimizer a worker builds (a GAN's generator and
+discriminator: two), declared by every worker in the same order. The first table's
+declarations make the first map; each later one, once every worker declared it, gets
+the next chunk ids (its tensors follow the others'), placed over the active servers,
+and a new map epoch covering every chunk: each live server is sent EXTEND and holds its
+new chunks fresh; once all acknowledged, the declaring workers get the map. Each table
+keeps its own ``opt`` (optimizer class, mode, groups), which the job map carries in
+``tables``. No table is added while a migration is in flight, nor a migration started
+while a table's chunks are being placed (:attr:`Maps.pending`)."""
 
 from __future__ import annotations
 
@@ -8,7 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trimtab.core.chunks import PlacementMap, TensorSpec, make_chunks
+from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ProtocolError
 from trimtab.policies.placement import PlacementPolicy
 from trimtab.protocol import headers
@@ -53,14 +64,18 @@ class Maps:
         self._terms = {**_TERM_DEFAULTS, **terms}
         #: The current map (None until every worker declared and every server joined).
         self.map: PlacementMap | None = None
-        #: The first MAP: tensors, optimizer settings, the job's terms. A migration's
-        #: MIGRATE carries it too, with the new owners.
+        #: The job map: every table's tensors and optimizer settings, the job's terms,
+        #: and the map as of the first placement or the last table added. A
+        #: migration's MIGRATE carries it too, with the new owners.
         self.header: JobMapHeader | None = None
         #: Bytes of each chunk, by chunk id.
         self.sizes: list[int] = []
         #: What MAP_GET answers since the first migration: the map and its cuts (its
         #: ``i`` set per request).
         self.published: MapReplyHeader | None = None
+        #: The tables placed so far, in order: the tensors as declared and the ``opt``.
+        self.tables: list[tuple[list[Any], dict[str, Any]]] = []
+        # The declarations of the next table (number len(tables)), by worker rank.
         self._declared: dict[int, tuple[Peer, int, list[Any], dict[str, Any]]] = {}
         self._awaiting_acks: set[int] = set()
         self._waiters: list[tuple[Peer, int, int]] = []
@@ -75,22 +90,33 @@ class Maps:
         """The epoch of the last map a migration published (0 before any)."""
         return self.published["epoch"] if self.published is not None else 0
 
+    @property
+    def pending(self) -> bool:
+        """Whether a map was sent to the servers and not every one acknowledged it yet
+        (the first map, or a new table's): no migration may start meanwhile."""
+        return bool(self._awaiting_acks)
+
     def waiting(self) -> int:
         """How many MAP_GETs wait for a newer map."""
         return len(self._waiters)
 
     def declare(self, member: Member, header: Header) -> None:
-        """Take a worker's DECLARE (its ``tensors`` and ``opt``); the map follows once
-        every worker declared (:meth:`place`). Raises :class:`ProtocolError`: BAD_STATE
-        from a server or once a map exists, MALFORMED for a bad tensor list."""
+        """Take a worker's DECLARE (its ``tensors`` and ``opt`` of table ``t``); the map
+        follows once every worker declared the table (:meth:`place`). Raises
+        :class:`ProtocolError`: BAD_STATE from a server or for a table other than the
+        next (declared already, or one skipped), MALFORMED for a bad tensor list."""
         if member.role is not Role.WORKER:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers declare tensors")
-        if self.map is not None:
+        declared = headers.read_declare(header)
+        table = declared.get("t", 0)
+        if table != len(self.tables):
             raise ProtocolError(
                 ErrorCode.BAD_STATE.value,
-                "tensors were already declared: one DistributedOptimizer per job is supported",
+                f"worker {member.rank} declared the tensors of its optimizer number {table} "
+                f"(from 0), but the job has {len(self.tables)} placed and takes number "
+                f"{len(self.tables)} next: every worker must build its DistributedOptimizers "
+                "in the same order, each once",
             )
-        declared = headers.read_declare(header)
         tensors = declared["tensors"]
         try:
             [TensorSpec.from_wire(t) for t in tensors]
@@ -98,15 +124,18 @@ class Maps:
             raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
         self._declared[member.rank] = (member.peer, header["i"], tensors, declared["opt"])
 
-    def place(self, members: Members) -> Outbox:
-        """Make the first map once every worker declared and every server joined: the
-        servers get it now, the workers once every server acknowledged it
-        (:meth:`ack`). Workers that declared different tensors are all refused
-        (MISMATCH) and must declare again. Returns nothing while not ready."""
+    def place(self, members: Members, *, migrating: bool = False) -> Outbox:
+        """Make the first map once every worker declared and every server joined, or
+        add a table once every worker declared it (and no migration is in flight,
+        ``migrating``: retried when it is done): the servers get the map (MAP, or EXTEND)
+        now, the workers once every server acknowledged it (:meth:`ack`). Workers that
+        declared different tensors are all refused (MISMATCH) and must declare again.
+        Returns nothing while not ready."""
         if (
-            self.map is not None
+            self._awaiting_acks
             or len(self._declared) < members.num_workers
             or len(members.servers) < members.num_servers
+            or (self.map is not None and migrating)
         ):
             return []
         lowest = min(self._declared)
@@ -123,20 +152,14 @@ class Maps:
                 return out
         specs = [TensorSpec.from_wire(t) for t in first[2]]
         chunks = make_chunks(specs, self._chunk_bytes)
+        if self.map is not None:
+            return self._extend(members, first[2], first[3], specs, chunks)
+        self.tables.append((first[2], first[3]))
         self.sizes = [c.nbytes for c in chunks]
         owners = self._placement.place(specs, chunks, len(members.servers))
         self.map = PlacementMap(1, tuple(owners), tuple(m.addr for m in members.servers))
         members.placed(range(len(members.servers)))
-        self.header = headers.job_map(
-            epoch=self.map.epoch,
-            tensors=first[2],
-            chunk_bytes=self._chunk_bytes,
-            owners=owners,
-            servers=list(self.map.servers),
-            opt=first[3],
-            workers=sorted(members.workers),
-            **self._terms,
-        )
+        self.header = self._job_map(members)
         log.info(
             "placed %d tensors in %d chunks over %d servers (%s)",
             len(specs),
@@ -147,9 +170,79 @@ class Maps:
         self._awaiting_acks = {m.rank for m in members.servers}
         return [Send(m.peer, {**self.header, "i": 0}) for m in members.servers]
 
+    def _extend(
+        self,
+        members: Members,
+        tensors: list[Any],
+        opt: dict[str, Any],
+        specs: list[TensorSpec],
+        chunks: list[ChunkSpec],
+    ) -> Outbox:
+        """Add the table every worker declared (``tensors``, ``opt``; ``specs`` and
+        ``chunks`` cut from them, ids from 0): its chunks take the ids after the
+        others', placed by the policy over the active servers, under a new epoch. Every
+        live server is sent EXTEND; returns nothing if no server is active (retried at
+        the next placement)."""
+        current = self.map
+        active = members.active_servers()
+        if current is None or not active:
+            return []
+        local = self._placement.place(specs, chunks, len(active))
+        added = tuple(active[o].rank for o in local)
+        owners = current.owners + added
+        servers = tuple(m.addr for m in members.servers)
+        self.map = PlacementMap(current.epoch + 1, owners, servers)
+        self.tables.append((tensors, opt))
+        self.sizes = self.sizes + [c.nbytes for c in chunks]
+        members.placed(added)
+        self.header = self._job_map(members)
+        if self.published is not None:
+            # Chunks moved before keep their cuts (moot now: every worker pushed past
+            # them); the new ones never moved.
+            prev = self.published["prev"]
+            self.published = headers.map_reply(
+                rid=0,
+                epoch=self.map.epoch,
+                owners=list(owners),
+                servers=list(servers),
+                prev=[*prev, *owners[len(prev) :]],
+                cuts=self.published["cuts"],
+            )
+        log.info(
+            "table %d: %d tensors in %d chunks (ids %d..%d) over servers %s, map epoch %d",
+            len(self.tables) - 1,
+            len(specs),
+            len(chunks),
+            len(current.owners),
+            len(owners) - 1,
+            sorted(set(added)),
+            self.map.epoch,
+        )
+        live = [m for m in members.servers if not m.finished]
+        self._awaiting_acks = {m.rank for m in live}
+        extend = headers.extend(job_map=self.header)
+        return [Send(m.peer, extend) for m in live]
+
+    def _job_map(self, members: Members) -> JobMapHeader:
+        """The job map of the current map and every table (MAP's header, without ``i``)."""
+        assert self.map is not None
+        tables = self.tables
+        return headers.job_map(
+            epoch=self.map.epoch,
+            tensors=[t for tensors, _ in tables for t in tensors],
+            chunk_bytes=self._chunk_bytes,
+            owners=list(self.map.owners),
+            servers=list(self.map.servers),
+            opt=tables[0][1],
+            workers=sorted(members.workers),
+            **self._terms,
+            tables=[[len(t), o] for t, o in tables] if len(tables) > 1 else None,
+        )
+
     def ack(self, rank: int, members: Members) -> Outbox:
-        """Server ``rank`` holds its chunks of the first map; once every server does,
-        the declaring workers get the map (their routing floor starts there)."""
+        """Server ``rank`` holds its chunks of the map (the first, or a new table's);
+        once every server does, the declaring workers get the map (their routing floor
+        starts there), and MAP_GETs waiting for its epoch are answered."""
         self._awaiting_acks.discard(rank)
         if self._awaiting_acks or self.header is None or not self._declared:
             return []
@@ -158,7 +251,7 @@ class Maps:
             out.append(Send(peer, {**self.header, "i": rid}))
             members.by_peer[peer].floor = self.header["epoch"]
         self._declared.clear()
-        return out
+        return out + self._answer()
 
     def want(self, peer: Peer, rid: int, epoch: int) -> Outbox:
         """A MAP_GET for a map of at least ``epoch``: answered now if published, else

@@ -32,7 +32,9 @@ class MemberState(enum.Enum):
                  DRAINING -> EMPTY       it owns nothing as of map ``empty_at``
                  EMPTY -> RETIRED        every worker's routing floor passed ``empty_at``:
                                          told to exit
-        worker:  ACTIVE -> DONE          its script finished
+        worker:  ACTIVE -> DONE          its script finished (or called shutdown())
+                 DONE -> ACTIVE          it registered again, under its rank (init()
+                                         after shutdown()), while the job still runs
 
     A server is *active* (placement may give it chunks) while JOINED or ACTIVE; a
     member is *finished* (no longer watched for silence) once RETIRED or DONE.
@@ -52,6 +54,7 @@ _MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
     (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY}),
     (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED}),
     (Role.WORKER, MemberState.ACTIVE): frozenset({MemberState.DONE}),
+    (Role.WORKER, MemberState.DONE): frozenset({MemberState.ACTIVE}),
 }
 
 
@@ -116,9 +119,12 @@ class Members:
     def register(self, peer: Peer, header: Header, *, running: bool) -> Member:
         """Add the node that sent REGISTER ``header`` (``role``, ``rank``, ``addr``).
         ``running``: the job is placed already, so a server may join up to
-        :meth:`wanted_servers`. Raises :class:`ProtocolError` (BAD_STATE: registered
-        already, no rank or server slot free; MALFORMED: no or an unknown role, a server
-        without an address)."""
+        :meth:`wanted_servers`. A worker naming the rank of one that said DONE takes its
+        place again (``init()`` after ``shutdown()``): the job ends only once every
+        worker is done, so this works while another still runs. Raises
+        :class:`ProtocolError` (BAD_STATE: registered already, no rank or server slot
+        free, the rank held by a worker not done; MALFORMED: no or an unknown role, a
+        server without an address)."""
         request = headers.read_register(header)
         role = request["role"]
         if peer in self.by_peer:
@@ -145,9 +151,15 @@ class Members:
                     ErrorCode.BAD_STATE.value,
                     f"no worker rank free (the job has {self.num_workers})",
                 )
-            if rank in self.workers:
+            left = self.workers.get(rank)
+            if left is not None and left.state is not MemberState.DONE:
                 raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker rank {rank} is taken")
             member = Member(Role.WORKER, rank, peer)
+            if left is not None:
+                left.move(MemberState.ACTIVE)  # (checks the move; the new member takes over)
+                del self.by_peer[left.peer]
+                member.floor = left.floor
+                log.info("worker %d registers again after it said it was done", rank)
             self.workers[rank] = member
         else:
             raise ProtocolError(ErrorCode.MALFORMED.value, f"unknown role {role!r}")

@@ -322,7 +322,7 @@ class Coordinator:
         out.append(Send(peer, registered))
         if member.role is Role.SERVER and running:
             self._rebalancer.membership_changed(out)  # a server joined a running job
-        out += self._maps.place(self._members)
+        self._place(out)
 
     def _on_status(self, peer: Peer, header: Header, out: Outbox) -> None:
         out.append(Send(peer, headers.status_reply(rid=header["i"], status=self.status())))
@@ -351,10 +351,17 @@ class Coordinator:
 
     def _on_declare(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         self._maps.declare(member, header)
-        out += self._maps.place(self._members)
+        self._place(out)
+
+    def _place(self, out: Outbox) -> None:
+        """The first map, or a table every worker declared (see :meth:`Maps.place`)."""
+        out += self._rebalancer.place()
 
     def _on_map_ack(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         out += self._maps.ack(member.rank, self._members)
+        if not self._maps.pending and self._members.unsettled():
+            # A server that joined while a table's chunks were being placed.
+            self._rebalancer.membership_changed(out)
 
     def _on_map_get(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         wanted = headers.read_map_get(header)["e"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from trimtab.errors import ProtocolError
+from trimtab.errors import ProtocolError, UsageError
 from trimtab.policies.psld import PsldController, SpeedEstimator, chunk_costs, rebalance
 from trimtab.policies.scaling import ScalingPolicy
 from trimtab.protocol.messages import ErrorCode, Header
@@ -73,7 +73,12 @@ class Rebalancer:
         """Every worker reported step ``clock - 1``: rotate, or ask PSLD for a new map
         and the scaling policy whether to grow or give a server back."""
         current = self.maps.map
-        if current is None or self.migrating is not None or clock <= self._last:
+        if (
+            current is None
+            or self.migrating is not None
+            or self.maps.pending
+            or clock <= self._last
+        ):
             return
         owners = current.owners
         active = self.members.active_mask()
@@ -160,7 +165,7 @@ class Rebalancer:
         """A server joined or is draining: move chunks onto (off) it now; retried when
         the migration in flight finishes."""
         current = self.maps.map
-        if current is None or self.migrating is not None:
+        if current is None or self.migrating is not None or self.maps.pending:
             return
         active = self.members.active_mask()
         if not any(active):
@@ -174,10 +179,22 @@ class Rebalancer:
         else:
             self.retire(out)
 
+    def place(self) -> Outbox:
+        """The first map, or the job's next table once every worker declared it
+        (:meth:`Maps.place`); a table waits for the migration in flight. A new table
+        changes the chunk count: a PSLD trial over the old chunks is dropped."""
+        chunks = len(self.maps.sizes)
+        out = self.maps.place(self.members, migrating=self.migrating is not None)
+        if chunks and len(self.maps.sizes) != chunks and self.psld is not None:
+            self.psld.chunks_changed()
+        return out
+
     def migrate(self, owners: Sequence[int], out: Outbox) -> None:
         """Start moving chunks to ``owners`` (:func:`migration.start`). Raises
-        :class:`UsageError` if no map exists, a migration is in flight, or ``owners``
-        names a server that is not there."""
+        :class:`UsageError` if no map exists, a migration is in flight, a table's
+        chunks are being placed, or ``owners`` names a server that is not there."""
+        if self.maps.pending:
+            raise UsageError("a map is being placed on the servers: migrate once it is held")
         self.migrating, sends = migration.start(
             self.migrating, self.maps.map, self.maps.header, owners, self.members.servers
         )
@@ -226,6 +243,7 @@ class Rebalancer:
             self.migrations,
         )
         self.retire(out)
+        out += self.place()  # a table every worker declared meanwhile
         # A server draining, or one that joined during the migration (not yet given
         # anything), is handled now. A server the policy emptied on purpose is not
         # refilled here: that is the policy's to decide (or to retire it).

@@ -225,6 +225,16 @@ class Server:
         elif op == Control.MAP:
             self._apply_map(headers.read_job_map(header))
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
+        elif op == Control.EXTEND:
+            added = self._store.extend(headers.read_extend(header))
+            log.info(
+                "server %d: the job has %d chunks now (epoch %d); %d new ones are mine",
+                self.index,
+                len(self._store.specs),
+                self._store.epoch,
+                len(added),
+            )
+            self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
         elif op == Control.MIGRATE:
             cuts = self._handover.plan(headers.read_migrate(header))
             self._loop.send(self._coord, headers.migrate_ack(epoch=self._store.epoch, cuts=cuts))

@@ -109,7 +109,9 @@ class ChunkStore:
         self.consistency: ConsistencyPolicy = CONSISTENCY.create("bsp")
         self.tensors: list[TensorSpec] = []
         self.specs: list[ChunkSpec] = []
-        self._opt: dict[str, Any] = {}
+        # Each table's opt (one per DistributedOptimizer), and each tensor's table.
+        self._opts: list[dict[str, Any]] = []
+        self._table_of: list[int] = []
         self.shared_pushes = 0  # pushes whose gradient came through shared memory
         self.lane_pushes = 0  # pushes that came over the transport's local lane
 
@@ -117,9 +119,9 @@ class ChunkStore:
 
     def learn_job(self, header: headers.JobMapHeader) -> None:
         """Take what every map carries about the job (MAP or MIGRATE, read): tensors,
-        optimizer, workers, mode."""
-        self.tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
-        self.specs = make_chunks(self.tensors, header["chunk_bytes"])
+        each table's optimizer, workers, consistency. Raises a MALFORMED
+        :class:`ProtocolError` for bad tables (see :meth:`learn_tables`)."""
+        self.learn_tables(header)
         self.workers = set(header["workers"])
         self.servers = tuple(header["servers"])
         self.consistency = CONSISTENCY.create(
@@ -127,14 +129,30 @@ class ChunkStore:
             workers=len(self.workers),
             **header.get("consistency_args", {}),
         )
-        self._opt = header["opt"]
-        self.mode = OptimizerMode(self._opt["mode"])
+
+    def learn_tables(self, header: headers.JobMapHeader) -> None:
+        """Take a job map's tensors and tables (one per DistributedOptimizer, each with
+        its opt: class, mode, groups); the chunks are cut from every table's tensors in
+        order. Raises a MALFORMED :class:`ProtocolError` for tables that do not cover the
+        tensors or an unknown mode, and then nothing changed."""
+        tables = headers.read_tables(header)
+        for _, opt in tables:
+            if opt.get("mode") not in tuple(m.value for m in OptimizerMode):
+                raise ProtocolError(
+                    ErrorCode.MALFORMED.value, f"a table's optimizer mode {opt.get('mode')!r}"
+                )
+        self.tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
+        self.specs = make_chunks(self.tensors, header["chunk_bytes"])
+        self._opts = [opt for _, opt in tables]
+        self._table_of = [i for i, (n, _) in enumerate(tables) for _ in range(n)]
+        self.mode = OptimizerMode(self._opts[0]["mode"])
 
     def new_chunk(self, spec: ChunkSpec) -> Chunk:
-        """A fresh chunk of ``spec`` under the job's optimizer (zero value, version 0)."""
-        hp = self._opt["groups"][self.tensors[spec.tensor].group]
-        server_opt = (self._opt["cls"], hp) if self.mode is OptimizerMode.SERVER else None
-        return Chunk(spec, server_opt)
+        """A fresh chunk of ``spec`` under its table's optimizer (zero value, version 0)."""
+        opt = self._opts[self._table_of[spec.tensor]]
+        hp = opt["groups"][self.tensors[spec.tensor].group]
+        server = opt["mode"] == OptimizerMode.SERVER.value
+        return Chunk(spec, (opt["cls"], hp) if server else None)
 
     def apply_map(self, header: headers.JobMapHeader) -> None:
         """Take the job's first map (MAP, read): hold, fresh, every chunk it gives this
@@ -147,6 +165,23 @@ class ChunkStore:
             for spec in self.specs
             if self.owners[spec.id] == self.index
         }
+
+    def extend(self, header: headers.ExtendHeader) -> list[int]:
+        """Take an EXTEND (read): the job grew by a table; hold, fresh, each of its
+        chunks (the ids after those known) the new map gives this server. Returns their
+        ids. Raises as :meth:`learn_tables`, and then nothing changed."""
+        known = len(self.specs)
+        if known:
+            self.learn_tables(header)
+        else:  # joined after the job started, and given nothing yet: all is news
+            self.learn_job(header)
+        self.servers = tuple(header["servers"])
+        self.owners = tuple(header["owners"])
+        self.epoch = header["epoch"]
+        added = [s.id for s in self.specs[known:] if self.owners[s.id] == self.index]
+        for cid in added:
+            self.chunks[cid] = self.new_chunk(self.specs[cid])
+        return added
 
     def owned(self, cid: int) -> Chunk:
         """Chunk ``cid`` (a read header's ``c``). Raises :class:`ChunkMoved` if another

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import torch
 
 from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
-from trimtab.errors import ConfigError, UsageError
+from trimtab.errors import ConfigError, ProtocolError, UsageError
 from trimtab.protocol import headers
-from trimtab.protocol.messages import Header, WireHeader
+from trimtab.protocol.messages import ErrorCode, Header, WireHeader
 from trimtab.roles.worker.client import Reply, WorkerClient, WorkerConfig, wait
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Transport
@@ -79,6 +79,33 @@ class JobTerms:
         return self.batching != "equal"
 
 
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """One optimizer's part of the job (what one :meth:`Context.declare` declared): its
+    tensors and their chunks. Chunk ids and each chunk's ``tensor`` are the job's (the
+    tables' tensors follow one another), so ``tensor - first`` is the index among this
+    table's tensors.
+
+    Attributes:
+        index: the table's number, from 0, in declaration order.
+        first: the job's index of the table's first tensor.
+        tensors: the tensors declared.
+        chunks: their chunks, in id order.
+    """
+
+    index: int
+    first: int
+    tensors: tuple[TensorSpec, ...]
+    chunks: tuple[ChunkSpec, ...]
+
+    def chunks_by_tensor(self) -> list[list[ChunkSpec]]:
+        """Each tensor's chunks, in the order the tensors were declared. Pure."""
+        out: list[list[ChunkSpec]] = [[] for _ in self.tensors]
+        for c in self.chunks:
+            out[c.tensor - self.first].append(c)
+        return out
+
+
 class ContextMember(Protocol):
     """What joins a :class:`Context` (:meth:`Context.join`) to be drained, told of
     broadcasts and closed with it. Methods run on the training thread."""
@@ -120,8 +147,11 @@ class Context:
         self.client.start()
         self.local_rank = self.client.rank if local_rank < 0 else local_rank
         self._placement: PlacementMap | None = None
+        #: Every table's tensors, and the job's chunk table over all of them.
         self.tensors: list[TensorSpec] = []
         self.chunks: list[ChunkSpec] = []
+        #: The tables declared, one per optimizer, in order.
+        self.tables: list[Table] = []
         self.members: list[ContextMember] = []
         #: The job's terms, learned at :meth:`declare`.
         self.job = JobTerms()
@@ -187,18 +217,38 @@ class Context:
         :mod:`trimtab.protocol.headers`, or a plain dict)."""
         return wait(self.client.control(header, list(frames)), self.timeout_s)
 
-    def declare(self, tensors: list[TensorSpec], opt: dict[str, Any]) -> PlacementMap:
-        """Declare the tensors to train; blocks until every worker declared the same and
-        every server holds its chunks. Raises :class:`~trimtab.RemoteError` (code
-        ``mismatch``) if workers disagree."""
-        declared = headers.declare(tensors=[t.to_wire() for t in tensors], opt=opt)
+    def declare(self, tensors: list[TensorSpec], opt: dict[str, Any]) -> Table:
+        """Declare the tensors one optimizer trains (``opt``: its class, mode and groups)
+        as the job's next table; blocks until every worker declared the same table and
+        every server holds its chunks. Each optimizer of a worker declares once, in the
+        same order on every worker. Returns the table (its chunks: the job's ids).
+
+        Raises :class:`~trimtab.RemoteError`: code ``mismatch`` if workers disagree,
+        ``bad_state`` if they declare their optimizers in different orders;
+        :class:`~trimtab.ProtocolError` if the coordinator's map does not hold the
+        tables declared so far and this one."""
+        index = len(self.tables)
+        declared = headers.declare(tensors=[t.to_wire() for t in tensors], opt=opt, table=index)
         reply = headers.read_job_map(self.call(declared).header)
-        self.tensors = tensors
-        self.job = JobTerms.from_reply(reply)
-        self.chunks = make_chunks(tensors, reply["chunk_bytes"])
-        placement = PlacementMap(reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"]))
-        self.placement = placement
-        return placement
+        first = len(self.tensors)
+        if len(reply["tensors"]) != first + len(tensors):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value,
+                f"the coordinator's map has {len(reply['tensors'])} tensors; this worker "
+                f"declared {first} before and {len(tensors)} now",
+            )
+        self.tensors = [*self.tensors, *tensors]
+        self.chunks = make_chunks(self.tensors, reply["chunk_bytes"])
+        table = Table(
+            index, first, tuple(tensors), tuple(c for c in self.chunks if c.tensor >= first)
+        )
+        self.tables.append(table)
+        if index == 0:
+            self.job = JobTerms.from_reply(reply)
+        self.placement = PlacementMap(
+            reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
+        )
+        return table
 
     def server_of(self, chunk: int, clock: int | None = None) -> str:
         """The address of the server that owns ``chunk`` (for the push of step ``clock``:
