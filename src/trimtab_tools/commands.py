@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trimtab_tools.bench import datapath, overlap
+from trimtab_tools.bench import collectives, datapath, overlap
 from trimtab_tools.experiments import psld, stragglers
 
 
@@ -35,6 +35,9 @@ def add_commands(sub: Any) -> None:
     overlap.add_arguments(
         bench_sub.add_parser("overlap", help="next forward overlapping the step (model=, priority)")
     )
+    collectives.add_arguments(
+        bench_sub.add_parser("collectives", help="one scalar allreduce through the coordinator")
+    )
     bench.set_defaults(handler=_bench)
 
 
@@ -43,4 +46,5 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    return overlap.main(args) if args.bench == "overlap" else datapath.main(args)
+    drivers = {"overlap": overlap.main, "collectives": collectives.main}
+    return drivers.get(args.bench, datapath.main)(args)

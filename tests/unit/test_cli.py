@@ -37,6 +37,7 @@ def test_every_subcommand_says_who_carries_it_out() -> None:
         ["server"],
         ["scale", "--servers", "3"],
         ["bench", "overlap"],
+        ["bench", "collectives"],
         ["experiment", "psld"],
     ):
         assert callable(parser.parse_args(argv).handler), argv

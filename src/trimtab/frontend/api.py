@@ -30,6 +30,7 @@ from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 _default: Context | None = None
 _forget_state: Callable[[], None] | None = None  # takes the context's state dump back
+_left = False  # shutdown() told the job this worker is done
 
 
 def _env(*names: str) -> str | None:
@@ -77,11 +78,19 @@ def init(config: WorkerConfig | None = None) -> None:
 
     Call once per process, before anything else of trimtab's. Settings come from the
     environment unless ``config`` is given. Raises :class:`ConfigError` if there is no
-    coordinator to join, :class:`NodeTimeout` if it does not answer.
+    coordinator to join, :class:`NodeTimeout` if it does not answer, and
+    :class:`UsageError` after :func:`shutdown`: that told the job this worker is done,
+    and a job does not take back a worker that left (start a new job instead).
     """
     global _default
     if _default is not None:
         return
+    if _left:
+        raise UsageError(
+            "trimtab.init() after trimtab.shutdown(): shutdown() told the job this worker "
+            "is done, and a running job does not take a worker back. Call shutdown() only "
+            "at the end of the script (init() twice is fine: the second does nothing)"
+        )
     local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
     stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
     compression = compressor(os.environ.get(COMPRESSION_ENV) or "none").name
@@ -108,16 +117,19 @@ def add_stragglers(ctx: Context, specs: Sequence[StragglerSpec]) -> None:
 
 
 def shutdown() -> None:
-    """Tell the job this worker is done and close its connections. Idempotent."""
-    global _default
+    """Tell the job this worker is done and close its connections. Idempotent. After it,
+    :func:`init` raises :class:`UsageError` (the job does not take the worker back)."""
+    global _default, _left
     if _default is not None:
         ctx, _default = _default, None
+        _left = True
         if _forget_state is not None:
             _forget_state()
         ctx.close()
 
 
 def is_initialized() -> bool:
+    """Whether :func:`init` joined the job (and :func:`shutdown` has not left it)."""
     return _default is not None
 
 
@@ -146,6 +158,31 @@ def local_rank() -> int:
 def local_size() -> int:
     """Workers on this machine (``TRIMTAB_LOCAL_SIZE``; all of them when unset)."""
     return int(os.environ.get("TRIMTAB_LOCAL_SIZE", size()))
+
+
+def cross_rank() -> int:
+    """This worker's machine, 0 .. cross_size()-1 (``TRIMTAB_CROSS_RANK``, set where
+    workers were started on several machines; 0 otherwise). Raises :class:`UsageError`
+    before ``init()``."""
+    default_context()
+    return _env_int("TRIMTAB_CROSS_RANK", 0)
+
+
+def cross_size() -> int:
+    """The machines the job's workers run on (``TRIMTAB_CROSS_SIZE``; 1 when unset, as
+    under ``trimtab run``). Raises :class:`UsageError` before ``init()``."""
+    default_context()
+    return _env_int("TRIMTAB_CROSS_SIZE", 1)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} must be a whole number") from None
 
 
 def server_stats() -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ pushed gradients are rounded (a relative error of about 2^-11 for fp16, 2^-8 for
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trimtab.errors import ConfigError
 
@@ -24,7 +24,8 @@ ENV = "TRIMTAB_COMPRESSION"
 
 @dataclasses.dataclass(frozen=True)
 class Compressor:
-    """A wire format for gradients.
+    """A wire format for gradients; also Horovod's compressor interface
+    (:meth:`compress`, :meth:`decompress`), for custom use and ``trimtab.allreduce``.
 
     Attributes:
         name: ``none``, ``fp16`` or ``bf16``.
@@ -43,6 +44,19 @@ class Compressor:
         if self.wire is None or dtype not in (torch.float32, torch.float64):
             return dtype
         return torch.float16 if self.wire == "float16" else torch.bfloat16
+
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """``(compressed, ctx)``: ``tensor`` in this format's wire dtype (itself if
+        unchanged), and what :meth:`decompress` needs (its dtype). Never blocks."""
+        wire = self.wire_dtype(tensor.dtype)
+        return (tensor if wire == tensor.dtype else tensor.to(wire)), tensor.dtype
+
+    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """``tensor`` back in the dtype :meth:`compress` saw (``ctx``; None: as it is).
+        Never blocks."""
+        if ctx is None or tensor.dtype == ctx:
+            return tensor
+        return tensor.to(ctx)
 
 
 class Compression:

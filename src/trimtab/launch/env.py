@@ -25,6 +25,8 @@ from trimtab.transport.zmq import LANE_ENV as LANE
 __all__ = [
     "COMPRESSION",
     "COORDINATOR",
+    "CROSS_RANK",
+    "CROSS_SIZE",
     "DMLC_NODE_HOST",
     "DMLC_NUM_SERVER",
     "DMLC_NUM_WORKER",
@@ -57,6 +59,10 @@ JOB = "TRIMTAB_JOB"
 RANK = "TRIMTAB_RANK"
 LOCAL_RANK = "TRIMTAB_LOCAL_RANK"
 LOCAL_SIZE = "TRIMTAB_LOCAL_SIZE"
+#: A worker's machine among the job's, and how many machines run workers (Horovod's
+#: ``cross_rank()``/``cross_size()``; unset on one machine: 0 and 1).
+CROSS_RANK = "TRIMTAB_CROSS_RANK"
+CROSS_SIZE = "TRIMTAB_CROSS_SIZE"
 #: The job's worker and server counts (``trimtab coordinator``'s defaults).
 NUM_WORKERS = "TRIMTAB_NUM_WORKERS"
 NUM_SERVERS = "TRIMTAB_NUM_SERVERS"

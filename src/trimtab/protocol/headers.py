@@ -7,7 +7,8 @@ for what a node receives, a reader that checks the header with
 :func:`~trimtab.protocol.messages.field` and returns it typed, raising
 ``ProtocolError(ErrorCode.MALFORMED.value, ...)`` for a missing or mistyped key. The
 definitions live by plane: :mod:`.control` (membership, teardown, tools, barriers,
-broadcast), :mod:`.placement` (maps, migration, step and load reports) and :mod:`.data`
+broadcast), :mod:`.collective` (GATHER and GATHERED: Horovod's collectives),
+:mod:`.placement` (maps, migration, step and load reports) and :mod:`.data`
 (chunks between workers and servers); import them from here. ERROR is
 :func:`~trimtab.protocol.messages.error_header` / :func:`~trimtab.protocol.messages.read_error`.
 
@@ -50,6 +51,14 @@ Short keys, and what each carries in which message:
 
 from __future__ import annotations
 
+from trimtab.protocol.collective import (
+    GatheredHeader,
+    GatherHeader,
+    gather,
+    gathered,
+    read_gather,
+    read_gathered,
+)
 from trimtab.protocol.control import (
     AbortHeader,
     BarrierHeader,
@@ -178,6 +187,8 @@ __all__ = [
     "DeclareHeader",
     "DoneHeader",
     "ExtendHeader",
+    "GatherHeader",
+    "GatheredHeader",
     "HandedHeader",
     "HandoverHeader",
     "HeartbeatHeader",
@@ -216,6 +227,8 @@ __all__ = [
     "declare",
     "done",
     "extend",
+    "gather",
+    "gathered",
     "handed",
     "handover",
     "heartbeat",
@@ -240,6 +253,8 @@ __all__ = [
     "read_declare",
     "read_extend",
     "read_floor",
+    "read_gather",
+    "read_gathered",
     "read_handed",
     "read_handover",
     "read_init",

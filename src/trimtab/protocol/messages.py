@@ -67,7 +67,8 @@ class InlineHeader(WireHeader):
 
 
 class Control(enum.IntEnum):
-    """Coordinator traffic: membership, placement, barriers, broadcast, teardown.
+    """Coordinator traffic: membership, placement, barriers, broadcast, collectives,
+    teardown.
 
     Each op's keys, builder and reader: :mod:`trimtab.protocol.headers`.
     """
@@ -101,6 +102,10 @@ class Control(enum.IntEnum):
     #               once a map of at least epoch e is published
     LOAD = 22  # server -> coord {busy, bytes, n, step}; reply OK {k}
     SCALE = 23  # tool -> coord {servers}: go to this many servers; reply OK {target}
+    GATHER = 24  # worker -> coord {key, sig, meta} + its buffers: one worker's part of a
+    #              collective (allreduce, allgather, broadcast, objects, join); reply
+    #              GATHERED once every worker sent the key, ERROR (mismatch) if their sigs differ
+    GATHERED = 25  # {metas, n, last} + every worker's buffers, in rank order
     EXTEND = 30  # coord -> server {the job map's keys with one more table, new epoch,
     #              owners}: hold, fresh, the new table's chunks given you; reply MAP_ACK
 

@@ -1,27 +1,44 @@
-"""Barriers and the broadcast relay among a job's workers. Pure: each operation returns
-the replies to send."""
+"""Barriers, the broadcast relay and the gathers of Horovod's collectives among a job's
+workers. Pure: each operation returns the replies to send."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header
-from trimtab.roles.coordinator.outbox import Outbox, Send
+from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.transport.base import Frame, Peer
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One worker's part of a gather: where to answer, what must agree, its own."""
+
+    peer: Peer
+    rid: int
+    sig: str
+    meta: dict[str, Any]
+    frames: Sequence[Frame]
+
+
 class Collectives:
-    """Named barriers of every worker, and broadcasts: the root puts a value once, each
-    other worker gets it (before or after the put), and it is dropped once all have.
-    Not thread-safe: the coordinator's loop owns it."""
+    """Named barriers of every worker; broadcasts: the root puts a value once, each
+    other worker gets it (before or after the put), and it is dropped once all have; and
+    gathers (Horovod's collectives): every worker sends its part of a key, and once all
+    have, each gets every part, in rank order. Not thread-safe: the coordinator's loop
+    owns it."""
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self._barriers: dict[str, list[tuple[Peer, int]]] = {}
         self._values: dict[str, tuple[Header, Sequence[Frame], int]] = {}
         self._getters: dict[str, list[tuple[Peer, int]]] = {}
+        self._gathers: dict[str, dict[int, Part]] = {}
+        self._left: set[int] = set()
 
     def barrier(self, peer: Peer, rid: int, name: str) -> Outbox:
         """A worker reached barrier ``name``; everyone is released (OK) once all have."""
@@ -58,3 +75,73 @@ class Collectives:
         else:
             self._values[key] = (meta, frames, served + 1)
         return Send(peer, headers.bcast_value(rid=rid, meta=meta), frames)
+
+    def gather(self, rank: int, key: str, part: Part) -> Outbox:
+        """Worker ``rank``'s part of gather ``key``. Once every worker sent one, each is
+        answered GATHERED with all the parts, in rank order; if their signatures differ,
+        each is refused MISMATCH instead, with every rank's signature. Raises a
+        BAD_STATE :class:`ProtocolError` (to this worker alone) if it sent ``key``
+        already or a worker has left the job (the gather could never complete)."""
+        if self._left:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"{_label(key)}: worker(s) {sorted(self._left)} left the job "
+                "(shutdown() or the end of their script); every worker must call each "
+                "collective",
+            )
+        parts = self._gathers.setdefault(key, {})
+        if rank in parts:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"{_label(key)}: worker {rank} sent it twice before it completed; "
+                "give concurrent collectives different names",
+            )
+        parts[rank] = part
+        if len(parts) < self.num_workers:
+            return []
+        del self._gathers[key]
+        ranks = sorted(parts)
+        sigs = {parts[r].sig for r in ranks}
+        if len(sigs) > 1:
+            said = "; ".join(f"rank {r}: {parts[r].sig}" for r in ranks)
+            msg = (
+                f"{_label(key)} differs between workers ({said}): call each collective "
+                "in the same order on every worker, with the same dtype, shape (allgather: "
+                "but the first dimension), op and root"
+            )
+            return [Refuse(p.peer, p.rid, ErrorCode.MISMATCH.value, msg) for p in parts.values()]
+        metas = [parts[r].meta for r in ranks]
+        counts = [len(parts[r].frames) for r in ranks]
+        frames = [f for r in ranks for f in parts[r].frames]
+        return [
+            Send(p.peer, headers.gathered(rid=p.rid, metas=metas, n=counts, last=rank), frames)
+            for p in parts.values()
+        ]
+
+    def left(self, rank: int) -> Outbox:
+        """Worker ``rank`` left the job: refuse (BAD_STATE) every gather waiting without
+        its part, and each one sent from now on, rather than keep them waiting forever."""
+        self._left.add(rank)
+        out: Outbox = []
+        for key in [k for k, parts in self._gathers.items() if rank not in parts]:
+            msg = (
+                f"{_label(key)}: worker {rank} left the job without calling it; every "
+                "worker must call each collective"
+            )
+            out += [
+                Refuse(p.peer, p.rid, ErrorCode.BAD_STATE.value, msg)
+                for p in self._gathers.pop(key).values()
+            ]
+        return out
+
+    def pending(self) -> dict[str, list[int]]:
+        """Each unfinished gather's key and the ranks that sent it (a hung job's dump)."""
+        return {k: sorted(parts) for k, parts in self._gathers.items()}
+
+
+def _label(key: str) -> str:
+    """A gather's key for people: ``@name`` is a user's name, ``#n`` the n-th unnamed
+    collective of each worker (counted from 0)."""
+    if key.startswith("#"):
+        return f"unnamed collective {key} (counted on each worker from #0)"
+    return f"collective {key.removeprefix('@')!r}"

@@ -5,7 +5,7 @@ per job.
 The pieces, each testable without threads or sockets: :mod:`.members` (membership and
 server states), :mod:`.maps` (declarations, placement, the published map),
 :mod:`.migration` and :mod:`.rebalance` (moving chunks live), :mod:`.steps` (step
-reports), :mod:`.collectives` (barriers and broadcasts).
+reports), :mod:`.collectives` (barriers, broadcasts and Horovod's collectives).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from trimtab.policies.psld import PsldController, SpeedEstimator
 from trimtab.policies.scaling import DEFAULT_SCALING, SCALING
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
-from trimtab.roles.coordinator.collectives import Collectives
+from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, Role
@@ -113,6 +113,7 @@ class Coordinator:
             Control.BARRIER: self._on_barrier,
             Control.BCAST_PUT: self._on_bcast_put,
             Control.BCAST_GET: self._on_bcast_get,
+            Control.GATHER: self._on_gather,
             Control.REPORT: self._on_report,
             Control.DONE: self._on_done,
             Control.MIGRATE_ACK: self._on_migrate_ack,
@@ -221,6 +222,9 @@ class Coordinator:
                 f"cuts {dict(sorted(mig.cuts.items()))}"
             )
         lines += self._members.describe(lambda r: current.owners.count(r) if current else 0)
+        gathers = self._collectives.pending()
+        if gathers:
+            lines.append(f"  collectives waiting (key: ranks arrived): {gathers}")
         return "\n".join(lines)
 
     def _check_liveness(self) -> None:
@@ -386,6 +390,7 @@ class Coordinator:
     def _on_done(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         everyone = self._members.worker_done(member)
         out.append(Send(member.peer, headers.ok(rid=header["i"])))
+        out += self._collectives.left(member.rank)  # no collective waits for it forever
         if everyone:
             log.info("every worker is done; shutting the job down")
             out += self._members.shutdown()
@@ -425,3 +430,12 @@ class Coordinator:
         out += self._collectives.get(
             member.peer, header["i"], headers.read_bcast_get(header)["key"]
         )
+
+    def _on_gather(
+        self, member: Member, header: Header, frames: list[memoryview], out: Outbox
+    ) -> None:
+        if member.role is not Role.WORKER:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers join collectives")
+        g = headers.read_gather(header)
+        part = Part(member.peer, header["i"], g["sig"], g["meta"], frames)
+        out += self._collectives.gather(member.rank, g["key"], part)

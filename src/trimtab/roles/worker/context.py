@@ -1,4 +1,5 @@
-"""A worker process's handle on its job: membership, placement, barriers, broadcast.
+"""A worker process's handle on its job: membership, placement, barriers, broadcast,
+and the gathers under Horovod's collectives.
 
 One :class:`Context` per worker; the public functions (``trimtab.init()`` and friends)
 use a default one (``trimtab.frontend.api`` owns it), and everything takes an explicit
@@ -13,12 +14,13 @@ into every step, e.g. an emulated slowdown, without the roles knowing fault inje
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -28,7 +30,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header, WireHeader
 from trimtab.roles.worker.client import Reply, WorkerClient, WorkerConfig, wait
 from trimtab.runtime.tensors import as_bytes
-from trimtab.transport import Transport
+from trimtab.transport import Frame, Transport
 
 log = logging.getLogger("trimtab")
 
@@ -106,6 +108,15 @@ class Table:
         return out
 
 
+class Gathered(NamedTuple):
+    """A gather's outcome (:meth:`Context.gather`): each worker's ``meta`` and buffers,
+    by rank, and the rank whose part arrived last."""
+
+    metas: list[dict[str, Any]]
+    frames: list[list[memoryview]]
+    last: int
+
+
 class ContextMember(Protocol):
     """What joins a :class:`Context` (:meth:`Context.join`) to be drained, told of
     broadcasts and closed with it. Methods run on the training thread."""
@@ -162,6 +173,7 @@ class Context:
         self._cuts: dict[int, int] = {}
         self._bcast_seq = itertools.count()
         self._barrier_seq = itertools.count()
+        self._gather_seq = itertools.count()
         log.debug("worker %d of %d joined", self.rank, self.size)
 
     @property
@@ -376,3 +388,31 @@ class Context:
                         dst.copy_(src.view(dst.shape))
         for member in self.members:
             member.adopt(tensors.values(), root_rank)
+
+    def gather(
+        self, name: str | None, sig: str, meta: dict[str, Any], frames: Sequence[Frame] = ()
+    ) -> concurrent.futures.Future[Reply]:
+        """Send this worker's part of a collective: ``sig`` must be the same on every
+        worker, ``meta`` and ``frames`` are its own (the frames' memory must stay
+        unchanged until the future is done). Collectives without a ``name`` are keyed by
+        this worker's count of them, so every worker must call them in the same order.
+        Returns the future of the reply at once (read it with :meth:`gathered`);
+        thread-safe. The reply fails with :class:`~trimtab.RemoteError` (``mismatch``:
+        the workers' ``sig`` differ; ``bad_state``: a worker left the job, or this one
+        sent ``name`` twice at once)."""
+        key = f"@{name}" if name is not None else f"#{next(self._gather_seq)}"
+        return self.client.control(headers.gather(key=key, sig=sig, meta=meta), frames)
+
+    def gathered(self, future: concurrent.futures.Future[Reply]) -> Gathered:
+        """Wait for a :meth:`gather`'s reply: every worker's part, in rank order. Blocks;
+        raises what the reply failed with, or a MALFORMED :class:`~trimtab.ProtocolError`."""
+        reply = wait(future, self.timeout_s)
+        header = headers.read_gathered(reply.header)
+        if sum(header["n"]) != len(reply.frames):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value,
+                f"GATHERED counts {sum(header['n'])} buffers and carries {len(reply.frames)}",
+            )
+        frames = iter(reply.frames)
+        parts = [[next(frames) for _ in range(n)] for n in header["n"]]
+        return Gathered(header["metas"], parts, header["last"])
