@@ -203,6 +203,8 @@ class ClientHandshake:
         self._key = key
         self._cn = secrets.token_bytes(_NONCE)
         self.hello = _HELLO + self._cn
+        #: The first bytes of the message this side waits for.
+        self.expected_magic = _CHALLENGE
 
     def on_challenge(self, message: bytes | memoryview) -> tuple[bytes, Session]:
         """Check the server's CHALLENGE; return the PROOF to send and the session.
@@ -229,6 +231,11 @@ class ServerHandshake:
     @property
     def hello_seen(self) -> bool:
         return bool(self._cn)
+
+    @property
+    def expected_magic(self) -> bytes:
+        """The first bytes of the message this side waits for."""
+        return _PROOF if self._cn else _HELLO
 
     def on_hello(self, message: bytes | memoryview) -> bytes:
         """The CHALLENGE answering a HELLO. Raises :class:`AuthRefused` for anything else."""

@@ -183,6 +183,8 @@ class LaneConnection:
             if not got:
                 return None
             self._partial += got
+            if not hs_prefix_ok(hs, self._partial):  # refused at its first bytes
+                raise LaneRefused("a connection began with something other than the handshake")
             if len(self._partial) < need:
                 continue
             message = bytes(self._partial)
@@ -309,6 +311,13 @@ class LaneConnection:
                 pass
         self._out.clear()
         self.sock.close()
+
+
+def hs_prefix_ok(hs: ClientHandshake | ServerHandshake, partial: bytearray) -> bool:
+    """Whether ``partial`` can still become the handshake message ``hs`` waits for."""
+    magic = hs.expected_magic
+    n = min(len(partial), len(magic))
+    return partial[:n] == magic[:n]
 
 
 def _split(body: bytearray, lengths: Sequence[int]) -> list[memoryview]:
