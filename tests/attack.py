@@ -72,9 +72,9 @@ def raw_tcp(address: str, data: bytes, timeout_s: float = 5.0) -> None:
     """Write ``data`` to the TCP port of ``address`` (not speaking ZeroMQ's handshake),
     as much as the node takes within ``timeout_s``."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-        with contextlib.suppress(OSError):  # the node closed it: what we want
-            sock.sendall(data)
+    sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    with sock, contextlib.suppress(OSError):  # the node closed it: what we want
+        sock.sendall(data)
 
 
 def rss_bytes(pid: int) -> int:
