@@ -129,6 +129,11 @@ class LaneConnection:
         return bool(self._out)
 
     @property
+    def waiting(self) -> bool:
+        """Whether messages wait for the handshake to finish. Never blocks."""
+        return bool(self._waiting)
+
+    @property
     def proven(self) -> bool:
         """Whether the handshake is done (or there is none). Never blocks."""
         return self._handshake is None

@@ -61,6 +61,11 @@ class ZmqSessions:
             level, "refused a message from %r: %s (later refusals are logged at debug)", who, why
         )
 
+    @property
+    def waiting(self) -> bool:
+        """Whether messages wait for a handshake to finish."""
+        return any(self._waiting.values())
+
     # -- our connections (DEALER) ------------------------------------------------------
 
     def opened(self, address: str) -> list[Frame] | None:

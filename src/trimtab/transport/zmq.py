@@ -465,8 +465,13 @@ class ZmqTransport(Transport):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         deadline = time.monotonic() + _LINGER_S  # one grace period for all, as ZeroMQ's
+        # Messages that wait for a handshake leave only as our recv finishes it.
+        while time.monotonic() < deadline and (
+            self._sessions.waiting or any(c.waiting for c in self._lane_fds.values())
+        ):
+            self.recv(0.02)
+        self._closed = True
         for conn in list(self._lane_fds.values()):
             conn.close(linger_s=max(0.0, deadline - time.monotonic()))
         self._lane_fds.clear()
