@@ -12,15 +12,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
 import torch
-import zmq
 
 import trimtab
+from tests.attack import Member
 from trimtab import Context, WorkerConfig
 from trimtab.protocol.messages import MAX_HEADER_BYTES, Control, Data, encode
+from trimtab.transport.auth import make_secret_file
 from trimtab.transport.shm import Arena, job_prefix
+from trimtab.transport.zmq import ZmqTransport
 
 STEPS = 6
 
@@ -28,8 +29,11 @@ STEPS = 6
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A coordinator and one server as real processes; yields (job id, coordinator)."""
+    global MEMBER
     job_id = uuid.uuid4().hex[:8]
     address_file = tmp_path / "coord"
+    secret = make_secret_file(tmp_path)
+    MEMBER = Member(secret)
     base = [sys.executable, "-m", "trimtab"]
     procs = [
         subprocess.Popen(
@@ -46,6 +50,8 @@ def job(tmp_path: Path) -> Iterator[tuple[str, str]]:
                 "128",
                 "--address-file",
                 str(address_file),
+                "--secret-file",
+                str(secret),
             ]
         )
     ]
@@ -54,7 +60,8 @@ def job(tmp_path: Path) -> Iterator[tuple[str, str]]:
         assert time.monotonic() < deadline, "coordinator did not start"
         time.sleep(0.05)
     address = address_file.read_text()
-    procs.append(subprocess.Popen([*base, "server", "--coordinator", address, "--job", job_id]))
+    server = [*base, "server", "--coordinator", address, "--job", job_id]
+    procs.append(subprocess.Popen([*server, "--secret-file", str(secret)]))
     yield job_id, address
     for p in procs:
         try:
@@ -65,20 +72,13 @@ def job(tmp_path: Path) -> Iterator[tuple[str, str]]:
     assert procs[1].returncode == 0, "the server must survive bad input and exit cleanly"
 
 
+MEMBER: Member
+
+
 def raw_request(address: str, frames: list[bytes]) -> dict:
-    """Send frames from a fresh socket, as a confused or hostile client would."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send_multipart(frames)
-        assert sock.poll(10_000), "no reply to a bad message: the node must answer"
-        reply = msgpack.unpackb(sock.recv_multipart()[0])
-        assert isinstance(reply, dict)
-        return reply
-    finally:
-        sock.close()
+    """Send frames from a fresh connection that holds the job's secret, as a confused
+    (or compromised) member would: authenticated, but malformed."""
+    return MEMBER.request(address, frames)
 
 
 def model_and_data() -> tuple[torch.nn.Module, list[torch.Tensor]]:
@@ -195,7 +195,8 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
     def worker(rank: int) -> None:
         try:
             ctx = Context(
-                WorkerConfig(coordinator=coordinator, job=job_id, rank=rank, request_timeout_s=30)
+                WorkerConfig(coordinator=coordinator, job=job_id, rank=rank, request_timeout_s=30),
+                transport=ZmqTransport(bind=False, auth=MEMBER.key),
             )
             model, xs = model_and_data()
             opt = trimtab.DistributedOptimizer(

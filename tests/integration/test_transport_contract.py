@@ -1,12 +1,14 @@
 """The :class:`~trimtab.transport.base.Transport` contract, checked against every
 implementation: ZeroMQ on 127.0.0.1 (over TCP, and over its local lane where the
-platform has one) and the in-process twin. One test per clause of ``transport/base.py``.
+platform has one) and the in-process twin. One test per clause of ``transport/base.py``;
+the last tests, the clause of authentication for the ZeroMQ transport with a job key.
 
 A clause an implementation does not keep is marked ``xfail(strict=True)`` with the
 reason, so the difference is on record and the mark must go once it is fixed."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from trimtab.transport import Envelope, Fabric, Transport, ZmqTransport, lane
+from trimtab.transport.auth import JobKey
 from trimtab.transport.base import in_peer, out_peer
 
 #: Seconds a message that must arrive may take (a busy machine, ZeroMQ's async connect).
@@ -26,6 +29,7 @@ class Net:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.fabric = Fabric()
+        self.key = JobKey(secrets.token_bytes(32)) if kind.endswith("-auth") else None
         self.made: list[Transport] = []
 
     def transport(self, *, bind: bool) -> Transport:
@@ -33,7 +37,8 @@ class Net:
         if self.kind == "inproc":
             t = self.fabric.transport(bind=bind)
         else:
-            t = ZmqTransport(bind=bind, host="127.0.0.1", lane=self.kind == "zmq-lane")
+            lane_on = self.kind.startswith("zmq-lane")
+            t = ZmqTransport(bind=bind, host="127.0.0.1", lane=lane_on, auth=self.key)
         self.made.append(t)
         return t
 
@@ -238,3 +243,32 @@ def test_only_the_lane_says_it_skips_the_network(net: Net) -> None:
     expected = net.kind == "zmq-lane"
     assert client.through_lane(to_server) is expected
     assert server.through_lane(env.peer) is expected
+
+
+@pytest.mark.parametrize("kind", ["zmq-auth", "zmq-lane-auth"])
+def test_with_a_key_members_talk_and_an_outsider_is_never_heard(kind: str) -> None:
+    """With the job's key, a message to a new peer leaves once the handshake is done,
+    during the sender's later ``recv`` calls (as a lane message the kernel could not take
+    does); replies come back; a transport with another key is never heard, and neither
+    side's ``recv`` raises."""
+    net = Net(kind)
+    try:
+        server, client = net.transport(bind=True), net.transport(bind=False)
+        to_server = client.connect(server.address)
+        client.send(to_server, [b"hello", b"payload"])
+        env = receive(server, client)
+        assert [bytes(f) for f in env.frames] == [b"hello", b"payload"]
+        server.send(env.peer, [b"reply"])
+        assert bytes(receive(client).frames[0]) == b"reply"
+        stranger_net = Net(kind)
+        stranger = stranger_net.transport(bind=False)
+        stranger.send(stranger.connect(server.address), [b"let me in"])
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            assert server.recv(0.05) is None
+            assert stranger.recv(0) is None
+        stranger_net.close()
+        assert isinstance(server, ZmqTransport) and isinstance(client, ZmqTransport)
+        assert server.refused + client.refused + stranger.refused >= 1  # type: ignore[attr-defined]
+    finally:
+        net.close()

@@ -5,9 +5,12 @@ started by hand (one per machine, or under Kubernetes or Slurm), with ps-lite's
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,29 @@ from trimtab.settings import (
     PlacementSettings,
 )
 from trimtab.transport import Transport
+from trimtab.transport.auth import (
+    AUTH_ENV,
+    SECRET_FILE_ENV,
+    JobKey,
+    auth_from_env,
+    make_secret_file,
+)
+from trimtab.transport.limits import Limits
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
+
+
+def _auth_flags(parser: argparse.ArgumentParser, made_here: bool = False) -> None:
+    more = " (made, mode 0600, if it does not exist)" if made_here else ""
+    parser.add_argument(
+        "--secret-file",
+        metavar="PATH",
+        help=f"the job's secret file{more}; or {SECRET_FILE_ENV}",
+    )
+    parser.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="encrypt TCP traffic (ZeroMQ CURVE); every role of the job must say so",
+    )
 
 
 def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
@@ -56,6 +81,7 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
     add_flags(coord, BatchingSettings)
     add_flags(coord, ElasticSettings)
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
+    _auth_flags(coord, made_here=True)
     add_flags(coord, LaunchConfig, ("verbose",))
     coord.set_defaults(handler=_coordinator)
 
@@ -83,6 +109,7 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
         "(for comparisons; or TRIMTAB_PRIORITY=0)",
     )
     server.add_argument("--verbose", "-v", action="store_true")
+    _auth_flags(server)
     server.set_defaults(handler=_server)
 
     scale = sub.add_parser("scale", help="ask a running job to go to K servers")
@@ -93,6 +120,7 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
         help="the job's coordinator, tcp://HOST:PORT (trimtab run prints it)",
     )
     scale.add_argument("--job", default=job)
+    _auth_flags(scale)
     scale.set_defaults(handler=_scale)
 
 
@@ -114,7 +142,12 @@ def _coordinator(args: argparse.Namespace) -> int:
         job_settings_from_args(args), job=args.job, host=args.host, port=args.port
     )
     transport = ZmqTransport(
-        bind=True, host=config.host, port=config.port, lane=lane_from_env(os.environ)
+        bind=True,
+        host=config.host,
+        port=config.port,
+        lane=lane_from_env(os.environ),
+        auth=_coordinator_key(args),
+        limits=Limits.for_job(config.chunk_bytes),
     )
     coord = Coordinator(config, transport=transport)
     if args.address_file:
@@ -125,6 +158,31 @@ def _coordinator(args: argparse.Namespace) -> int:
         print(f"trimtab coordinator listening at {coord.address}", flush=True)
     coord.run()
     return 0
+
+
+def _coordinator_key(args: argparse.Namespace) -> JobKey | None:
+    """The job's key: from ``--secret-file``/``TRIMTAB_SECRET_FILE`` (made there if the
+    file does not exist), else from a new file in a private directory, removed when the
+    coordinator exits. Raises :class:`ConfigError` as :func:`auth_from_env`."""
+    if os.environ.get(AUTH_ENV, "1") == "0":
+        print("trimtab coordinator: WARNING: TRIMTAB_AUTH=0, no authentication", flush=True)
+        return None
+    path = args.secret_file or os.environ.get(SECRET_FILE_ENV)
+    if path is None:
+        private = Path(tempfile.mkdtemp(prefix="trimtab-secret-"))  # mode 0700
+        atexit.register(shutil.rmtree, private, True)
+        path = str(make_secret_file(private))
+        print(
+            f"trimtab coordinator: the job's secret is in {path}; give every other role "
+            f"--secret-file {path} (or {SECRET_FILE_ENV}), on another host a copy of mode 0600",
+            flush=True,
+        )
+    elif not Path(path).exists():
+        try:
+            make_secret_file(Path(path).parent, Path(path).name)
+        except OSError as exc:
+            raise ConfigError(f"cannot make the job's secret file {path}: {exc}") from None
+    return auth_from_env(os.environ, path, encrypt=args.encrypt)
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -153,6 +211,7 @@ def _server(args: argparse.Namespace) -> int:
         port=config.port,
         max_frame_bytes=config.max_frame_bytes,
         lane=lane_from_env(os.environ),
+        auth=auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt),
     )
     specs = [s for s in parse_stragglers(args.straggler) if s.role == "server"]
     throttle = None
@@ -172,7 +231,10 @@ def _scale(args: argparse.Namespace) -> int:
             "which job? give --coordinator tcp://HOST:PORT and --job ID (trimtab run "
             "prints both when started with --max-servers)"
         )
-    reply = ask_coordinator(args.coordinator, args.job, headers.scale(servers=args.servers), 10.0)
+    key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
+    reply = ask_coordinator(
+        args.coordinator, args.job, headers.scale(servers=args.servers), 10.0, key
+    )
     target = headers.read_scale_reply(reply)["target"]
     print(f"trimtab: the job goes to {target} servers", flush=True)
     return 0

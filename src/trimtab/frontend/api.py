@@ -25,6 +25,7 @@ from trimtab.protocol import headers
 from trimtab.roles.worker.client import WorkerConfig
 from trimtab.roles.worker.context import Context
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
+from trimtab.transport.auth import auth_from_env
 from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
@@ -78,7 +79,8 @@ def init(config: WorkerConfig | None = None) -> None:
 
     Call once per process, before anything else of trimtab's. Settings come from the
     environment unless ``config`` is given. Raises :class:`ConfigError` if there is no
-    coordinator to join, :class:`NodeTimeout` if it does not answer, and
+    coordinator to join or no readable secret file (``TRIMTAB_SECRET_FILE``, which
+    ``trimtab run`` sets), :class:`NodeTimeout` if it does not answer, and
     :class:`UsageError` after :func:`shutdown`: that told the job this worker is done,
     and a job does not take back a worker that left (start a new job instead).
     """
@@ -98,7 +100,9 @@ def init(config: WorkerConfig | None = None) -> None:
         config or config_from_env(),
         local_rank=local_rank,
         compression=compression,
-        transport=ZmqTransport(bind=False, lane=lane_from_env(os.environ)),
+        transport=ZmqTransport(
+            bind=False, lane=lane_from_env(os.environ), auth=auth_from_env(os.environ)
+        ),
     )
     add_stragglers(_default, stragglers)
     atexit.register(shutdown)

@@ -1,37 +1,49 @@
 """Asking a running job's coordinator something from outside the job.
 
 For tools that are not members of the job (the launcher polling for servers to start,
-``trimtab scale``): one request, one reply, over a ZeroMQ socket of their own.
+``trimtab scale``): one request, one reply, over a transport of their own, which proves
+the job's secret as every member's does.
 """
 
 from __future__ import annotations
 
-import zmq
+import time
 
 from trimtab.errors import NodeTimeout, ProtocolError
 from trimtab.protocol.messages import Control, Header, WireHeader, decode, encode, read_error
+from trimtab.transport.auth import JobKey
+from trimtab.transport.zmq import ZmqTransport
 
 
-def ask_coordinator(address: str, job: str, header: WireHeader, timeout_s: float) -> Header:
+def ask_coordinator(
+    address: str, job: str, header: WireHeader, timeout_s: float, auth: JobKey | None
+) -> Header:
     """Send one control request (a builder's header, e.g. ``headers.status_request()``)
     to a running job's coordinator and return the reply, decoded: read it with its
     reader (``headers.read_status_reply``).
 
-    Blocks up to ``timeout_s``; raises :class:`NodeTimeout` if no reply came, and
-    :class:`ProtocolError` if the coordinator answered an error. Thread-safe (each call
-    has its own socket).
+    ``auth`` is the job's key (``None`` only for a job run without one). Blocks up to
+    ``timeout_s``; raises :class:`NodeTimeout` if no reply came (a coordinator refuses a
+    tool without the job's secret by silence), and :class:`ProtocolError` if the
+    coordinator answered an error. Thread-safe (each call has its own transport).
     """
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    transport = ZmqTransport(bind=False, reuse_buffers=False, auth=auth)
     try:
-        sock.connect(address)
-        sock.send(encode({**header, "i": 1, "j": job}))
-        if not sock.poll(int(timeout_s * 1000)):
-            raise NodeTimeout(f"the coordinator at {address} did not answer in {timeout_s:g}s")
-        reply = decode(sock.recv(), job)
+        peer = transport.connect(address)
+        transport.send(peer, [encode({**header, "i": 1, "j": job})])
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            got = transport.recv(left)
+            if got is not None and got.peer == peer:
+                break
+        else:
+            raise NodeTimeout(
+                f"the coordinator at {address} did not answer in {timeout_s:g}s (is the "
+                "job running, and is this its secret file?)"
+            )
+        reply = decode(got.frames[0], job)
     finally:
-        sock.close()
+        transport.close()
     if reply["o"] == Control.ERROR:
         raise ProtocolError(f"the coordinator refused: {read_error(reply)['msg']}")
     return reply

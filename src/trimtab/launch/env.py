@@ -18,11 +18,15 @@ from collections.abc import Mapping
 from trimtab.errors import ConfigError
 from trimtab.faults.stragglers import ENV as STRAGGLERS
 from trimtab.frontend.compression import ENV as COMPRESSION
+from trimtab.transport.auth import AUTH_ENV as AUTH
+from trimtab.transport.auth import ENCRYPT_ENV as ENCRYPT
+from trimtab.transport.auth import SECRET_FILE_ENV as SECRET_FILE
 from trimtab.transport.shm import ENV as SHM
 from trimtab.transport.spin import SPIN_ENV as SPIN_US
 from trimtab.transport.zmq import LANE_ENV as LANE
 
 __all__ = [
+    "AUTH",
     "COMPRESSION",
     "COORDINATOR",
     "CROSS_RANK",
@@ -34,6 +38,7 @@ __all__ = [
     "DMLC_PS_ROOT_URI",
     "DMLC_ROLE",
     "DMLC_WORKER_ID",
+    "ENCRYPT",
     "JOB",
     "LANE",
     "LOCAL_RANK",
@@ -42,6 +47,7 @@ __all__ = [
     "NUM_WORKERS",
     "PRIORITY",
     "RANK",
+    "SECRET_FILE",
     "SHM",
     "SPIN_US",
     "STRAGGLERS",

@@ -4,6 +4,10 @@ The launcher starts the coordinator, the servers and one process per worker runn
 user's command, streams their output with a prefix, and exits with the workers' status.
 A crashed worker or server, or Ctrl-C, ends the whole job: every process it started is
 stopped (its process group terminated, then killed), and none is left behind.
+
+Every job has a secret (:mod:`trimtab.transport.auth`): 32 random bytes in a file of mode
+0600 in a private 0700 directory, made before anything starts and removed at the end;
+each process of the job gets its path as ``TRIMTAB_SECRET_FILE`` (never the secret).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +34,7 @@ from trimtab.launch.cores import available_cores
 from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.protocol import headers
 from trimtab.runtime.diagnostics import STACK_SIGNAL
+from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
 from trimtab.transport.shm import remove_job_arenas
 from trimtab.transport.spin import SPIN_DEFAULT_US, parse_spin
 
@@ -79,6 +85,8 @@ class Job:
         self._procs: list[_Proc] = []
         self.coordinator_address = ""
         self._started = 0.0
+        self._secret_dir: Path | None = None
+        self._key: JobKey | None = None
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
@@ -89,6 +97,7 @@ class Job:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
+            self._make_secret()
             self._start()
             return self._supervise()
         except KeyboardInterrupt:
@@ -99,10 +108,20 @@ class Job:
             return 2
         finally:
             self._stop_all()
+            if self._secret_dir is not None:
+                shutil.rmtree(self._secret_dir, ignore_errors=True)
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
 
     # -- start -----------------------------------------------------------------------
+
+    def _make_secret(self) -> None:
+        """The job's secret file, in a private directory (``mkdtemp`` makes it 0700)."""
+        if self.config.no_auth:
+            return
+        self._secret_dir = Path(tempfile.mkdtemp(prefix="trimtab-secret-"))
+        path = make_secret_file(self._secret_dir)
+        self._key = JobKey(read_secret_file(path), encrypt=self.config.encrypt)
 
     def _role_env(self) -> dict[str, str]:
         """The environment of a process of the job. Raises :class:`ConfigError` for a
@@ -110,6 +129,13 @@ class Job:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.extra_env)
+        for name in (envvars.SECRET_FILE, envvars.AUTH, envvars.ENCRYPT):
+            env.pop(name, None)  # the job's own, never the caller's
+        if self._secret_dir is None:
+            env[envvars.AUTH] = "0"
+        else:
+            env[envvars.SECRET_FILE] = str(self._secret_dir / "secret")
+            env[envvars.ENCRYPT] = "1" if self.config.encrypt else "0"
         if envvars.SPIN_US in env:
             parse_spin(env[envvars.SPIN_US])  # the user's: checked before anything starts
         else:
@@ -197,6 +223,7 @@ class Job:
                 f"job {c.job}, coordinator {self.coordinator_address}; up to "
                 f"{c.max_servers} servers: trimtab scale --coordinator "
                 f"{self.coordinator_address} --job {c.job} --servers K"
+                + (f" --secret-file {self._secret_dir / 'secret'}" if self._secret_dir else "")
             )
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
@@ -252,7 +279,11 @@ class Job:
         """Start the servers the coordinator asks for (psld's scale-out, trimtab scale)."""
         try:
             reply = ask_coordinator(
-                self.coordinator_address, self.config.job, headers.status_request(), 2.0
+                self.coordinator_address,
+                self.config.job,
+                headers.status_request(),
+                2.0,
+                self._key,
             )
         except NodeTimeout:
             return  # busy or ending: the supervisor notices a dead coordinator anyway

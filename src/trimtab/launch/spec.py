@@ -154,6 +154,10 @@ class LaunchConfig:
             never); every process prints its threads' stacks first, and ``Job.run``
             returns ``DEADLINE_STATUS``.
         verbose: let the roles log at INFO level.
+        encrypt: encrypt TCP traffic between the roles (ZeroMQ CURVE, keys derived from
+            the job's secret): for hosts whose network others can read or modify.
+        no_auth: run without the job's secret: INSECURE (any local user can corrupt or
+            stop the job); only to measure what authentication costs.
         settings: the job's policies as checked components (derived; not an argument).
     """
 
@@ -202,6 +206,20 @@ class LaunchConfig:
     verbose: bool = dataclasses.field(
         default=False, metadata=flag("--verbose", "roles log at INFO level", short="-v")
     )
+    encrypt: bool = dataclasses.field(
+        default=False,
+        metadata=flag(
+            "--encrypt", "encrypt TCP traffic between the roles (ZeroMQ CURVE; costs CPU)"
+        ),
+    )
+    no_auth: bool = dataclasses.field(
+        default=False,
+        metadata=flag(
+            "--no-auth",
+            "INSECURE: no per-job secret, so any local user can corrupt or stop the job "
+            "(only to measure what authentication costs)",
+        ),
+    )
     settings: JobSettings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -217,6 +235,8 @@ class LaunchConfig:
                 elastic=ElasticSettings(self.max_servers, self.rebalance_every),
             ),
         )
+        if self.encrypt and self.no_auth:
+            raise ConfigError("--encrypt needs the job's secret: drop --no-auth")
         if self.deadline_s < 0:
             raise ConfigError(f"--deadline must be positive (0: none), not {self.deadline_s}")
         compressor(self.compression)  # refuse an unknown name before starting
@@ -261,4 +281,4 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, BatchingSettings)
     add_flags(parser, LaunchConfig, ("compression", "stragglers"))
     add_flags(parser, ElasticSettings)
-    add_flags(parser, LaunchConfig, ("deadline_s", "verbose"))
+    add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth"))

@@ -15,7 +15,13 @@ address tries that socket first, falling back to ZeroMQ when nobody listens ther
 through TCP, as between machines).
 
 Wire format of a message: ``<I`` frame count, ``<Q`` length per frame, then the frames'
-bytes, back to back. Sockets are non-blocking: a message the kernel cannot take at once
+bytes, back to back. With the job's secret, a connection first runs the handshake of
+:mod:`trimtab.transport.auth` (fixed-size messages, unframed: nothing else is parsed
+until the peer has proven the secret; anything else closes the connection), and every
+message's header then carries its MAC. The length prefix is checked against the
+:class:`~trimtab.transport.limits.Limits` before a byte is allocated for the body.
+
+Sockets are non-blocking: a message the kernel cannot take at once
 is queued and written when the socket is writable again (the owner's poll asks for it),
 so two processes that both send a lot never block each other.
 """
@@ -31,14 +37,21 @@ import struct
 import sys
 from collections.abc import Sequence
 
+from trimtab.transport.auth import (
+    CHALLENGE_BYTES,
+    HELLO_BYTES,
+    PROOF_BYTES,
+    AuthRefused,
+    ClientHandshake,
+    ServerHandshake,
+    Session,
+)
 from trimtab.transport.base import Frame, Peer
+from trimtab.transport.limits import Limits
 
 log = logging.getLogger("trimtab.transport")
 
 _COUNT = struct.Struct("<I")
-#: At most this many frames in one message (far above trimtab's own, which use 1 to 3);
-#: a count above it means the peer does not speak this protocol.
-MAX_FRAMES = 1024
 #: A message with more bytes than this is received straight into a buffer of its own
 #: rather than through the read buffer (one copy fewer for big frames).
 _DIRECT = 1 << 20
@@ -64,6 +77,11 @@ class LaneClosed(Exception):
     """The connection ended or broke (the peer exited, or sent something malformed)."""
 
 
+class LaneRefused(LaneClosed):
+    """The peer failed the handshake, or sent a message over the limits or without a
+    valid MAC: the connection is closed."""
+
+
 def _byte_view(frame: Frame) -> memoryview:
     view = memoryview(frame)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
@@ -76,7 +94,13 @@ class LaneConnection:
     block; ``read`` returns what has fully arrived.
     """
 
-    def __init__(self, sock: socket.socket, peer: Peer, max_frame: int | None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: Peer,
+        limits: Limits,
+        handshake: ClientHandshake | ServerHandshake | None = None,
+    ) -> None:
         sock.setblocking(False)
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             with contextlib.suppress(OSError):  # the kernel's default is fine, only smaller
@@ -84,24 +108,54 @@ class LaneConnection:
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
-        self._max_frame = max_frame
+        self._limits = limits
         self._out: collections.deque[memoryview] = collections.deque()
         self._in = bytearray()
         self._body: bytearray | None = None  # a big message being received in place
         self._filled = 0
         self._lengths: tuple[int, ...] = ()
+        # The handshake under way (None: done, or no authentication), what of its
+        # current message has arrived, the messages sent meanwhile, and the session.
+        self._handshake = handshake
+        self._partial = bytearray()
+        self._waiting: list[list[Frame]] = []
+        self._session: Session | None = None
+        if isinstance(handshake, ClientHandshake):
+            self._write([memoryview(handshake.hello)])
+
+    @property
+    def queued(self) -> bool:
+        """Whether bytes wait for the socket to take them. Never blocks."""
+        return bool(self._out)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether messages wait for the handshake to finish. Never blocks."""
+        return bool(self._waiting)
+
+    @property
+    def proven(self) -> bool:
+        """Whether the handshake is done (or there is none). Never blocks."""
+        return self._handshake is None
 
     def send(self, frames: Sequence[Frame]) -> bool:
-        """Write one message, queueing what the kernel did not take; return whether bytes
-        are queued. The frames' memory must stay unchanged until sent (the transport
-        contract asks that anyway). Never blocks; raises :class:`LaneClosed`."""
+        """Write one message, queueing what the kernel did not take (or all of it, until
+        the handshake is done); return whether bytes are queued. The frames' memory must
+        stay unchanged until sent (the transport contract asks that anyway). Never
+        blocks; raises :class:`LaneClosed`."""
+        if self._handshake is not None:
+            self._waiting.append(list(frames))
+            return bool(self._out)
+        if self._session is not None:
+            frames = self._session.seal(frames)
         views = [_byte_view(f) for f in frames]
         prefix = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views))
+        return self._write([memoryview(prefix), *views])
+
+    def _write(self, bufs: list[memoryview]) -> bool:
         if self._out:
-            self._out.append(memoryview(prefix))
-            self._out.extend(v for v in views if v.nbytes)
+            self._out.extend(v for v in bufs if v.nbytes)
             return self.flush()
-        bufs = [memoryview(prefix), *views]
         try:
             sent = self.sock.sendmsg(bufs, (), socket.MSG_NOSIGNAL)
         except BlockingIOError:
@@ -115,6 +169,47 @@ class LaneConnection:
             self._out.append(buf[sent:] if sent else buf)
             sent = 0
         return bool(self._out)
+
+    def _shake(self) -> bool | None:
+        """Advance the handshake with what the socket holds: True once done, False if
+        more must arrive, None if the peer closed. Reads no byte past the handshake's
+        fixed-size messages. Never blocks; raises :class:`LaneRefused`."""
+        while (hs := self._handshake) is not None:
+            if isinstance(hs, ClientHandshake):
+                need = CHALLENGE_BYTES
+            else:
+                need = PROOF_BYTES if hs.hello_seen else HELLO_BYTES
+            try:
+                got = self.sock.recv(need - len(self._partial))
+            except BlockingIOError:
+                return False
+            except OSError:
+                return None
+            if not got:
+                return None
+            self._partial += got
+            if not hs_prefix_ok(hs, self._partial):  # refused at its first bytes
+                raise LaneRefused("a connection began with something other than the handshake")
+            if len(self._partial) < need:
+                continue
+            message = bytes(self._partial)
+            self._partial.clear()
+            try:
+                if isinstance(hs, ClientHandshake):
+                    proof, self._session = hs.on_challenge(message)
+                    self._handshake = None
+                    self._write([memoryview(proof)])
+                elif not hs.hello_seen:
+                    self._write([memoryview(hs.on_hello(message))])
+                else:
+                    self._session = hs.on_proof(message)
+                    self._handshake = None
+            except AuthRefused as exc:
+                raise LaneRefused(str(exc)) from None
+        waiting, self._waiting = self._waiting, []
+        for frames in waiting:
+            self.send(frames)
+        return True
 
     def flush(self) -> bool:
         """Write queued bytes until the kernel takes no more; return whether any are
@@ -138,6 +233,12 @@ class LaneConnection:
         writable views of buffers of their own) and whether the peer has closed. Never
         blocks. Raises :class:`LaneClosed` for a malformed message."""
         messages: list[list[memoryview]] = []
+        if self._handshake is not None:
+            done = self._shake()
+            if done is None:
+                return messages, True
+            if not done:
+                return messages, False
         while True:
             big = self._body
             target = scratch if big is None else memoryview(big)[self._filled :]
@@ -152,7 +253,7 @@ class LaneConnection:
             if big is not None:  # a big message, received in place
                 self._filled += n
                 if self._filled == len(big):
-                    messages.append(_split(big, self._lengths))
+                    messages.append(self._open(_split(big, self._lengths)))
                     self._body = None
                 continue
             self._in += scratch[:n]
@@ -168,19 +269,22 @@ class LaneConnection:
         pos = 0
         while len(buf) - pos >= _COUNT.size:
             (count,) = _COUNT.unpack_from(buf, pos)
-            if not 0 < count <= MAX_FRAMES:
-                raise LaneClosed(f"a message of {count} frames (at most {MAX_FRAMES})")
+            if not 0 < count <= self._limits.max_frames:
+                raise LaneRefused(
+                    f"a message of {count} frames (at most {self._limits.max_frames})"
+                )
             head = _COUNT.size + 8 * count
             if len(buf) - pos < head:
                 break
             lengths = struct.unpack_from(f"<{count}Q", buf, pos + _COUNT.size)
-            if self._max_frame is not None and max(lengths) > self._max_frame:
-                raise LaneClosed(f"a frame of {max(lengths)} bytes (at most {self._max_frame})")
+            why = self._limits.check_lengths(lengths)
+            if why:  # before a byte of it is allocated
+                raise LaneRefused(why)
             total = sum(lengths)
             start = pos + head
             have = len(buf) - start
             if have >= total:
-                messages.append(_split(buf[start : start + total], lengths))
+                messages.append(self._open(_split(buf[start : start + total], lengths)))
                 pos = start + total
                 continue
             if total > _DIRECT:
@@ -191,6 +295,14 @@ class LaneConnection:
                 pos = len(buf)
             break
         del buf[:pos]
+
+    def _open(self, frames: list[memoryview]) -> list[memoryview]:
+        if self._session is None:
+            return frames
+        try:
+            return self._session.open(frames)
+        except AuthRefused as exc:
+            raise LaneRefused(str(exc)) from None
 
     def close(self, *, linger_s: float = 0.0) -> None:
         """Close the socket, first trying up to ``linger_s`` to write what is queued.
@@ -204,6 +316,13 @@ class LaneConnection:
                 pass
         self._out.clear()
         self.sock.close()
+
+
+def hs_prefix_ok(hs: ClientHandshake | ServerHandshake, partial: bytearray) -> bool:
+    """Whether ``partial`` can still become the handshake message ``hs`` waits for."""
+    magic = hs.expected_magic
+    n = min(len(partial), len(magic))
+    return partial[:n] == magic[:n]
 
 
 def _split(body: bytearray, lengths: Sequence[int]) -> list[memoryview]:

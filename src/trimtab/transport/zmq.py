@@ -11,12 +11,19 @@ socket of their own (ZeroMQ sockets must stay on one thread).
 Between processes of one machine, messages take the local lane instead
 (:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
 skip ZeroMQ's I/O threads. Peers are named the same whichever way their messages go.
+
+With the job's key (:class:`~trimtab.transport.auth.JobKey`) every connection, lane or
+TCP, proves the secret before anything it sends is parsed, and every message carries a
+MAC (:mod:`trimtab.transport.auth`); libzmq refuses TCP connections without the job's
+credentials itself (:mod:`trimtab.transport.zap`). Without a key (``TRIMTAB_AUTH=0``,
+tests) there is neither: any local user can then corrupt or stop the job.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -29,8 +36,17 @@ from typing import Any
 import zmq
 
 from trimtab.transport.alloc import keep_freed_memory
+from trimtab.transport.auth import ClientHandshake, JobKey, ServerHandshake
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
-from trimtab.transport.lane import LaneClosed, LaneConnection, lane_name, supported
+from trimtab.transport.lane import (
+    LaneClosed,
+    LaneConnection,
+    LaneRefused,
+    lane_name,
+    supported,
+)
+from trimtab.transport.limits import Limits
+from trimtab.transport.sessions import MAX_UNPROVEN, ZmqSessions
 from trimtab.transport.shm import ENV as SHM_ENV
 from trimtab.transport.shm import is_local
 from trimtab.transport.spin import (
@@ -41,6 +57,7 @@ from trimtab.transport.spin import (
     parse_spin,
     spin_from_env,
 )
+from trimtab.transport.zap import ZapHandler, secure_client, secure_server
 
 __all__ = [
     "LANE_ENV",
@@ -76,12 +93,21 @@ def lane_from_env(environ: Mapping[str, str]) -> bool:
 
 class _SharedContext:
     """A ZeroMQ context shared by a transport and its companions: one ZeroMQ I/O thread
-    per process, terminated when the last of them closes. Thread-safe."""
+    per process, terminated when the last of them closes, and its ZAP handler (with a
+    key). Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: JobKey | None) -> None:
         self.ctx = zmq.Context()
+        self.key = key
+        self.zap: ZapHandler | None = None
         self._users = 0
         self._lock = threading.Lock()
+
+    def gate(self) -> None:
+        """Start the ZAP handler (with a key), before a socket of the context binds."""
+        with self._lock:
+            if self.key is not None and self.zap is None:
+                self.zap = ZapHandler(self.ctx, self.key)
 
     def acquire(self) -> None:
         with self._lock:
@@ -92,6 +118,8 @@ class _SharedContext:
             self._users -= 1
             last = self._users == 0
         if last:
+            if self.zap is not None:
+                self.zap.stop()
             self.ctx.term()  # every socket is closed by now, so this does not block
 
 
@@ -104,7 +132,11 @@ class ZmqTransport(Transport):
         port: the port to bind; 0 picks a free one.
         max_frame_bytes: an inbound frame over this closes that peer's connection
             (ZeroMQ's MAXMSGSIZE), so a runaway sender cannot exhaust memory; ``None``
-            for no limit.
+            for ``limits``'.
+        auth: the job's key: every connection proves it, every message is MACed.
+            ``None``: no authentication (INSECURE; tests and ``TRIMTAB_AUTH=0``).
+        limits: what one inbound message may be (:meth:`Limits.for_job` for a node that
+            knows its job's chunk size); checked before allocation where the wire allows.
         reuse_buffers: tune the process's allocator so received frames reuse freed
             memory (:func:`keep_freed_memory`).
         lane: listen on, and connect through, the local lane for peers on this
@@ -128,12 +160,20 @@ class ZmqTransport(Transport):
         reuse_buffers: bool = True,
         lane: bool = True,
         spin_s: float = 0.0,
+        auth: JobKey | None = None,
+        limits: Limits | None = None,
         _shared: _SharedContext | None = None,
     ) -> None:
         check_spin(spin_s)
         if reuse_buffers:
             keep_freed_memory()
-        self._shared = _shared or _SharedContext()
+        limits = limits or Limits()
+        if max_frame_bytes is not None:
+            limits = dataclasses.replace(limits, max_frame_bytes=max_frame_bytes)
+        self._limits = limits
+        self._shared = _shared or _SharedContext(auth)
+        self._key = self._shared.key
+        self._sessions = ZmqSessions(self._key, limits)
         self._shared.acquire()
         self._closed = False
         self.spin_s = spin_s
@@ -145,14 +185,14 @@ class ZmqTransport(Transport):
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
-        self._max_frame = max_frame_bytes
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
         if bind:
+            self._shared.gate()
             router = self._ctx.socket(zmq.ROUTER)
             self._tune(router)
-            if max_frame_bytes is not None:
-                router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+            if self._key is not None:
+                secure_server(router, self._key)
             if port == 0:
                 port = router.bind_to_random_port(f"tcp://{host}")
             else:
@@ -188,9 +228,9 @@ class ZmqTransport(Transport):
         self._listener = listener
         self._poller.register(listener.fileno(), zmq.POLLIN)
 
-    @staticmethod
-    def _tune(sock: zmq.Socket[bytes]) -> None:
+    def _tune(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes)
         # Bounded queues keep memory in check; the defaults (1000 messages) are fine for
         # chunked tensors of a few MiB each.
         sock.setsockopt(zmq.SNDHWM, 10000)
@@ -210,22 +250,29 @@ class ZmqTransport(Transport):
             except OSError:
                 sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
             else:
-                conn = LaneConnection(sock, out_peer(address), self._max_frame)
+                shake = ClientHandshake(self._key) if self._key is not None else None
+                conn = LaneConnection(sock, out_peer(address), self._limits, shake)
                 self._lane_out[address] = conn
                 self._add_lane(conn)
                 return conn.peer
         if address not in self._dealers:
             dealer = self._ctx.socket(zmq.DEALER)
             self._tune(dealer)
-            if self._max_frame is not None:
-                dealer.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
+            if self._key is not None:
+                secure_client(dealer, self._key)
             dealer.connect(address)
             self._dealers[address] = dealer
             self._dealer_peer[dealer] = out_peer(address)
             self._poller.register(dealer, zmq.POLLIN)
+            hello = self._sessions.opened(address)
+            if hello is not None:
+                dealer.send_multipart(hello)
         return out_peer(address)
 
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
+        """As :meth:`Transport.send`; also raises :class:`ConfigError` for a message over
+        the limits (its receiver would refuse it)."""
+        self._limits.check_send([memoryview(f).nbytes for f in frames])
         if peer.startswith(b"i:"):
             conn = self._lane_in.get(peer[2:])
             if conn is not None:
@@ -234,15 +281,19 @@ class ZmqTransport(Transport):
             if self._router is None:
                 raise KeyError(peer)
             # A lane peer that has gone is unknown to the router, which drops the message
-            # as it does for its own departed peers.
-            self._router.send_multipart([peer[2:], *frames], copy=False)
+            # as it does for its own departed peers (and so do we, for one never proven).
+            sealed = self._sessions.seal_in(peer[2:], list(frames))
+            if sealed is not None:
+                self._router.send_multipart([peer[2:], *sealed], copy=False)
             return
         address = peer[2:].decode()
         conn = self._lane_out.get(address)
         if conn is not None:
             self._lane_send(conn, frames)
         elif address in self._dealers:
-            self._dealers[address].send_multipart(frames, copy=False)
+            sealed = self._sessions.seal_out(address, list(frames))
+            if sealed is not None:
+                self._dealers[address].send_multipart(sealed, copy=False)
         elif address in self._lost:
             self.connect(address)  # its lane broke: reconnect (the lane, or ZeroMQ)
             self.send(peer, frames)
@@ -259,7 +310,7 @@ class ZmqTransport(Transport):
 
     def _add_lane(self, conn: LaneConnection) -> None:
         self._lane_fds[conn.fd] = conn
-        self._poller.register(conn.fd, zmq.POLLIN)
+        self._poller.register(conn.fd, zmq.POLLIN | (zmq.POLLOUT if conn.queued else 0))
         if not self._scratch:
             self._scratch = memoryview(bytearray(1 << 18))
 
@@ -281,7 +332,11 @@ class ZmqTransport(Transport):
                 log.warning("local lane: could not accept a connection: %s", exc)
                 return
             identity = b"lane-%d" % next(self._lane_ids)
-            conn = LaneConnection(sock, in_peer(identity), self._max_frame)
+            shake = ServerHandshake(self._key) if self._key is not None else None
+            conn = LaneConnection(sock, in_peer(identity), self._limits, shake)
+            unproven = [c for c in self._lane_in.values() if not c.proven]
+            if len(unproven) >= MAX_UNPROVEN:  # a flood of silent connections: oldest out
+                self._drop_lane(unproven[0], "it did not complete its handshake")
             self._lane_in[identity] = conn
             self._add_lane(conn)
 
@@ -295,8 +350,16 @@ class ZmqTransport(Transport):
                     self._ready.append(Envelope(conn.peer, frames))
                 if closed:
                     self._drop_lane(conn, "")
+                elif conn.queued:  # the handshake ended: what waited for it is queued
+                    self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
+        except LaneRefused as exc:
+            self._sessions.refuse(conn.peer, str(exc))
+            self._drop_lane(conn, "")
         except LaneClosed as exc:
             self._drop_lane(conn, str(exc))
+        except Exception as exc:  # MemoryError too: a peer never ends the process
+            log.warning("local lane to %r: closed after %r", conn.peer, exc)
+            self._drop_lane(conn, "")
 
     def _drop_lane(self, conn: LaneConnection, why: str) -> None:
         if why:
@@ -333,16 +396,38 @@ class ZmqTransport(Transport):
                     parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                if sock is self._router:
-                    self._ready.append(
-                        Envelope(in_peer(parts[0].bytes), [p.buffer for p in parts[1:]])
-                    )
-                else:
-                    self._ready.append(Envelope(self._dealer_peer[sock], [p.buffer for p in parts]))
+                self._on_zmq(sock, parts)
                 # Asking is cheaper than the exception a receive on an empty socket raises.
                 if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     break
         return self._ready.popleft() if self._ready else None
+
+    def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
+        """A message off a ZeroMQ socket: checked, opened, and queued for the node (or
+        answered, during a handshake, or dropped). Never raises for what a peer sent."""
+        if sock is self._router:
+            if len(parts) < 2:
+                return
+            identity = parts[0].bytes
+            frames, reply = self._sessions.on_router(identity, [p.buffer for p in parts[1:]])
+            if reply is not None:
+                self._router.send_multipart([identity, *reply])
+            if frames is not None:
+                self._ready.append(Envelope(in_peer(identity), frames))
+            return
+        peer = self._dealer_peer[sock]
+        frames, out = self._sessions.on_dealer(peer[2:].decode(), [p.buffer for p in parts])
+        for message in out:
+            sock.send_multipart(message, copy=False)
+        if frames is not None:
+            self._ready.append(Envelope(peer, frames))
+
+    @property
+    def refused(self) -> int:
+        """Messages and connections refused so far: unauthenticated, forged, replayed,
+        or over the limits (ZAP's refusals included). Never blocks."""
+        zap = self._shared.zap
+        return self._sessions.refused + (zap.refused if zap is not None else 0)
 
     def _poll(self, timeout_ms: int | None) -> dict[Any, int]:
         """Ready sockets and descriptors, after up to ``timeout_ms`` (forever for None).
@@ -371,17 +456,22 @@ class ZmqTransport(Transport):
     def companion(self) -> ZmqTransport:
         return ZmqTransport(
             bind=False,
-            max_frame_bytes=self._max_frame,
             reuse_buffers=False,
             lane=self._lane,
+            limits=self._limits,
             _shared=self._shared,
         )
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         deadline = time.monotonic() + _LINGER_S  # one grace period for all, as ZeroMQ's
+        # Messages that wait for a handshake leave only as our recv finishes it.
+        while time.monotonic() < deadline and (
+            self._sessions.waiting or any(c.waiting for c in self._lane_fds.values())
+        ):
+            self.recv(0.02)
+        self._closed = True
         for conn in list(self._lane_fds.values()):
             conn.close(linger_s=max(0.0, deadline - time.monotonic()))
         self._lane_fds.clear()

@@ -33,6 +33,7 @@ def run_trimtab(
     lane: bool = True,
     spin: bool = True,
     info: dict[str, Any] | None = None,
+    auth: str = "on",
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
@@ -42,7 +43,9 @@ def run_trimtab(
     messages through ZeroMQ rather than the local lane (``TRIMTAB_LANE=0``), ``spin=False``
     makes every wait sleep at once (``TRIMTAB_SPIN_US=0``; otherwise ``trimtab run``
     decides, or the caller's environment); ``info`` receives the job's other figures
-    (``shared_pushes``, ``spin_us``). Blocks for the job; raises RuntimeError on failure.
+    (``shared_pushes``, ``spin_us``). ``auth``: ``on`` (the job's secret, the default),
+    ``off`` (``--no-auth``, insecure, to measure its cost) or ``encrypt`` (``--encrypt``).
+    Blocks for the job; raises RuntimeError on failure.
     """
     command = [
         sys.executable,
@@ -63,6 +66,8 @@ def run_trimtab(
         chunk_bytes=chunk_bytes,
         placement="greedy",
         compression=compression,
+        no_auth=auth == "off",
+        encrypt=auth == "encrypt",
     )
     env = {}
     if not shm:
