@@ -33,7 +33,9 @@ is that default path, ``step_no_lane_s`` the same job with ZeroMQ for the messag
 ``shm_floor_step_s`` = 4 x model bytes / one core's memcpy rate (each worker's gradient
 copied in, its value copied out).
 
-``--profile DIR`` runs only the trimtab job, under :mod:`trimtab_tools.bench.profile`.
+``--auth compare`` runs only the trimtab jobs, with authentication on, off and encrypted
+(:mod:`trimtab_tools.bench.auth`). ``--profile DIR`` runs only the trimtab job, under
+:mod:`trimtab_tools.bench.profile`.
 """
 
 from __future__ import annotations
@@ -285,6 +287,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--small-steps", type=int, default=2000, help="1 KiB round trips timed (2000)")
     p.add_argument(
+        "--auth",
+        choices=("on", "compare"),
+        default="on",
+        help="on: the job authenticated, as every job is (default); compare: only the "
+        "trimtab jobs, with authentication on, off and --encrypt, interleaved, and ratios",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="with --auth compare: rounds (3)")
+    p.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -318,6 +328,19 @@ def main(args: argparse.Namespace) -> int:
             args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
         )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
+        return 0
+    if args.auth == "compare":
+        from trimtab_tools.bench.auth import measure_auth
+
+        result = measure_auth(
+            model_sizes(args.model_mib),
+            args.steps,
+            args.chunk_bytes,
+            SMALL_BYTES,
+            args.small_steps,
+            rounds=args.rounds,
+        )
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
         return 0
     result = measure(
         args.steps,
