@@ -47,6 +47,7 @@ class Chunk:
         self.scale = 0.0  # what each arrival of this round is divided by as it is merged
         self.last_sum = 0.0  # the previous round's sum of weights (synchronous modes)
         self.any_grad = False
+        self.mean_only = False  # this round answers the mean gradient, applies nothing
         self.arrived: set[int] = set()
         self.waiting: list[Reply] = []
         self.held: list[Reply] = []  # replies the consistency policy holds back
@@ -110,6 +111,10 @@ class ChunkStore:
         self.tensors: list[TensorSpec] = []
         self.specs: list[ChunkSpec] = []
         self._opt: dict[str, Any] = {}
+        #: What every round's weighted mean gradient is multiplied by before it is
+        #: applied or answered: the workers' ``op`` (Sum: the number of workers) times
+        #: their ``gradient_predivide_factor`` (they divided by it before pushing).
+        self.post = 1.0
         self.shared_pushes = 0  # pushes whose gradient came through shared memory
         self.lane_pushes = 0  # pushes that came over the transport's local lane
 
@@ -129,6 +134,8 @@ class ChunkStore:
         )
         self._opt = header["opt"]
         self.mode = OptimizerMode(self._opt["mode"])
+        post = float(self._opt.get("post", 1.0))
+        self.post = post * (len(self.workers) if self._opt.get("op") == "sum" else 1)
 
     def new_chunk(self, spec: ChunkSpec) -> Chunk:
         """A fresh chunk of ``spec`` under the job's optimizer (zero value, version 0)."""
@@ -210,6 +217,8 @@ class ChunkStore:
             )
         hp = msg.get("hp")
         # Everything is validated: from here on the chunk's state changes.
+        if msg.get("g"):
+            chunk.mean_only = True
         if hp and chunk.optimizer is not None:
             chunk.optimizer.set_hparams(hp)
         discount = self.consistency.discount(info)
@@ -261,17 +270,23 @@ class ChunkStore:
         summation mode), advance version and round. Returns the replies to send now:
         every waiting one (synchronous), or those the policy releases (asynchronous)."""
         result: torch.Tensor | None = None
+        applies = chunk.optimizer is not None and not chunk.mean_only
         if chunk.any_grad and chunk.weight_sum > 0:
+            factor = self.post
             if chunk.scale != chunk.weight_sum:  # the weights changed this round
-                chunk.merge.mul_(chunk.scale / chunk.weight_sum)
-            if chunk.optimizer is not None:
+                factor *= chunk.scale / chunk.weight_sum
+            if factor != 1.0:
+                chunk.merge.mul_(factor)
+            if applies:
+                assert chunk.optimizer is not None
                 chunk.optimizer.step(chunk.merge.to(chunk.value.dtype))
                 result = chunk.value
             else:
                 result = chunk.merge
             chunk.version += 1
-        elif chunk.optimizer is not None:
+        elif applies:
             result = chunk.value  # no gradient anywhere: torch skips the step, so do we
+        chunk.mean_only = False
         if self.consistency.synchronous:
             # Zero-copy is safe under BSP: no worker pushes this chunk again (and so nothing
             # overwrites this buffer) before it has received this message.
