@@ -72,7 +72,7 @@ def end_probe(
         pusher.mean_only = True  # the servers keep summing: every push says so
         if not _noticed:
             _noticed.append(True)
-            log.info(
+            log.warning(
                 "trimtab: the script calls optimizer.synchronize() before step(): running "
                 "in summation mode (servers sum gradients, each worker applies %s), so "
                 "that gradients changed in between count",
