@@ -740,9 +740,42 @@ def test_every_op_has_a_builder() -> None:
         h.handover(
             rid=1, chunk=0, version=0, round=0, epoch=1, dtype="f", numel=1, counts=[0, 0, 0]
         ),
+        h.state_get(chunk=0, epoch=1),
+        h.state(rid=1, chunk=0, version=0, round=0, hp={}, state={}),
+        h.state_set(chunk=0, epoch=1, state={}),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 
 
 def test_internal_is_an_error_code() -> None:
     assert ErrorCode.INTERNAL.value == "internal"
+
+
+def test_state_messages_read_what_they_built_and_refuse_a_bad_state_entry() -> None:
+    """STATE_GET, STATE, STATE_SET: each reader takes its builder's header; a state
+    entry that is neither ['t', dtype, shape] nor ['v', value] is MALFORMED."""
+    meta = {"step": ["t", "float32", []], "exp_avg": ["t", "float32", [4]], "n": ["v", 3]}
+    h.read_state_get(dict(h.state_get(chunk=2, epoch=1)))
+    h.read_state(dict(h.state(rid=1, chunk=2, version=3, round=3, hp={"lr": 0.1}, state=meta)))
+    built = h.state_set(chunk=2, epoch=1, state=meta, hp={"lr": 0.1}, dtype="float32", numel=4)
+    assert h.read_state_set(dict(built))["n"] == 4
+    assert "dt" not in h.state_set(chunk=2, epoch=1, state={})
+    for bad in ({"x": ["t", "float32", [-1]]}, {"x": ["q", 1]}, {"x": ["t", "float32"]}):
+        with pytest.raises(ProtocolError, match="'st' entry 'x'"):
+            h.read_state_set(dict(h.state_set(chunk=2, epoch=1, state=bad)))
+    with pytest.raises(ProtocolError, match="'n'"):
+        h.read_state_set({"o": int(Data.STATE_SET), "c": 2, "e": 1, "st": {}, "dt": "float32"})
+    pushed = h.push(
+        chunk=0,
+        epoch=1,
+        dtype="float32",
+        numel=1,
+        rank=0,
+        clock=0,
+        weight=1,
+        version=0,
+        mean_only=True,
+    )
+    assert h.read_push(dict(pushed))["g"] is True
+    with pytest.raises(ProtocolError, match="'g'"):
+        h.read_push({**pushed, "g": 1})

@@ -166,15 +166,18 @@ def _overlapping_sgd(model: torch.nn.Module, ctx: Context) -> trimtab.Distribute
 
 def test_with_model_each_forward_waits_only_for_its_own_parameters(cluster_factory) -> None:
     """After step(), a module's parameters change when its forward runs, not before;
-    the others' only at their own forward (or state_dict())."""
+    the others' only at their own forward (or state_dict()). (The job's first step is
+    synchronous: it probes whether the script calls synchronize() itself.)"""
     cluster = cluster_factory(workers=1, servers=2, chunk_bytes=256)
 
     def body(ctx: Context) -> None:
         model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
         opt = _overlapping_sgd(model, ctx)
         x = torch.randn(4, 6)
-        model(x).square().sum().backward()
-        opt.step()
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
         first, last = model[0].weight.detach().clone(), model[2].weight.detach().clone()
         model[0](x)  # the first layer's forward alone
         assert not torch.equal(model[0].weight, first)  # its update landed
@@ -203,8 +206,10 @@ def test_with_model_parameters_read_after_forward_are_current(cluster_factory) -
         model = Net()
         opt = _overlapping_sgd(model, ctx)
         x = torch.randn(4, 6)
-        (model(x).square().sum() + model.penalised.weight.square().sum()).backward()
-        opt.step()
+        for _ in range(2):  # the first step is synchronous (the probe)
+            opt.zero_grad()
+            (model(x).square().sum() + model.penalised.weight.sum()).backward()
+            opt.step()
         before = model.penalised.weight.detach().clone()
         model(x)
         assert not torch.equal(model.penalised.weight, before)
@@ -455,13 +460,17 @@ def test_context_misuse_says_what_to_do(cluster_factory) -> None:
             ctx.server_of(0)
         with pytest.raises(UsageError, match="build the DistributedOptimizer"):
             ctx.server_stats()
+        # A non-float tensor that needs no gradient is left out (not declared, not
+        # pushed), in the param groups as in named_parameters.
         steps = torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
-        with pytest.raises(ConfigError, match=r"parameter 'steps'.*leave it out"):
-            trimtab.DistributedOptimizer(
-                torch.optim.SGD([steps], lr=0.1), [("steps", steps)], context=ctx
-            )
         p = torch.nn.Parameter(torch.zeros(3))
-        trimtab.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), [("p", p)], context=ctx)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD([p, steps], lr=0.1), [("steps", steps), ("p", p)], context=ctx
+        )
+        assert {c.tensor for c in ctx.chunks} == {0} and ctx.chunks[0].numel == 3
+        p.grad = torch.ones(3)
+        opt.step()
+        assert torch.allclose(p, torch.full((3,), -0.1)) and torch.equal(steps, torch.zeros(2))
         with pytest.raises(ConfigError, match=r"root_rank 3 is not a worker rank: pass one of 0\."):
             ctx.broadcast({"p": p}, root_rank=3)
 

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from trimtab.errors import ChunkMoved, ProtocolError
+from trimtab.protocol import headers
 from trimtab.protocol.messages import Data
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.slots import SharedArenas
+from trimtab.roles.server.state import load_state, state_reply
 from trimtab.roles.server.store import ChunkStore
 from trimtab.runtime.tensors import as_bytes
 
@@ -161,3 +163,57 @@ def test_the_meter_counts_in_one_place() -> None:
     meter.stalled(0.25)
     assert (meter.busy_s, meter.bytes, meter.requests) == (0.75, 120, 1)
     assert meter.advance(3) and not meter.advance(2) and meter.step == 3
+
+
+def test_state_set_and_get_round_trip_and_bad_state_changes_nothing() -> None:
+    """STATE_SET replaces a chunk's optimizer state (and value); STATE_GET reads it back;
+    a state of the wrong size is refused before anything changes; in summation mode
+    both are refused (the state lives on the workers)."""
+    store = store_of(
+        mode="server",
+        opt={"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5, "momentum": 0.9}]},
+    )
+    momentum = torch.arange(4, dtype=torch.float32)
+    value = torch.full((4,), 7.0)
+    meta = {"momentum_buffer": ["t", "float32", [4]]}
+    header = dict(headers.state_set(chunk=0, epoch=1, state=meta, dtype="float32", numel=4))
+    header["i"] = 3
+    load_state(store, header, [as_bytes(value), as_bytes(momentum)])
+    assert torch.equal(store.chunks[0].value, value)
+    reply, frames = state_reply(store, {**headers.state_get(chunk=0, epoch=1), "i": 4})
+    assert reply["st"] == meta and reply["i"] == 4
+    assert torch.equal(torch.frombuffer(bytearray(frames[0]), dtype=torch.float32), momentum)
+    bad = dict(
+        headers.state_set(chunk=0, epoch=1, state={"momentum_buffer": ["t", "float32", [3]]})
+    )
+    with pytest.raises(ProtocolError, match="shape"):
+        load_state(store, bad, [as_bytes(torch.zeros(3))])
+    _, frames = state_reply(store, {**headers.state_get(chunk=0, epoch=1), "i": 5})
+    assert torch.equal(torch.frombuffer(bytearray(frames[0]), dtype=torch.float32), momentum)
+    load_state(store, dict(headers.state_set(chunk=0, epoch=1, state={})), [])
+    assert state_reply(store, {**headers.state_get(chunk=0, epoch=1), "i": 6})[0]["st"] == {}
+    with pytest.raises(ProtocolError, match="summation mode"):
+        state_reply(store_of(), {**headers.state_get(chunk=0, epoch=1), "i": 7})
+
+
+def test_a_mean_only_round_answers_the_mean_and_sum_scales_it() -> None:
+    """A PUSH with g answers the round's mean gradient and applies nothing, even in
+    server mode; with op=Sum the answer is the number of workers times the mean."""
+    opt = {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5}], "op": "sum"}
+    store = store_of(mode="server", opt=opt)
+    for rank, grad in ((0, [1.0, 2.0, 3.0, 4.0]), (1, [3.0, 2.0, 1.0, 0.0])):
+        header = {
+            "o": int(Data.PUSH),
+            "i": 1,
+            "c": 0,
+            "e": 1,
+            "r": rank,
+            "k": 0,
+            "w": 1,
+            "dt": "float32",
+            "n": 4,
+            "g": True,
+        }
+        replies = store.push(b"p", header, [as_bytes(torch.tensor(grad))], False)
+    assert torch.equal(replies[0].value, torch.tensor([4.0, 4.0, 4.0, 4.0]))
+    assert torch.equal(store.chunks[0].value, torch.zeros(4))  # nothing applied

@@ -21,6 +21,7 @@ from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
 from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
+from trimtab.frontend.state import broadcast_state
 from trimtab.protocol import headers
 from trimtab.roles.worker.client import WorkerConfig
 from trimtab.roles.worker.context import Context
@@ -221,24 +222,17 @@ def broadcast_parameters(
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    """Give every worker the optimizer state of ``root_rank`` (tensor state and
-    hyperparameters of the same shape). In server mode the state lives on the servers,
-    so only the local hyperparameters are synchronised."""
-    ctx = default_context()
-    # A DistributedOptimizer shares its inner optimizer's param_groups and state, so
-    # either object gives the same tensors.
-    tensors: dict[str, torch.Tensor] = {}
-    for g, group in enumerate(optimizer.param_groups):
-        for i, p in enumerate(group["params"]):
-            for key, value in optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    tensors[f"{g}.{i}.{key}"] = value
-        for key, value in group.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                tensors[f"{g}.hp.{key}"] = torch.tensor([float(value)], dtype=torch.float64)
-    ctx.broadcast(tensors, root_rank)
-    for g, group in enumerate(optimizer.param_groups):
-        for key, value in list(group.items()):
-            t: Any = tensors.get(f"{g}.hp.{key}")
-            if t is not None:
-                group[key] = type(value)(t.item())
+    """Give every worker the optimizer state of ``root_rank``: every hyperparameter
+    (numbers, bools, tuples such as Adam's betas, None, strings, tensors) and the state,
+    also on a worker whose optimizer has none yet (a fresh job resuming a checkpoint
+    that rank 0 loaded). A :class:`DistributedOptimizer` in server mode keeps its state
+    on the servers, where rank 0's ``load_state_dict()`` put it: only the
+    hyperparameters travel, and the call ends with a barrier, so that no worker's next
+    step precedes the root's load. Collective and blocking; raises
+    :class:`UsageError` between backward and step, and torch's ``ValueError`` for
+    optimizers of different param groups."""
+    own = getattr(optimizer, "broadcast_state", None)
+    if callable(own):  # a DistributedOptimizer (not imported here: it imports this module)
+        own(root_rank)
+        return
+    broadcast_state(default_context(), optimizer, root_rank, groups_only=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -27,8 +28,11 @@ from trimtab.errors import ConfigError, UsageError
 from trimtab.frontend.api import default_context
 from trimtab.frontend.compression import compressor
 from trimtab.frontend.overlap import hook_forward
+from trimtab.frontend.params import RESYNC_WARNING, name_params, reduction, say_mode, trained
+from trimtab.frontend.probe import Mark, check_marks, end_probe, marks_of
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.reports import StepReporter
+from trimtab.frontend.state import broadcast_state, by_index, by_param, gather, scatter
 from trimtab.protocol.messages import INLINE_MAX
 from trimtab.roles.server.optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab.roles.worker.context import Context
@@ -36,8 +40,6 @@ from trimtab.runtime.tensors import wire_dtype
 from trimtab.transport.shm import SlotMap
 
 log = logging.getLogger("trimtab")
-
-_said_mode: set[str] = set()
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -52,8 +54,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             halve a float32 push (values come back in full precision); default the job's
             (``trimtab run --compression``), else none.
         backward_passes_per_step: backward passes accumulated locally before a push.
-        mode: ``"auto"`` (default), ``"server"`` or ``"summation"``. Use summation to
-            change gradients between :meth:`synchronize` and :meth:`step` (clipping).
+        op: how gradients combine over workers: ``trimtab.Average`` (default; the mean
+            weighted by each worker's :attr:`batch_size`) or ``trimtab.Sum``: the
+            number of workers times that mean, which is Horovod's sum of the workers'
+            gradients when batch sizes are equal. Under unequal (LB-BSP) batch sizes
+            Sum stays ``size()`` times the mean gradient over the global batch, not a
+            sum weighted by the split. Horovod's ints (0, 1) are taken; Adasum is not.
+        gradient_predivide_factor: with op=Average, each gradient is divided by it
+            before the push and the servers' mean multiplied by it (Horovod's split of
+            the averaging, for half-precision ranges): the same mean. Not with op=Sum.
+        mode: ``"auto"`` (default), ``"server"`` or ``"summation"``. In auto, a job
+            whose script calls :meth:`synchronize` itself in its first step (to clip or
+            unscale gradients before :meth:`step`) runs in summation mode, so that the
+            update uses the changed gradients, as Horovod's does; in server mode, a
+            gradient changed between :meth:`synchronize` and :meth:`step` raises
+            :class:`UsageError`.
         context: the worker context; the one made by ``trimtab.init()`` by default.
         model: the module these parameters belong to. With it (server mode), :meth:`step`
             returns once the last gradients are sent, and the next forward pass waits
@@ -78,27 +93,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compression: object = None,
         backward_passes_per_step: int = 1,
         op: object = None,
+        gradient_predivide_factor: float = 1.0,
         *,
         mode: str = "auto",
         context: Context | None = None,
         model: torch.nn.Module | None = None,
     ) -> None:
-        if op is not None and str(op).lower() not in ("average", "op.average"):
-            raise ConfigError(f"only op=Average is supported, got {op!r}")
+        self._op, self._predivide = reduction(op, gradient_predivide_factor)
         if backward_passes_per_step < 1:
             raise ConfigError("backward_passes_per_step must be at least 1")
         self._ctx = ctx = context or default_context()
         self._inner = optimizer
         self._mode = choose_mode(optimizer, mode)
-        cls = type(optimizer).__name__
-        if cls not in _said_mode:
-            _said_mode.add(cls)
-            where = (
-                "servers apply it to each chunk"
-                if self._mode is OptimizerMode.SERVER
-                else "servers sum gradients, each worker applies it"
-            )
-            log.info("trimtab: %s runs in %s mode (%s)", cls, self._mode.value, where)
+        say_mode(optimizer, self._mode)
         # Share the inner optimizer's groups and state, so LR schedulers and user code
         # that touch either object see the same thing.
         super().__init__(
@@ -108,7 +115,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.state = optimizer.state
         self.defaults = optimizer.defaults
         self._passes = backward_passes_per_step
-        params = self._name_params(named_parameters)
+        params = name_params(self.param_groups, named_parameters)
         self._group_of = {p: g for _, p, g in params}
         self._clock = 0
         self._batch_size = 1.0
@@ -122,8 +129,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
         self._skip_sync = False
+        self._explicit = False  # the script called synchronize() itself this step
+        # Server mode, after an explicit synchronize(): each gradient and its version,
+        # to see whether the script changed one before step().
+        self._marks: list[Mark] | None = None
         self._overlap = model is not None and self._mode is OptimizerMode.SERVER
         self._pusher = self._declare(params, compression)
+        # The first step probes whether the script changes gradients between
+        # synchronize() and step() (see _end_probe): where the job may switch modes.
+        self._probing = (
+            mode == "auto" and self._mode is OptimizerMode.SERVER and ctx.job.consistency == "bsp"
+        )
+        self._pusher.mean_only = self._probing
+        self._pusher.summation = self._mode is OptimizerMode.SUMMATION or self._probing
         self._reporter = StepReporter(ctx)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
@@ -137,45 +155,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- setup ---------------------------------------------------------------------
 
-    def _name_params(
-        self, named: Iterable[tuple[str, torch.nn.Parameter]] | None
-    ) -> list[tuple[str, torch.Tensor, int]]:
-        group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
-        if named is None:
-            pairs = [
-                (f"group{g}.param{i}", p)
-                for g, group in enumerate(self.param_groups)
-                for i, p in enumerate(group["params"])
-            ]
-        else:
-            pairs = list(named)
-        names = [n for n, _ in pairs]
-        if len(set(names)) != len(names):
-            raise ConfigError("named_parameters has duplicate names; names must be unique")
-        out = []
-        seen = set()
-        for name, p in pairs:
-            if p not in group_of or p in seen:
-                continue  # not optimized (e.g. frozen) or shared under two names
-            seen.add(p)
-            if p.is_sparse or not p.is_contiguous():
-                raise ConfigError(f"parameter {name!r} must be dense and contiguous")
-            try:
-                wire_dtype(p.dtype)
-            except ConfigError as exc:
-                raise ConfigError(
-                    f"parameter {name!r}: {exc}; leave it out of the optimizer (a buffer, "
-                    "or requires_grad=False) or make it floating-point"
-                ) from None
-            out.append((name, p, group_of[p]))
-        missing = [p for p in group_of if p not in seen]
-        if missing:
-            raise ConfigError(
-                f"{len(missing)} optimized parameters are not in named_parameters; pass "
-                "model.named_parameters() for the model the optimizer was built on"
-            )
-        return out
-
     def _declare(self, params: list[tuple[str, torch.Tensor, int]], compression: object) -> Pusher:
         """Declare the tensors (blocks until every worker did), make the pusher over the
         chunks the job cut them into, and seed the servers with the root's values."""
@@ -185,6 +164,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "cls": type(self._inner).__name__,
             "mode": self._mode.value,
             "groups": [hyperparameters(g) for g in self.param_groups],
+            "op": self._op,
+            "post": self._predivide,
         }
         table = ctx.declare(specs, opt)  # this optimizer's chunks, among the job's
         tensors = [p for _, p, _ in params]
@@ -208,7 +189,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # read when forward needs them, so when they were read says when compute
             # asked.
             timed=ctx.job.time_servers and not self._overlap,
+            prescale=self._predivide,
         )
+        if self._mode is OptimizerMode.SERVER:
+            # The user's optimizer may hold state already (a checkpoint loaded before
+            # wrapping it): the root's goes to the servers, before seed's barrier.
+            if ctx.rank == 0 and any(self._inner.state.values()):
+                scatter(pusher, self._inner.state)
+            self._inner.state.clear()
         pusher.seed(tensors, root_rank=0)
         return pusher
 
@@ -253,6 +241,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._batch_size = float(value)
 
     def _on_grad(self, p: torch.Tensor) -> None:
+        if self._synchronized:  # synchronize() then no step(): GradScaler skipped it
+            self._finish(apply=False)
         count = self._counts.get(p, 0) + 1
         self._counts[p] = count
         if count < self._passes:
@@ -285,10 +275,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Push what backward has not pushed yet and wait for every chunk's answer.
 
-        Blocks. In server mode the parameters then hold the updated values; in summation
-        mode their ``.grad`` holds the mean gradient over the global batch.
+        Blocks. In summation mode (and in a job's first step, see ``mode``) the
+        parameters' ``.grad`` then holds the mean gradient over the global batch, which
+        the script may change before ``step()`` (within :meth:`skip_synchronize`); in
+        server mode the parameters hold the updated values.
         Raises :class:`~trimtab.JobAborted`, :class:`~trimtab.NodeTimeout`.
         """
+        self._synchronize()
+        self._explicit = True
+        if self._mode is OptimizerMode.SERVER and not self._probing:
+            self._marks = marks_of(list(self._pusher.chunks_of))
+
+    def _synchronize(self) -> None:
         self._send_rest()
         self.wait_parameters()
         self._synchronized = True
@@ -361,11 +359,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Finish the step: run the context's step hooks, synchronize (unless done; with
         ``model=``, only send), apply the update, report the step's timings to the
         coordinator (and, under LB-BSP, learn every worker's next batch size), advance
-        the clock. Blocks; raises as :meth:`synchronize`, and what a step hook raises."""
+        the clock. Blocks; raises as :meth:`synchronize`, what a step hook raises, and
+        :class:`UsageError` where the update cannot be the one asked for (a gradient
+        changed after :meth:`synchronize` in server mode)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._synchronized and not self._skip_sync:
+            # Horovod synchronizes again here; the answers are in, so nothing is pushed.
+            warnings.warn(RESYNC_WARNING, stacklevel=2)
+        self._finish(apply=True)
+        return loss
+
+    def _finish(self, apply: bool) -> None:
+        """The step's end (``apply``: step() was called, else GradScaler skipped it)."""
         pusher = self._pusher
         # With model=, forward's waits for this step's values were communication.
         forward_waits = pusher.arrive_s
@@ -374,17 +382,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
             compute = hook(self._clock, compute)
         waited = time.perf_counter()
         if not self._synchronized and not self._skip_sync:
-            if self._overlap:
+            if self._overlap and not self._probing:
                 self._send_rest()  # the next forward waits, module by module
             else:
-                self.synchronize()
+                self._synchronize()
         elif not self._synchronized:
             raise UsageError("skip_synchronize() without synchronize() first")
         comm = time.perf_counter() - waited + forward_waits
         pusher.arrive_s = 0.0
-        if self._mode is OptimizerMode.SUMMATION:
-            self._inner.step()
-        self._synchronized = False
+        if self._probing:
+            self._probing = False
+            if end_probe(self._ctx, pusher, self._inner, self._explicit, apply):
+                self._mode = OptimizerMode.SUMMATION
+        elif self._mode is OptimizerMode.SUMMATION:
+            if apply:
+                self._inner.step()
+        else:
+            check_marks(self._marks, apply)
+        self._synchronized = self._explicit = False
+        self._marks = None
         self.last_compute_s, self.last_comm_s = compute, comm
         sizes = self._reporter.end_step(
             self._clock,
@@ -399,7 +415,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.batch_sizes = sizes
             self._batch_size = float(sizes[self._ctx.rank])
         self._clock += 1
-        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients. Raises :class:`UsageError` between backward and step."""
@@ -409,6 +424,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
                 "can cause a race condition."
             )
+        if self._synchronized:  # synchronize() then no step(): GradScaler skipped it
+            self._finish(apply=False)
         self._inner.zero_grad(set_to_none=set_to_none)
 
     @property
@@ -420,18 +437,64 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def mode(self) -> OptimizerMode:
         return self._mode
 
+    # -- state -----------------------------------------------------------------------
+
+    def _between_steps(self, what: str) -> None:
+        if self._pusher.inflight or self._synchronized:
+            raise UsageError(f"{what} between backward and step(): call it after step()")
+        self.wait_parameters()
+
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state plus trimtab's (clock, placement epoch)."""
+        """The wrapped optimizer's ``state_dict()``, in its own layout (``state`` by
+        parameter index, ``param_groups``), plus trimtab's (``"trimtab"``: clock,
+        placement epoch). In server mode the state is read from the servers (one round
+        trip per chunk); no other worker takes part, so rank 0 may call it alone.
+        Blocks; raises :class:`UsageError` between backward and step."""
+        self._between_steps("state_dict()")
         state = self._inner.state_dict()
+        if self._mode is OptimizerMode.SERVER:
+            state["state"] = by_index(gather(self._pusher, self._pusher.chunks_of), self._params())
         state["trimtab"] = {"clock": self._clock, "epoch": self._pusher.epoch}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the inner optimizer's state. trimtab's clock is not rewound: the
-        servers' rounds continue from where this job is."""
-        state = dict(state_dict)
-        state.pop("trimtab", None)
-        self._inner.load_state_dict(state)
+        """Load a ``state_dict()`` (this class's or the wrapped one's): hyperparameters
+        here, state here (summation mode) or on the servers, acknowledged before this
+        returns. Rank 0 alone (then :func:`trimtab.broadcast_optimizer_state`) or every
+        worker with the same dict: the same result. The clock is not rewound. Blocks;
+        raises :class:`UsageError` between backward and step, torch's ``ValueError``."""
+        self._between_steps("load_state_dict()")
+        state = {k: v for k, v in state_dict.items() if k != "trimtab"}
+        if self._mode is OptimizerMode.SUMMATION:
+            self._inner.load_state_dict(state)
+            self._share_inner()
+            return
+        self._inner.load_state_dict({"state": {}, "param_groups": state["param_groups"]})
+        self._share_inner()
+        states = by_param(state, self._params())
+        scatter(self._pusher, states, {p: self.param_groups[self._group_of[p]] for p in states})
+
+    def broadcast_state(self, root_rank: int) -> None:
+        """:func:`trimtab.broadcast_optimizer_state`: worker ``root_rank``'s
+        hyperparameters (of any type) and, in summation mode, state, on every worker
+        (in server mode the servers hold the one state). Ends with a barrier, so no
+        worker's next push precedes it. Collective; blocks."""
+        self._between_steps("broadcast_optimizer_state()")
+        summation = self._mode is OptimizerMode.SUMMATION
+        broadcast_state(self._ctx, self._inner, root_rank, groups_only=not summation)
+        self._share_inner()
+        self._ctx.barrier()
+
+    def _params(self) -> list[torch.Tensor]:  # in torch's state_dict order
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _share_inner(self) -> None:
+        # torch's load_state_dict makes new param group dicts: share them again.
+        self.param_groups = self._inner.param_groups
+        self.state = self._inner.state
+        self._group_of = {
+            p: g for g, group in enumerate(self.param_groups) for p in group["params"] if trained(p)
+        }
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self._inner!r}, mode={self._mode.value})"

@@ -24,7 +24,14 @@ from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
 from trimtab.protocol import headers
-from trimtab.protocol.headers import InitHeader, PullHeader, PushHeader, ValueHeader
+from trimtab.protocol.headers import (
+    InitHeader,
+    PullHeader,
+    PushHeader,
+    StateGetHeader,
+    StateSetHeader,
+    ValueHeader,
+)
 from trimtab.protocol.messages import ErrorCode, inline
 from trimtab.roles.worker.client import Reply, SharedMemoryRefused, wait
 from trimtab.roles.worker.context import Context
@@ -45,8 +52,9 @@ BYTE_WRITE_MAX = 64 * 1024
 #: it if the chunk moved), the server it was sent to and the gradient bytes it carried.
 Sent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int, int]
 
-#: A chunk request :meth:`Pusher._await` may resend: a PUSH, a PULL or an INIT.
-ChunkRequest = PushHeader | PullHeader | InitHeader
+#: A chunk request :meth:`Pusher._await` may resend: a PUSH, a PULL, an INIT, a
+#: STATE_GET or a STATE_SET.
+ChunkRequest = PushHeader | PullHeader | InitHeader | StateGetHeader | StateSetHeader
 
 
 class Pusher:
@@ -57,9 +65,12 @@ class Pusher:
         chunks_of: each parameter's chunks, in order (from the context's chunk table).
         compression: the wire format of pushed gradients.
         summation: whether answers are mean gradients (written into ``.grad``) rather
-            than updated values (written into the parameter).
+            than updated values (written into the parameter); :attr:`summation` may
+            change between steps.
         slots: the worker's shared memory for these chunks.
         timed: whether each server's traffic is timed (:meth:`take_traffic`).
+        prescale: what each gradient is divided by before it is pushed
+            (``gradient_predivide_factor``).
 
     Not thread-safe: the training thread (its autograd hooks included) uses it. Waits
     raise what :func:`~trimtab.roles.worker.client.wait` raises.
@@ -74,11 +85,17 @@ class Pusher:
         summation: bool,
         slots: SlotMap,
         timed: bool,
+        prescale: float = 1.0,
     ) -> None:
         self._ctx = ctx
         self.chunks_of = chunks_of
         self._compression = compression
-        self._summation = summation
+        #: Whether answers are mean gradients (into ``.grad``), not updated values.
+        self.summation = summation
+        #: Whether pushes ask the servers for the mean gradient only, with no update
+        #: (``g``): a server-mode job's first step, or one switched to summation.
+        self.mean_only = False
+        self._prescale = prescale
         self.slots = slots
         self.timed = timed
         self._versions: dict[int, int] = {}  # chunk id -> version of the value we hold
@@ -126,6 +143,8 @@ class Pusher:
         flat = None
         if grad is not None:
             flat = grad.detach().contiguous().view(-1)
+            if self._prescale != 1.0:  # (a new tensor: the user's gradient stays)
+                flat = flat / self._prescale
             wire = self._compression.wire_dtype(flat.dtype)
             if wire != flat.dtype:
                 # Narrowed into a buffer kept for this parameter: its previous push was
@@ -146,7 +165,7 @@ class Pusher:
         slots = self.slots.slots
         # The same for every chunk: nothing in the loop changes the map or the rank.
         epoch, rank, versions, empty = self.epoch, ctx.rank, self._versions, raw is None
-        build = headers.push
+        build, mean_only = headers.push, self.mean_only
         for c in self.chunks_of[p]:
             header = build(
                 chunk=c.id,
@@ -159,6 +178,7 @@ class Pusher:
                 version=versions.get(c.id, 0),
                 hp=hp,
                 empty=empty,
+                mean_only=mean_only,
             )
             nbytes = 0
             owner = ctx.owner_of(c.id, clock)
@@ -236,7 +256,7 @@ class Pusher:
                         # server just relieved of chunks with all its old load over the
                         # span of the few it kept (a 20 MB/s server read 56).
                         traffic[2] -= pushed
-                    if not self._summation:
+                    if not self.summation:
                         self._write_value(p, c, h, got)
                     elif not h.get("z"):
                         if p.grad is None:
@@ -339,6 +359,14 @@ class Pusher:
                 reply = self._await(f, c, header, [], None)
                 # A VALUE, read directly as in arrive().
                 self._write(p.data, c, cast(ValueHeader, reply.header), reply.frames)
+
+    def ask(self, requests: list[tuple[ChunkSpec, ChunkRequest, list[Any]]]) -> list[Reply]:
+        """Send each ``(chunk, header, frames)`` request to its chunk's owner, then wait
+        for every reply, in order (a request whose chunk moved is resent to its new
+        owner). Blocks; raises as :meth:`_await`."""
+        ctx = self._ctx
+        sent = [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
+        return [self._await(fut, c, h, f, None) for fut, c, h, f in sent]
 
     def seed(self, params: list[torch.Tensor], root_rank: int) -> None:
         """Make the servers hold worker ``root_rank``'s values of ``params`` and every

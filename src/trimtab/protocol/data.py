@@ -85,6 +85,7 @@ class PushHeader(InlineHeader):
     v: NotRequired[int]  # the chunk version the worker last read (its staleness)
     hp: NotRequired[dict[str, Any] | None]  # the param group's hyperparameters, if changed
     z: NotRequired[bool]  # no gradient (the parameter got none this step)
+    g: NotRequired[bool]  # answer the round's mean gradient and apply no update
     sm: NotRequired[list[Any]]  # [arena name, offset, capacity] of a shared-memory slot
 
 
@@ -100,8 +101,10 @@ def push(
     version: int,
     hp: dict[str, Any] | None = None,
     empty: bool = False,
+    mean_only: bool = False,
 ) -> PushHeader:
     """``dtype`` is the gradient's wire dtype (the chunk's own for an ``empty`` push).
+    ``mean_only``: the round answers the mean gradient, with no update applied (``g``).
     The sender then adds ``sm`` or ``b`` (:func:`~trimtab.protocol.messages.inline`)."""
     header: PushHeader = {
         "o": _PUSH,
@@ -118,11 +121,13 @@ def push(
         header["hp"] = hp
     if empty:
         header["z"] = True
+    if mean_only:
+        header["g"] = True
     return header
 
 
 _PUSH_KEYS: KeySpec = (("c", int), ("e", int), ("r", int), ("k", int), ("w", NUMBER))
-_PUSH_OPTIONAL: KeySpec = (("v", int), ("z", bool))
+_PUSH_OPTIONAL: KeySpec = (("v", int), ("z", bool), ("g", bool))
 
 
 def read_push(header: Header) -> PushHeader:
@@ -131,6 +136,7 @@ def read_push(header: Header) -> PushHeader:
     and the tensor fits is the server's to say."""
     get = header.get
     z = get("z", False)
+    g = get("g", False)
     sm = get("sm")
     hp = get("hp")
     if (
@@ -141,6 +147,7 @@ def read_push(header: Header) -> PushHeader:
         and type(get("w")) in NUMBER
         and type(get("v", 0)) is int
         and (z is False or z is True)
+        and (g is False or g is True)
         and (hp is None or type(hp) is dict)
         and (z or (type(get("dt")) is str and type(get("n")) is int))
         and (sm is None or _is_slot(sm))

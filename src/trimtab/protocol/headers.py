@@ -8,8 +8,9 @@ for what a node receives, a reader that checks the header with
 ``ProtocolError(ErrorCode.MALFORMED.value, ...)`` for a missing or mistyped key. The
 definitions live by plane: :mod:`.control` (membership, teardown, tools, barriers,
 broadcast), :mod:`.collective` (GATHER and GATHERED: Horovod's collectives),
-:mod:`.placement` (maps, migration, step and load reports) and :mod:`.data`
-(chunks between workers and servers); import them from here. ERROR is
+:mod:`.placement` (maps, migration, step and load reports), :mod:`.data` (chunks between
+workers and servers) and :mod:`.state` (a chunk's optimizer state); import them from
+here. ERROR is
 :func:`~trimtab.protocol.messages.error_header` / :func:`~trimtab.protocol.messages.read_error`.
 
 Builders check nothing and readers check only types: what a value means for the
@@ -43,7 +44,8 @@ Short keys, and what each carries in which message:
     ``sm``      [arena, offset, capacity] of a shared-memory slot: PUSH; IN_SLOT (1),
                 the value is in that slot: VALUE.
     ``dt``      wire dtype name; ``z`` no tensor; ``w`` weight (batch size); ``r`` worker
-                rank; ``s`` server rank; ``hp`` hyperparameters; ``st`` optimizer state;
+                rank; ``s`` server rank; ``hp`` hyperparameters; ``st`` optimizer state
+                (HANDOVER, STATE, STATE_SET); ``g`` answer the mean gradient (PUSH);
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD;
                 ``t`` table (a worker's n-th optimizer): DECLARE.
@@ -175,6 +177,18 @@ from trimtab.protocol.placement import (
     report,
     report_reply,
 )
+from trimtab.protocol.state import (
+    StateGetHeader,
+    StateHeader,
+    StateMeta,
+    StateSetHeader,
+    read_state,
+    read_state_get,
+    read_state_set,
+    state,
+    state_get,
+    state_set,
+)
 
 __all__ = [
     "IN_SLOT",
@@ -212,6 +226,10 @@ __all__ = [
     "ScaleHeader",
     "ScaleReplyHeader",
     "ShutdownHeader",
+    "StateGetHeader",
+    "StateHeader",
+    "StateMeta",
+    "StateSetHeader",
     "StatsHeader",
     "StatsReplyHeader",
     "StatusHeader",
@@ -275,6 +293,9 @@ __all__ = [
     "read_report_reply",
     "read_scale",
     "read_scale_reply",
+    "read_state",
+    "read_state_get",
+    "read_state_set",
     "read_stats_reply",
     "read_status_reply",
     "read_tables",
@@ -287,6 +308,9 @@ __all__ = [
     "scale",
     "scale_reply",
     "shutdown",
+    "state",
+    "state_get",
+    "state_set",
     "stats_reply",
     "stats_request",
     "status_reply",

@@ -117,9 +117,9 @@ class Data(enum.IntEnum):
     """
 
     INIT = 64  # {c, e, dt, n} + value; reply ACK. Sets a chunk's value (root worker).
-    PUSH = 65  # {c, e, dt, n, r, k, w, v, hp?, z?, sm? | b?} + gradient (none with sm:
-    #            the gradient is in shared memory, sm = [arena, offset, capacity]);
-    #            reply VALUE when updated
+    PUSH = 65  # {c, e, dt, n, r, k, w, v, hp?, z?, g?, sm? | b?} + gradient (none with
+    #            sm: the gradient is in shared memory, sm = [arena, offset, capacity]);
+    #            reply VALUE when updated (g: the mean gradient, no update applied)
     PULL = 66  # {c, e}; reply VALUE now
     VALUE = 67  # {c, v, k, n, z? | dt, sm? | b?} + value (or aggregated gradient in
     #             summation mode); with sm, no frame: the value is in the push's slot
@@ -129,6 +129,10 @@ class Data(enum.IntEnum):
     STATS = 71  # anyone -> server; reply ACK
     HANDOVER = 72  # server -> server {c, v, k, e, dt, n, p, hp?, st?} + value + state
     #                tensors; reply ACK
+    STATE_GET = 80  # worker -> server {c, e}: the chunk's optimizer state; reply STATE
+    STATE = 81  # server -> worker {c, v, k, hp, st} + state tensors, answering STATE_GET
+    STATE_SET = 82  # worker -> server {c, e, hp?, st, dt?, n?} + value? + state tensors:
+    #                 replace the chunk's optimizer state (and value, with dt); reply ACK
 
 
 class ErrorCode(str, enum.Enum):

@@ -35,6 +35,7 @@ from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
 from trimtab.roles.server.slots import SharedArenas, Slot
+from trimtab.roles.server.state import load_state, state_reply
 from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import Heartbeat, NodeLoop
@@ -350,6 +351,12 @@ class Server:
                 self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
                 self._store.init(header, frames[1:])
+                self._loop.send(peer, headers.ack(rid=rid))
+            elif op == Data.STATE_GET:
+                reply, state_frames = state_reply(self._store, header)
+                self._loop.send(peer, reply, state_frames)
+            elif op == Data.STATE_SET:
+                load_state(self._store, header, frames[1:])
                 self._loop.send(peer, headers.ack(rid=rid))
             elif op == Data.STATS:
                 self._loop.send(peer, headers.stats_reply(rid=rid, stats=self.stats()))

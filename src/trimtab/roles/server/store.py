@@ -47,6 +47,7 @@ class Chunk:
         self.scale = 0.0  # what each arrival of this round is divided by as it is merged
         self.last_sum = 0.0  # the previous round's sum of weights (synchronous modes)
         self.any_grad = False
+        self.mean_only = False  # this round answers the mean gradient, applies nothing
         self.arrived: set[int] = set()
         self.waiting: list[Reply] = []
         self.held: list[Reply] = []  # replies the consistency policy holds back
@@ -147,6 +148,15 @@ class ChunkStore:
         self._table_of = [i for i, (n, _) in enumerate(tables) for _ in range(n)]
         self.mode = OptimizerMode(self._opts[0]["mode"])
 
+    def post_factor(self, table: int) -> float:
+        """What every round's weighted mean gradient of ``table``'s chunks is multiplied
+        by before it is applied or answered: its workers' ``op`` (Sum: the number of
+        workers) times their ``gradient_predivide_factor`` (they divided by it before
+        pushing). Pure."""
+        opt = self._opts[table]
+        factor = float(opt.get("post", 1.0))
+        return factor * len(self.workers) if opt.get("op") == "sum" else factor
+
     def new_chunk(self, spec: ChunkSpec) -> Chunk:
         """A fresh chunk of ``spec`` under its table's optimizer (zero value, version 0)."""
         opt = self._opts[self._table_of[spec.tensor]]
@@ -245,6 +255,8 @@ class ChunkStore:
             )
         hp = msg.get("hp")
         # Everything is validated: from here on the chunk's state changes.
+        if msg.get("g"):
+            chunk.mean_only = True
         if hp and chunk.optimizer is not None:
             chunk.optimizer.set_hparams(hp)
         discount = self.consistency.discount(info)
@@ -296,17 +308,23 @@ class ChunkStore:
         summation mode), advance version and round. Returns the replies to send now:
         every waiting one (synchronous), or those the policy releases (asynchronous)."""
         result: torch.Tensor | None = None
+        applies = chunk.optimizer is not None and not chunk.mean_only
         if chunk.any_grad and chunk.weight_sum > 0:
+            factor = self.post_factor(self._table_of[chunk.spec.tensor])
             if chunk.scale != chunk.weight_sum:  # the weights changed this round
-                chunk.merge.mul_(chunk.scale / chunk.weight_sum)
-            if chunk.optimizer is not None:
+                factor *= chunk.scale / chunk.weight_sum
+            if factor != 1.0:
+                chunk.merge.mul_(factor)
+            if applies:
+                assert chunk.optimizer is not None
                 chunk.optimizer.step(chunk.merge.to(chunk.value.dtype))
                 result = chunk.value
             else:
                 result = chunk.merge
             chunk.version += 1
-        elif chunk.optimizer is not None:
+        elif applies:
             result = chunk.value  # no gradient anywhere: torch skips the step, so do we
+        chunk.mean_only = False
         if self.consistency.synchronous:
             # Zero-copy is safe under BSP: no worker pushes this chunk again (and so nothing
             # overwrites this buffer) before it has received this message.
