@@ -287,6 +287,37 @@ def two_optimizers(hvd: Any, out: Path) -> dict[str, torch.Tensor]:
     return values(gen, disc)
 
 
+def byteps_optimizer(bps: Any, out: Path) -> dict[str, torch.Tensor]:
+    """A BytePS user's script (``import byteps.torch as bps`` swapped for
+    ``import trimtab.byteps.torch as bps``): BytePS's optimizer keywords
+    (``compression``, ``staleness=0``), its broadcasts, and the loss averaged in place with
+    ``push_pull_inplace`` under a declared name; Adagrad."""
+    bps.init()
+    model = make_model(42 if bps.rank() == 0 else 1000 + bps.rank())
+    optimizer = bps.DistributedOptimizer(
+        torch.optim.Adagrad(model.parameters(), lr=0.05),
+        named_parameters=model.named_parameters(),
+        compression=bps.Compression.none,
+        backward_passes_per_step=1,
+        staleness=0,
+    )
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(optimizer, root_rank=0)
+    bps.declare("loss")
+    losses = []
+    for x, y in batches():
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(my_slice(bps, x)), my_slice(bps, y))
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        bps.push_pull_inplace(mean, average=True, name="loss")
+        losses.append(float(mean))
+    result = values(model)
+    result["losses"] = torch.tensor(losses)
+    return result
+
+
 PATTERNS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
     "metric_average": metric_average,
     "op_average_adam": op_average_adam,
@@ -296,6 +327,7 @@ PATTERNS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
     "mixed_precision": mixed_precision,
     "clipping": clipping,
     "two_optimizers": two_optimizers,
+    "byteps_optimizer": byteps_optimizer,
 }
 
 
@@ -332,9 +364,19 @@ class OneProcess:
     def allreduce(self, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return tensor.clone()
 
+    def push_pull_inplace(self, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return tensor
+
+    def declare(self, name: str) -> None:
+        pass
+
+    class Compression:
+        none = None
+
     def DistributedOptimizer(
         self, optimizer: torch.optim.Optimizer, **kwargs: Any
     ) -> torch.optim.Optimizer:
+        assert kwargs.get("staleness", 0) == 0
         return _Plain(optimizer)
 
 

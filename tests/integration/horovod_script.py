@@ -1,4 +1,5 @@
-"""A Horovod user's script with the import swapped: ``import trimtab as hvd``.
+"""A Horovod user's script with the import swapped: ``import trimtab as hvd`` (a BytePS
+user's: ``import trimtab.byteps.torch as bps``).
 
 Usage (under ``trimtab run``): horovod_script.py PATTERN OUT_DIR [PHASE]
 Runs :data:`tests.horovod_patterns.PATTERNS` [PATTERN] and saves each rank's final
@@ -15,10 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 import trimtab as hvd
+import trimtab.byteps.torch as bps
 from tests.horovod_patterns import PATTERNS
 
 pattern, out = sys.argv[1], Path(sys.argv[2])
 extra = sys.argv[3:]
-result = PATTERNS[pattern](hvd, out, *extra)
+# A BytePS script imports trimtab.byteps.torch as bps; a Horovod one trimtab as hvd.
+result = PATTERNS[pattern](bps if pattern.startswith("byteps_") else hvd, out, *extra)
 torch.save(result, out / f"rank{hvd.rank()}.pt")
 hvd.shutdown()
