@@ -124,7 +124,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._skip_sync = False
         self._overlap = model is not None and self._mode is OptimizerMode.SERVER
         self._pusher = self._declare(params, compression)
-        self._reporter = StepReporter(ctx)
+        # One REPORT per worker and step: the first optimizer's (see reports.py).
+        self._reporter = StepReporter(ctx, reports=self._table == 0)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
             for p in self._pusher.chunks_of
@@ -178,7 +179,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _declare(self, params: list[tuple[str, torch.Tensor, int]], compression: object) -> Pusher:
         """Declare the tensors (blocks until every worker did), make the pusher over the
-        chunks the job cut them into, and seed the servers with the root's values."""
+        chunks the job cut them into, and seed the servers with the root's values; or,
+        for a table the job has already (built again after ``init()`` following
+        ``shutdown()``), take the servers' values (server mode) and go on from this
+        worker's clock of it."""
         ctx = self._ctx
         specs = [TensorSpec(n, tuple(p.shape), wire_dtype(p.dtype), g) for n, p, g in params]
         opt = {
@@ -187,6 +191,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "groups": [hyperparameters(g) for g in self.param_groups],
         }
         table = ctx.declare(specs, opt)  # this optimizer's chunks, among the job's
+        self._table = table.index
         tensors = [p for _, p, _ in params]
         chunks_of: dict[torch.Tensor, list[ChunkSpec]] = dict(
             zip(tensors, table.chunks_by_tensor(), strict=True)
@@ -209,7 +214,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # asked.
             timed=ctx.job.time_servers and not self._overlap,
         )
-        pusher.seed(tensors, root_rank=0)
+        if table.clock is None:
+            pusher.seed(tensors, root_rank=0)
+        else:
+            # The job's model and optimizer state live on on the servers (in summation
+            # mode the workers hold the model, and this one still has it).
+            self._clock = table.clock
+            if self._mode is OptimizerMode.SERVER:
+                pusher.pull(tensors)
         return pusher
 
     # -- the context's member (see roles.worker.context.ContextMember) ---------------
@@ -228,8 +240,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._pusher.seed(params, root_rank)
 
     def close(self) -> None:
-        """Release this optimizer's shared memory (the worker is leaving). Never raises."""
+        """Send the last step's report, take the hooks off the parameters (an optimizer
+        built over them after ``init()`` again pushes alone), release the shared memory
+        (the worker is leaving). Never raises."""
+        self._reporter.flush()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
         self._pusher.close()
+
+    @property
+    def table(self) -> int:
+        """This optimizer's table: the job's n-th DistributedOptimizer, from 0."""
+        return self._table
 
     def describe(self) -> str:
         """Where this optimizer stands, for a hung job's dump (:data:`STACK_SIGNAL`): its
