@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trimtab.errors import ConfigError, UsageError
+from trimtab.errors import ConfigError, JobAborted, UsageError
 from trimtab.faults.slowdown import WorkerSlowdown
 from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
@@ -92,6 +92,8 @@ def init(config: WorkerConfig | None = None) -> None:
     global _default, _left, _forget_state, _at_exit_set
     if _default is not None:
         return
+    if _left is not None and _left.client.dead is not None:
+        raise JobAborted(f"the job ended after this worker's shutdown(): {_left.client.dead}")
     config = config or config_from_env()
     if _left is not None and config.rank < 0:
         config = dataclasses.replace(config, rank=_left.rank)  # its own rank, kept for it
