@@ -22,17 +22,25 @@ from trimtab.roles.worker.context import Context, JobTerms
 OK = {"o": int(Control.OK), "epoch": 1}
 
 
-def test_a_reporter_that_does_not_report_only_keeps_time() -> None:
+def test_a_second_optimizer_s_reporter_keeps_time_and_sends_the_first_s_report() -> None:
     clock = _Clock()
-    ctx = _Context(JobTerms(batching="lbbsp"), [])  # any REPORT would find no answer
-    quiet = StepReporter(ctx, reports=False, timer=clock, cpu_timer=clock, now=clock)  # type: ignore[arg-type]
+    ctx = _Context(JobTerms(), [dict(OK) for _ in range(3)])
+    first = StepReporter(ctx, timer=clock, cpu_timer=clock, now=clock)  # type: ignore[arg-type]
+    quiet = StepReporter(ctx, sender=first, timer=clock, cpu_timer=clock, now=clock)  # type: ignore[arg-type]
     for step in range(3):
+        # A GAN's iteration: the second optimizer (the discriminator) steps first.
         quiet.before_push(first=True, clock=step)
+        assert [h["k"] for h in ctx.client.sent] == list(range(step))  # the last step's
+        quiet.before_push(first=False, clock=step)
         clock.t += 2.0
-        assert quiet.compute_so_far(0.0)[0] == 2.0  # timed from the last step's end
+        assert quiet.compute_so_far(0.0)[0] == 2.0  # timed from its last step's end
         assert quiet.end_step(step, 8, 2.0, 0.1, 1.0, {0: [1.0, 2.0, 8.0]}, clock.t) is None
+        first.before_push(first=True, clock=step)
+        first.end_step(step, 8, 1.0, 0.1, 1.0, {}, waited=clock.t)
     quiet.flush()
-    assert ctx.client.sent == []
+    assert [h["k"] for h in ctx.client.sent] == [0, 1]  # the first optimizer's steps only
+    first.flush()
+    assert [h["k"] for h in ctx.client.sent] == [0, 1, 2]
 
 
 def test_a_closing_reporter_sends_its_last_step_at_once() -> None:

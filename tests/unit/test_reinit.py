@@ -240,7 +240,8 @@ def test_a_job_whose_workers_all_left_runs_until_their_processes_end(cluster_fac
 
 
 def test_a_worker_that_left_and_died_ends_the_job(cluster_factory) -> None:
-    cluster = cluster_factory(workers=2, servers=1, heartbeat_s=0.1, dead_after_s=0.5)
+    # Every node heartbeats each second: only a dead one is silent for 2.5 s.
+    cluster = cluster_factory(workers=2, servers=1, dead_after_s=2.5)
     gone, other = cluster.context(0), cluster.context(1)
     gone.leave()
     gone.client.close(done=False)  # its process died: no DONE, no more heartbeats

@@ -71,6 +71,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     :class:`UsageError` before ``trimtab.init()`` without ``context``.
     """
 
+    _reporter: StepReporter
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -125,7 +127,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._overlap = model is not None and self._mode is OptimizerMode.SERVER
         self._pusher = self._declare(params, compression)
         # One REPORT per worker and step: the first optimizer's (see reports.py).
-        self._reporter = StepReporter(ctx, reports=self._table == 0)
+        first = [m for m in ctx.members if isinstance(m, DistributedOptimizer) and m.table == 0]
+        sender = first[0]._reporter if first and self._table else None
+        self._reporter = StepReporter(ctx, sender=sender)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
             for p in self._pusher.chunks_of

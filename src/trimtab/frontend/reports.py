@@ -9,7 +9,9 @@ for it at the end of the next step) or, under SaPS, with a directive read at a s
 first push: refresh the map, and maybe skip this step's stale gradient to catch up.
 
 A worker sends one REPORT per step, whatever the number of its optimizers: only the
-first optimizer's reporter (table 0) reports; the others keep time only. The
+first optimizer's reporter (table 0) reports; the others keep time only, and their
+step's first push sends the first one's report when due (the worker's next iteration
+began: a GAN's discriminator steps before its generator, declared first). The
 coordinator's per-step logic (LB-BSP's wait for every worker's report of a clock, the
 straggler detector, PSLD's traffic of a step) counts one report per worker and clock.
 Under LB-BSP the sizes therefore arrive at the first optimizer (its ``batch_sizes``):
@@ -57,8 +59,9 @@ class StepReporter:
 
     Args:
         ctx: the worker's context.
-        reports: whether this reporter sends the worker's REPORTs (its first
-            optimizer's): without, it only times the steps.
+        sender: the reporter that sends this worker's REPORTs (its first optimizer's),
+            if not this one: this one then only times its steps, and its step's first
+            push sends the sender's report when due.
         timer, cpu_timer, now: the wall clock of a step, the process's CPU clock, and
             the clock that spaces reports (``time.perf_counter``, ``time.process_time``
             and ``time.monotonic``; tests inject their own).
@@ -72,13 +75,14 @@ class StepReporter:
         self,
         ctx: Context,
         *,
-        reports: bool = True,
+        sender: StepReporter | None = None,
         timer: Callable[[], float] = time.perf_counter,
         cpu_timer: Callable[[], float] = time.process_time,
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ctx = ctx
-        self._reports = reports
+        self._sender = sender
+        self._reports = sender is None
         self._timer, self._cpu_timer, self._now = timer, cpu_timer, now
         self._started = timer()
         self._cpu_started = cpu_timer()
@@ -102,10 +106,16 @@ class StepReporter:
     def before_push(self, first: bool, clock: int) -> None:
         """At each push of step ``clock`` (``first``: the step's first): read the
         coordinator's directive, and send the previous step's report when it is due."""
-        if not self._reports:
+        if self._sender is not None:
+            if first:
+                self._sender.send_due()
             return
         if first and not self.skipping:
             self._check_directive(clock)
+        self.send_due()
+
+    def send_due(self) -> None:
+        """Send the last step's report if it is due. Never blocks."""
         if self._pending is not None and self._now() >= self._next_report:
             # Where the coordinator needs no report per step (report_s), steps in
             # between are not reported.
