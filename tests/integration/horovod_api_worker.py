@@ -182,11 +182,15 @@ def main() -> None:
     got["join"] = hvd.join()
     hvd.barrier()
 
-    # Rank 0 leaves first: the others' next collective is refused, not left hanging.
+    # Rank 0 leaves first, joins again (Horovod allows init() after shutdown()) and ends
+    # its process: the others' next collective, which it never calls, is then refused,
+    # not left hanging.
     if r == 0:
         hvd.shutdown()
         got["is_initialized_after_shutdown"] = hvd.is_initialized()
         got["init_after_shutdown"] = error(hvd.init)
+        got["rank_after_init"] = hvd.rank()
+        hvd.shutdown()
     else:
         got["after_rank0_left"] = error(lambda: hvd.allreduce(one))
     (out / f"rank{r}.json").write_text(json.dumps(got))

@@ -86,6 +86,7 @@ def test_membership_headers_are_today_s_bytes() -> None:
     beat["lo"] = 4
     same(h.worker_heartbeat(job=JOB, floor=4), beat)
     same(requested(h.done()), requested({"o": int(Control.DONE)}))
+    same(requested(h.leave(clocks=[7, 3])), requested({"o": int(Control.LEAVE), "k": [7, 3]}))
     same(sent(h.shutdown()), sent({"o": int(Control.SHUTDOWN), "i": 0}))
     same(sent(h.abort(why="boom")), sent({"o": int(Control.ABORT), "i": 0, "why": "boom"}))
     same(sent(h.ok(rid=5)), sent({"o": int(Control.OK), "i": 5}))
@@ -189,6 +190,8 @@ def test_map_and_migration_headers_are_today_s_bytes() -> None:
     same(built, reference)
     same(sent({**built, "i": 0}), sent({**reference, "i": 0}))  # to each server
     same(sent({**built, "i": 9}), sent({**reference, "i": 9}))  # to each declaring worker
+    # To a worker that declared a table the job has (init() after shutdown()): its clock.
+    same(sent(h.declared_again(built, rid=9, clock=4)), sent({**reference, "i": 9, "k": 4}))
     same(
         sent(h.migrate(job_map=built, epoch=2, owners=[1, 1], servers=["tcp://a:1", "tcp://b:2"])),
         sent(
@@ -468,6 +471,7 @@ CASES: list[tuple[Reader, Any, list[str], list[str]]] = [
         [],
     ),
     (h.read_abort, h.abort(why="x"), ["why"], []),
+    (h.read_leave, h.leave(clocks=[4, 2]), ["k"], []),
     (
         h.read_status_reply,
         h.status_reply(rid=1, status=status_of_a_coordinator()),
@@ -486,6 +490,12 @@ CASES: list[tuple[Reader, Any, list[str], list[str]]] = [
         built_job_map(),
         ["epoch", "tensors", "chunk_bytes", "owners", "servers", "opt", "workers"],
         ["batching", "consistency", "report_s", "time_servers", "consistency_args"],
+    ),
+    (
+        h.read_job_map,
+        h.declared_again(built_job_map(), rid=3, clock=5),
+        ["epoch", "tensors", "chunk_bytes", "owners", "servers", "opt", "workers"],
+        ["k"],
     ),
     (
         h.read_migrate,
@@ -693,6 +703,13 @@ def test_readers_look_inside_lists_and_maps(reader: Reader, key: str, value: Any
     assert refused(reader, bad) == ErrorCode.MALFORMED.value
 
 
+def test_a_leave_s_clocks_are_whole_numbers_from_0() -> None:
+    for bad in ([1, -1], [1, True], [1.5]):
+        header = received(h.leave(clocks=[0]))
+        header["k"] = bad
+        assert refused(h.read_leave, header) == ErrorCode.MALFORMED.value, bad
+
+
 def test_the_floor_is_optional_but_typed() -> None:
     assert h.read_floor(received(h.heartbeat())) is None
     assert h.read_floor(received(h.worker_heartbeat(job=JOB, floor=3))) == 3
@@ -714,6 +731,7 @@ def test_every_op_has_a_builder() -> None:
         h.bcast_get(key="k"),
         h.bcast_value(rid=1, meta={}),
         h.done(),
+        h.leave(clocks=[]),
         h.shutdown(),
         h.abort(why="x"),
         h.ok(rid=1),

@@ -9,13 +9,14 @@ default :class:`Context`.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from trimtab.errors import ConfigError, UsageError
+from trimtab.errors import ConfigError, JobAborted, UsageError
 from trimtab.faults.slowdown import WorkerSlowdown
 from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
@@ -32,7 +33,10 @@ from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 _default: Context | None = None
 _forget_state: Callable[[], None] | None = None  # takes the context's state dump back
-_left = False  # shutdown() told the job this worker is done
+# The context shutdown() left: its connection stays open (heartbeats) until init() takes
+# its place or the process ends (then it says DONE).
+_left: Context | None = None
+_at_exit_set = False
 
 
 def _env(*names: str) -> str | None:
@@ -78,38 +82,46 @@ def config_from_env() -> WorkerConfig:
 def init(config: WorkerConfig | None = None) -> None:
     """Join the job as a worker. Blocks until registered with the coordinator.
 
-    Call once per process, before anything else of trimtab's. Settings come from the
-    environment unless ``config`` is given. Raises :class:`ConfigError` if there is no
-    coordinator to join or no readable secret file (``TRIMTAB_SECRET_FILE``, which
-    ``trimtab run`` sets), :class:`NodeTimeout` if it does not answer, and
-    :class:`UsageError` after :func:`shutdown`: that told the job this worker is done,
-    and a job does not take back a worker that left (start a new job instead).
+    Call before anything else of trimtab's; a second call does nothing. After
+    :func:`shutdown` it joins the job again under the same rank (as Horovod allows):
+    a :class:`DistributedOptimizer` built again over the same parameters, in the same
+    order, goes on from the servers' values and optimizer state and from this
+    worker's clock, whether the other workers re-initialised too or not. Settings come
+    from the environment unless ``config`` is given. Raises :class:`ConfigError` if
+    there is no coordinator to join or no readable secret file (``TRIMTAB_SECRET_FILE``,
+    which ``trimtab run`` sets), :class:`NodeTimeout` if it does not answer,
+    :class:`JobAborted` if the job ended meanwhile.
     """
-    global _default
+    global _default, _left, _forget_state, _at_exit_set
     if _default is not None:
         return
-    if _left:
-        raise UsageError(
-            "trimtab.init() after trimtab.shutdown(): shutdown() told the job this worker "
-            "is done, and a running job does not take a worker back. Call shutdown() only "
-            "at the end of the script (init() twice is fine: the second does nothing)"
-        )
+    if _left is not None and _left.client.dead is not None:
+        raise JobAborted(f"the job ended after this worker's shutdown(): {_left.client.dead}")
+    config = config or config_from_env()
+    if _left is not None and config.rank < 0:
+        config = dataclasses.replace(config, rank=_left.rank)  # its own rank, kept for it
     local_rank = int(os.environ.get("TRIMTAB_LOCAL_RANK", "-1"))
     stragglers = parse_stragglers(os.environ.get(STRAGGLER_ENV, ""))
     compression = compressor(os.environ.get(COMPRESSION_ENV) or "none").name
-    _default = Context(
-        config or config_from_env(),
+    ctx = Context(
+        config,
         local_rank=local_rank,
         compression=compression,
         transport=ZmqTransport(
             bind=False, lane=lane_from_env(os.environ), auth=auth_from_env(os.environ)
         ),
     )
-    add_stragglers(_default, stragglers)
-    atexit.register(shutdown)
+    if _left is not None:  # registered in its place: the old connection may go
+        ctx.take_over(_left)
+        _left.close(done=False)
+        _left = None
+    _default = ctx
+    add_stragglers(ctx, stragglers)
+    if not _at_exit_set:
+        atexit.register(_at_exit)
+        _at_exit_set = True
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
-    global _forget_state
-    _forget_state = add_state_dump(_default.describe)
+    _forget_state = add_state_dump(ctx.describe)
 
 
 def add_stragglers(ctx: Context, specs: Sequence[StragglerSpec]) -> None:
@@ -122,12 +134,27 @@ def add_stragglers(ctx: Context, specs: Sequence[StragglerSpec]) -> None:
 
 
 def shutdown() -> None:
-    """Tell the job this worker is done and close its connections. Idempotent. After it,
-    :func:`init` raises :class:`UsageError` (the job does not take the worker back)."""
+    """Step out of the job: write what the optimizers are still owed, release them, and
+    tell the coordinator (LEAVE) with their clocks. The job keeps this worker's rank,
+    and :func:`init` may join it again; the process keeps a connection open
+    (heartbeats) and says it is done when it exits, and the job ends once every
+    worker's process did. Idempotent. Blocks briefly; never raises."""
     global _default, _left
     if _default is not None:
         ctx, _default = _default, None
-        _left = True
+        if _forget_state is not None:
+            _forget_state()
+        ctx.leave()
+        _left = ctx
+
+
+def _at_exit() -> None:
+    """The process ends: tell the job this worker is done (DONE), whether it called
+    :func:`shutdown` or not, and close its connection. Never raises."""
+    global _default, _left
+    ctx = _default or _left
+    _default = _left = None
+    if ctx is not None:
         if _forget_state is not None:
             _forget_state()
         ctx.close()

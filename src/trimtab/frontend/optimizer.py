@@ -23,21 +23,17 @@ from typing import Any
 
 import torch
 
-from trimtab.core.chunks import ChunkSpec, TensorSpec
 from trimtab.errors import ConfigError, UsageError
 from trimtab.frontend.api import default_context
-from trimtab.frontend.compression import compressor
+from trimtab.frontend.declaration import declare_table
 from trimtab.frontend.overlap import hook_forward
 from trimtab.frontend.params import RESYNC_WARNING, name_params, reduction, say_mode, trained
 from trimtab.frontend.probe import Mark, check_marks, end_probe, marks_of
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.reports import StepReporter
 from trimtab.frontend.state import broadcast_state, by_index, by_param, gather, scatter
-from trimtab.protocol.messages import INLINE_MAX
 from trimtab.roles.server.optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab.roles.worker.context import Context
-from trimtab.runtime.tensors import wire_dtype
-from trimtab.transport.shm import SlotMap
 
 log = logging.getLogger("trimtab")
 
@@ -85,6 +81,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     unsupported parameters, :class:`RemoteError` if workers declare different tensors,
     :class:`UsageError` before ``trimtab.init()`` without ``context``.
     """
+
+    _reporter: StepReporter
 
     def __init__(
         self,
@@ -136,13 +134,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._overlap = model is not None and self._mode is OptimizerMode.SERVER
         self._pusher = self._declare(params, compression)
         # The first step probes whether the script changes gradients between
-        # synchronize() and step() (see _end_probe): where the job may switch modes.
+        # synchronize() and step() (see _end_probe): where the job may switch modes. An
+        # optimizer built again after init() (its table known) goes on as it was.
         self._probing = (
-            mode == "auto" and self._mode is OptimizerMode.SERVER and ctx.job.consistency == "bsp"
+            mode == "auto"
+            and self._mode is OptimizerMode.SERVER
+            and ctx.job.consistency == "bsp"
+            and not self._again
         )
         self._pusher.mean_only = self._probing
         self._pusher.summation = self._mode is OptimizerMode.SUMMATION or self._probing
-        self._reporter = StepReporter(ctx)
+        # One REPORT per worker and step: the first optimizer's (see reports.py).
+        first = [m for m in ctx.members if isinstance(m, DistributedOptimizer) and m.table == 0]
+        sender = first[0]._reporter if first and self._table else None
+        self._reporter = StepReporter(ctx, sender=sender)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
             for p in self._pusher.chunks_of
@@ -156,48 +161,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- setup ---------------------------------------------------------------------
 
     def _declare(self, params: list[tuple[str, torch.Tensor, int]], compression: object) -> Pusher:
-        """Declare the tensors (blocks until every worker did), make the pusher over the
-        chunks the job cut them into, and seed the servers with the root's values."""
-        ctx = self._ctx
-        specs = [TensorSpec(n, tuple(p.shape), wire_dtype(p.dtype), g) for n, p, g in params]
-        opt = {
-            "cls": type(self._inner).__name__,
-            "mode": self._mode.value,
-            "groups": [hyperparameters(g) for g in self.param_groups],
-            "op": self._op,
-            "post": self._predivide,
-        }
-        table = ctx.declare(specs, opt)  # this optimizer's chunks, among the job's
-        tensors = [p for _, p, _ in params]
-        chunks_of: dict[torch.Tensor, list[ChunkSpec]] = dict(
-            zip(tensors, table.chunks_by_tensor(), strict=True)
+        """:func:`~trimtab.frontend.declaration.declare_table` for this optimizer, and the
+        clock of a table the job has already (built again after ``init()``)."""
+        pusher, table = declare_table(
+            self._ctx,
+            self._inner,
+            params,
+            mode=self._mode,
+            compression=compression,
+            op=self._op,
+            predivide=self._predivide,
+            overlap=self._overlap,
         )
-        slots = SlotMap.create(
-            ctx.config.job,
-            f"w{ctx.rank}",
-            ((c.id, c.numel * p.element_size()) for p, cs in chunks_of.items() for c in cs),
-            min_bytes=INLINE_MAX,
-            enabled=ctx.config.shared_memory,
-        )
-        pusher = Pusher(
-            ctx,
-            chunks_of,
-            compressor(ctx.compression if compression is None else compression),
-            summation=self._mode is OptimizerMode.SUMMATION,
-            slots=slots,
-            # Per-server timings, for psld only, and not with model=: there replies are
-            # read when forward needs them, so when they were read says when compute
-            # asked.
-            timed=ctx.job.time_servers and not self._overlap,
-            prescale=self._predivide,
-        )
-        if self._mode is OptimizerMode.SERVER:
-            # The user's optimizer may hold state already (a checkpoint loaded before
-            # wrapping it): the root's goes to the servers, before seed's barrier.
-            if ctx.rank == 0 and any(self._inner.state.values()):
-                scatter(pusher, self._inner.state)
-            self._inner.state.clear()
-        pusher.seed(tensors, root_rank=0)
+        self._table = table.index
+        self._again = table.clock is not None
+        if table.clock is not None:
+            self._clock = table.clock
         return pusher
 
     # -- the context's member (see roles.worker.context.ContextMember) ---------------
@@ -216,8 +195,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._pusher.seed(params, root_rank)
 
     def close(self) -> None:
-        """Release this optimizer's shared memory (the worker is leaving). Never raises."""
+        """Send the last step's report, take the hooks off the parameters (an optimizer
+        built over them after ``init()`` again pushes alone), release the shared memory
+        (the worker is leaving). Never raises."""
+        self._reporter.flush()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
         self._pusher.close()
+
+    @property
+    def table(self) -> int:
+        """This optimizer's table: the job's n-th DistributedOptimizer, from 0."""
+        return self._table
 
     def describe(self) -> str:
         """Where this optimizer stands, for a hung job's dump (:data:`STACK_SIGNAL`): its

@@ -7,11 +7,22 @@ from every worker when their gradients are ready (BSP's synchronisation point an
 The coordinator answers with every worker's next batch size (LB-BSP: the worker waits
 for it at the end of the next step) or, under SaPS, with a directive read at a step's
 first push: refresh the map, and maybe skip this step's stale gradient to catch up.
+
+A worker sends one REPORT per step, whatever the number of its optimizers: only the
+first optimizer's reporter (table 0) reports; the others keep time only, and their
+step's first push sends the first one's report when due (the worker's next iteration
+began: a GAN's discriminator steps before its generator, declared first). The
+coordinator's per-step logic (LB-BSP's wait for every worker's report of a clock, the
+straggler detector, PSLD's traffic of a step) counts one report per worker and clock.
+Under LB-BSP the sizes therefore arrive at the first optimizer (its ``batch_sizes``):
+they are the iteration's, and a script with several optimizers sets each one's
+``batch_size`` from them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 
@@ -48,6 +59,9 @@ class StepReporter:
 
     Args:
         ctx: the worker's context.
+        sender: the reporter that sends this worker's REPORTs (its first optimizer's),
+            if not this one: this one then only times its steps, and its step's first
+            push sends the sender's report when due.
         timer, cpu_timer, now: the wall clock of a step, the process's CPU clock, and
             the clock that spaces reports (``time.perf_counter``, ``time.process_time``
             and ``time.monotonic``; tests inject their own).
@@ -61,11 +75,14 @@ class StepReporter:
         self,
         ctx: Context,
         *,
+        sender: StepReporter | None = None,
         timer: Callable[[], float] = time.perf_counter,
         cpu_timer: Callable[[], float] = time.process_time,
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ctx = ctx
+        self._sender = sender
+        self._reports = sender is None
         self._timer, self._cpu_timer, self._now = timer, cpu_timer, now
         self._started = timer()
         self._cpu_started = cpu_timer()
@@ -89,8 +106,16 @@ class StepReporter:
     def before_push(self, first: bool, clock: int) -> None:
         """At each push of step ``clock`` (``first``: the step's first): read the
         coordinator's directive, and send the previous step's report when it is due."""
+        if self._sender is not None:
+            if first:
+                self._sender.send_due()
+            return
         if first and not self.skipping:
             self._check_directive(clock)
+        self.send_due()
+
+    def send_due(self) -> None:
+        """Send the last step's report if it is due. Never blocks."""
         if self._pending is not None and self._now() >= self._next_report:
             # Where the coordinator needs no report per step (report_s), steps in
             # between are not reported.
@@ -133,6 +158,15 @@ class StepReporter:
             return None
         return fut
 
+    def flush(self) -> None:
+        """Send the last step's report now, due or not (the optimizer is closing: the
+        coordinator then holds this worker's exact clock, and under LB-BSP the other
+        workers' wait for this step's sizes ends). Never blocks; never raises."""
+        if self._reports and self._pending is not None:
+            with contextlib.suppress(Exception):  # the job may be over: nothing to tell
+                self._report(*self._pending)
+            self._pending = None
+
     def spans_of_step(self, traffic: Mapping[int, list[float]], waited: float) -> list[list[float]]:
         """:func:`spans_of_step` (a method, so a test can watch it)."""
         return spans_of_step(traffic, waited)
@@ -152,8 +186,9 @@ class StepReporter:
         previous step's report and return every worker's batch size for the next step
         (the policy is one step behind, as the paper's semi-dynamic scheme); else None.
         Blocks under LB-BSP."""
-        spans = self.spans_of_step(traffic, waited)
-        self._pending = (clock, batch, compute, comm, cpu, spans)
+        if self._reports:
+            spans = self.spans_of_step(traffic, waited)
+            self._pending = (clock, batch, compute, comm, cpu, spans)
         reply, self._sizes = self._sizes, None
         sizes = None
         if reply is not None:

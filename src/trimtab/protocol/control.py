@@ -25,6 +25,7 @@ from trimtab.protocol.messages import (
     WireHeader,
     field,
     fields,
+    int_list,
     optional,
 )
 
@@ -39,6 +40,7 @@ _BCAST_PUT = int(Control.BCAST_PUT)
 _BCAST_GET = int(Control.BCAST_GET)
 _BCAST_VALUE = int(Control.BCAST_VALUE)
 _DONE = int(Control.DONE)
+_LEAVE = int(Control.LEAVE)
 _SHUTDOWN = int(Control.SHUTDOWN)
 _ABORT = int(Control.ABORT)
 _OK = int(Control.OK)
@@ -144,11 +146,33 @@ def read_floor(header: Header) -> int | None:
 
 
 class DoneHeader(WireHeader):
-    """DONE, worker -> coordinator: my script finished; answered OK."""
+    """DONE, worker -> coordinator: my process ends (it may have sent LEAVE before);
+    answered OK. The job ends once every worker said DONE."""
 
 
 def done() -> DoneHeader:
     return {"o": _DONE}
+
+
+class LeaveHeader(WireHeader):
+    """LEAVE, worker -> coordinator: ``shutdown()``: this worker steps out of the job
+    but keeps its rank and its connection (heartbeats), and may register again
+    (``init()``) to go on from its clocks; answered OK. DONE follows at its process's
+    end."""
+
+    k: list[int]  # each table's clock (the worker's n-th optimizer's steps), by table
+
+
+def leave(*, clocks: list[int]) -> LeaveHeader:
+    return {"o": _LEAVE, "k": clocks}
+
+
+def read_leave(header: Header) -> LeaveHeader:
+    """Checks that ``k`` is a list of ints (each >= 0)."""
+    clocks = int_list(header, "k")
+    if any(k < 0 for k in clocks):
+        raise ProtocolError(ErrorCode.MALFORMED.value, f"LEAVE: a negative clock in {clocks}")
+    return cast(LeaveHeader, header)
 
 
 class ShutdownHeader(WireHeader):
@@ -198,7 +222,8 @@ class StatusReplyHeader(WireHeader):
 
     servers: list[str]  # every server ever registered, by rank: its address
     workers: list[int]
-    done: list[int]  # workers whose script finished
+    done: list[int]  # workers whose process ended (DONE)
+    left: NotRequired[list[int]]  # workers that called shutdown() and may init() again
     epoch: int  # the current map's
     owners: list[int]  # chunk id -> server rank
     clocks: dict[str, int]  # worker rank -> its clock (steps reported)
@@ -236,7 +261,7 @@ _STATUS_KEYS: KeySpec = (
 
 
 def read_status_reply(header: Header) -> StatusReplyHeader:
-    fields(header, _STATUS_KEYS)
+    fields(header, _STATUS_KEYS, (("left", list),))
     return cast(StatusReplyHeader, header)
 
 

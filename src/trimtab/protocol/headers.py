@@ -30,7 +30,9 @@ Words (one each, everywhere: code, logs, docs):
     cut         the clock from which a moving chunk belongs to its new owner.
 
 Short keys, and what each carries in which message:
-    ``k``       clock: PUSH, REPORT. round: VALUE, HANDOVER. job clock: OK answering LOAD.
+    ``k``       clock: PUSH, REPORT, MAP answering a DECLARE of a table the job has (the
+                worker's, to go on from); per table: LEAVE. round: VALUE, HANDOVER. job
+                clock: OK answering LOAD.
     ``v``       version: VALUE, HANDOVER; in PUSH, the version the worker last read.
     ``e``       epoch: INIT, PUSH, PULL (the sender's map), MOVED, HANDOVER (the
                 server's), MAP_GET (the one wanted). Spelt ``epoch`` in MAP, MIGRATE,
@@ -69,6 +71,7 @@ from trimtab.protocol.control import (
     BcastValueHeader,
     DoneHeader,
     HeartbeatHeader,
+    LeaveHeader,
     OkHeader,
     RegisteredHeader,
     RegisterHeader,
@@ -84,6 +87,7 @@ from trimtab.protocol.control import (
     bcast_value,
     done,
     heartbeat,
+    leave,
     ok,
     read_abort,
     read_barrier,
@@ -91,6 +95,7 @@ from trimtab.protocol.control import (
     read_bcast_put,
     read_bcast_value,
     read_floor,
+    read_leave,
     read_register,
     read_registered,
     read_scale,
@@ -150,6 +155,7 @@ from trimtab.protocol.placement import (
     ReportReplyHeader,
     batch_sizes,
     declare,
+    declared_again,
     extend,
     handed,
     job_clock,
@@ -209,6 +215,7 @@ __all__ = [
     "InitHeader",
     "JobClockHeader",
     "JobMapHeader",
+    "LeaveHeader",
     "LoadHeader",
     "MapAckHeader",
     "MapGetHeader",
@@ -243,6 +250,7 @@ __all__ = [
     "bcast_put",
     "bcast_value",
     "declare",
+    "declared_again",
     "done",
     "extend",
     "gather",
@@ -253,6 +261,7 @@ __all__ = [
     "init",
     "job_clock",
     "job_map",
+    "leave",
     "load",
     "map_ack",
     "map_get",
@@ -278,6 +287,7 @@ __all__ = [
     "read_init",
     "read_job_clock",
     "read_job_map",
+    "read_leave",
     "read_load",
     "read_map_ack",
     "read_map_get",

@@ -85,7 +85,7 @@ class Control(enum.IntEnum):
     BCAST_PUT = 8  # root -> coord {key, meta} + buffers; reply OK
     BCAST_GET = 9  # worker -> coord {key}; reply BCAST_VALUE once it was put
     BCAST_VALUE = 10  # {meta} + buffers
-    DONE = 11  # worker -> coord: my script finished; reply OK
+    DONE = 11  # worker -> coord: my process ends (after LEAVE, or without); reply OK
     SHUTDOWN = 12  # coord -> node: the job ended normally (or this server retires), exit
     ABORT = 13  # coord -> node {why}: the job failed, exit
     OK = 14  # success: bare, or answering STATUS {status}, SCALE {target},
@@ -108,6 +108,8 @@ class Control(enum.IntEnum):
     GATHERED = 25  # {metas, n, last} + every worker's buffers, in rank order
     EXTEND = 30  # coord -> server {the job map's keys with one more table, new epoch,
     #              owners}: hold, fresh, the new table's chunks given you; reply MAP_ACK
+    LEAVE = 31  # worker -> coord {k}: shutdown(): out of the job for now, may init() again
+    #             (k: each table's clock); reply OK. DONE follows when the process ends
 
 
 class Data(enum.IntEnum):

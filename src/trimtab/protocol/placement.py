@@ -89,6 +89,9 @@ class JobMapHeader(WireHeader):
     # [its tensor count, its opt]; ``tensors`` lists every table's, ``opt`` is table 0's.
     # Absent: one table of every tensor, under ``opt`` (see :func:`read_tables`).
     tables: NotRequired[list[list[Any]]]
+    # Only in the reply to a DECLARE of a table the job has already (a worker that
+    # called init() again): the worker's clock of that table, from which it goes on.
+    k: NotRequired[int]
 
 
 def job_map(
@@ -145,7 +148,14 @@ _JOB_MAP_OPTIONAL: KeySpec = (
     ("time_servers", bool),
     ("consistency_args", dict),
     ("tables", list),
+    ("k", int),
 )
+
+
+def declared_again(job_map: JobMapHeader, *, rid: int, clock: int) -> JobMapHeader:
+    """The reply to a worker's DECLARE of a table the job already has (``init()`` after
+    ``shutdown()``): the job map ``job_map`` with the worker's ``clock`` of that table."""
+    return {**job_map, "i": rid, "k": clock}
 
 
 def read_job_map(header: Header) -> JobMapHeader:

@@ -134,6 +134,11 @@ class Collectives:
             ]
         return out
 
+    def returned(self, rank: int) -> None:
+        """Worker ``rank`` registered again after it left: its collectives are taken
+        again (those refused meanwhile stay refused)."""
+        self._left.discard(rank)
+
     def pending(self) -> dict[str, list[int]]:
         """Each unfinished gather's key and the ranks that sent it (a hung job's dump)."""
         return {k: sorted(parts) for k, parts in self._gathers.items()}

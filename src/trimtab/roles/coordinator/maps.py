@@ -16,7 +16,7 @@ while a table's chunks are being placed (:attr:`Maps.pending`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
@@ -123,6 +123,47 @@ class Maps:
         except ValueError as exc:
             raise ProtocolError(ErrorCode.MALFORMED.value, str(exc)) from None
         self._declared[member.rank] = (member.peer, header["i"], tensors, declared["opt"])
+
+    def again(
+        self, member: Member, header: Header, members: Members, clock_of: Callable[[int], int]
+    ) -> Outbox:
+        """A worker's DECLARE of a table the job has already (it called ``init()`` after
+        ``shutdown()`` and built its optimizer again): answered now with the current
+        job map and the worker's clock of that table (``clock_of(table)``), from which
+        its new optimizer goes on; nothing is placed or seeded again. Returns nothing
+        for a DECLARE of a table the job does not have (:meth:`declare` takes it).
+        Raises a BAD_STATE :class:`ProtocolError` if the tensors or the optimizer's
+        class or mode differ from the table's."""
+        if member.role is not Role.WORKER:
+            return []  # (declare() refuses it)
+        declared = headers.read_declare(header)
+        table = declared.get("t", 0)
+        if not 0 <= table < len(self.tables) or self.map is None:
+            return []
+        tensors, opt = self.tables[table]
+        theirs = declared["opt"]
+        if declared["tensors"] != tensors:
+            diff = _first_difference(tensors, declared["tensors"])
+            why = f"its tensors differ from the job's (the job's vs its: {diff})"
+        elif (theirs.get("cls"), theirs.get("mode")) != (opt.get("cls"), opt.get("mode")):
+            why = (
+                f"it runs {theirs.get('cls')} in {theirs.get('mode')} mode, the job's runs "
+                f"{opt.get('cls')} in {opt.get('mode')} mode"
+            )
+        else:
+            clock = clock_of(table)
+            member.floor = max(member.floor, self.epoch)  # it routes by this map now
+            log.info(
+                "worker %d declared table %d again: goes on at clock %d", member.rank, table, clock
+            )
+            reply = headers.declared_again(self._job_map(members), rid=header["i"], clock=clock)
+            return [Send(member.peer, reply)]
+        raise ProtocolError(
+            ErrorCode.BAD_STATE.value,
+            f"worker {member.rank} built its optimizer number {table} (from 0) again, but "
+            f"{why}. After init() following shutdown(), build the same optimizers over the "
+            "same parameters, in the same order (the servers hold their values and state)",
+        )
 
     def place(self, members: Members, *, migrating: bool = False) -> Outbox:
         """Make the first map once every worker declared and every server joined, or

@@ -32,12 +32,19 @@ class MemberState(enum.Enum):
                  DRAINING -> EMPTY       it owns nothing as of map ``empty_at``
                  EMPTY -> RETIRED        every worker's routing floor passed ``empty_at``:
                                          told to exit
-        worker:  ACTIVE -> DONE          its script finished (or called shutdown())
-                 DONE -> ACTIVE          it registered again, under its rank (init()
-                                         after shutdown()), while the job still runs
+        worker:  ACTIVE -> LEFT          it called shutdown() (LEAVE): out of the job for
+                                         now, its rank kept, still heartbeating
+                 LEFT -> ACTIVE          it registered again under its rank (init()
+                                         after shutdown())
+                 ACTIVE -> DONE          its process ended (DONE) without shutdown()
+                 LEFT -> DONE            its process ended after shutdown()
+                 DONE -> ACTIVE          a worker's new connection registered again
+                                         under its rank, while the job still runs
 
     A server is *active* (placement may give it chunks) while JOINED or ACTIVE; a
-    member is *finished* (no longer watched for silence) once RETIRED or DONE.
+    member is *finished* (no longer watched for silence) once RETIRED or DONE. A LEFT
+    worker is watched (its process keeps a connection open): if it dies, the job ends;
+    the job ends normally once every worker is DONE.
     """
 
     JOINED = "joined"
@@ -45,6 +52,7 @@ class MemberState(enum.Enum):
     DRAINING = "draining"
     EMPTY = "empty"
     RETIRED = "retired"
+    LEFT = "left"
     DONE = "done"
 
 
@@ -53,7 +61,8 @@ _MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
     (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING}),
     (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY}),
     (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED}),
-    (Role.WORKER, MemberState.ACTIVE): frozenset({MemberState.DONE}),
+    (Role.WORKER, MemberState.ACTIVE): frozenset({MemberState.LEFT, MemberState.DONE}),
+    (Role.WORKER, MemberState.LEFT): frozenset({MemberState.ACTIVE, MemberState.DONE}),
     (Role.WORKER, MemberState.DONE): frozenset({MemberState.ACTIVE}),
 }
 
@@ -74,6 +83,9 @@ class Member:
     # in flight (the ``lo`` of its MAP_GETs, REPORTs and heartbeats; the first map until
     # it says).
     floor: int = 0
+    # A worker's clock of each table (its n-th optimizer), as it said when it left
+    # (LEAVE): where its optimizers go on after init() again.
+    clocks: list[int] = dataclasses.field(default_factory=list)
 
     def move(self, to: MemberState) -> None:
         """Go to state ``to``. Raises a BAD_STATE :class:`ProtocolError` for a move the
@@ -119,12 +131,12 @@ class Members:
     def register(self, peer: Peer, header: Header, *, running: bool) -> Member:
         """Add the node that sent REGISTER ``header`` (``role``, ``rank``, ``addr``).
         ``running``: the job is placed already, so a server may join up to
-        :meth:`wanted_servers`. A worker naming the rank of one that said DONE takes its
-        place again (``init()`` after ``shutdown()``): the job ends only once every
-        worker is done, so this works while another still runs. Raises
-        :class:`ProtocolError` (BAD_STATE: registered already, no rank or server slot
-        free, the rank held by a worker not done; MALFORMED: no or an unknown role, a
-        server without an address)."""
+        :meth:`wanted_servers`. A worker naming the rank of one that left (LEAVE:
+        ``init()`` after ``shutdown()``) or said DONE takes its place again, with its
+        routing floor and clocks: the job ends only once every worker is done, so this
+        works while another still runs. Raises :class:`ProtocolError` (BAD_STATE:
+        registered already, no rank or server slot free, the rank held by an active
+        worker; MALFORMED: no or an unknown role, a server without an address)."""
         request = headers.read_register(header)
         role = request["role"]
         if peer in self.by_peer:
@@ -152,14 +164,15 @@ class Members:
                     f"no worker rank free (the job has {self.num_workers})",
                 )
             left = self.workers.get(rank)
-            if left is not None and left.state is not MemberState.DONE:
+            if left is not None and left.state not in (MemberState.LEFT, MemberState.DONE):
                 raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker rank {rank} is taken")
             member = Member(Role.WORKER, rank, peer)
             if left is not None:
+                was = left.state.value
                 left.move(MemberState.ACTIVE)  # (checks the move; the new member takes over)
                 del self.by_peer[left.peer]
-                member.floor = left.floor
-                log.info("worker %d registers again after it said it was done", rank)
+                member.floor, member.clocks = left.floor, left.clocks
+                log.info("worker %d registers again (it was %s)", rank, was)
             self.workers[rank] = member
         else:
             raise ProtocolError(ErrorCode.MALFORMED.value, f"unknown role {role!r}")
@@ -222,7 +235,12 @@ class Members:
         the old one may not have been read yet, and a server stopped before reading them
         leaves their sender waiting forever. Returns their SHUTDOWNs."""
         owned = set(owners)
-        known = min((w.floor for w in self.workers.values() if not w.finished), default=epoch)
+        # A LEFT worker has no request in flight (it drained before it left), and learns
+        # the current map when it declares again.
+        known = min(
+            (w.floor for w in self.workers.values() if w.state is MemberState.ACTIVE),
+            default=epoch,
+        )
         out: Outbox = []
         for m in self.servers:
             if m.state is MemberState.DRAINING and m.rank not in owned:
@@ -243,9 +261,21 @@ class Members:
         member.floor = floor
         return True
 
+    def worker_left(self, member: Member, clocks: list[int]) -> None:
+        """``member`` called ``shutdown()`` (LEAVE), its optimizers at ``clocks`` (by
+        table): it keeps its rank and may register again; a repeated LEAVE only updates
+        the clocks. Raises a BAD_STATE :class:`ProtocolError` from a server or a worker
+        that said DONE."""
+        if member.role is not Role.WORKER:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "only workers leave the job")
+        if member.state is not MemberState.LEFT:
+            member.move(MemberState.LEFT)
+        member.clocks = list(clocks)
+        log.info("worker %d left the job for now (clocks %s)", member.rank, clocks)
+
     def worker_done(self, member: Member) -> bool:
-        """``member``'s script finished (a repeated DONE changes nothing). Returns True
-        once every worker of the job is done."""
+        """``member``'s process ended (DONE; a repeated DONE changes nothing). Returns
+        True once every worker of the job is done."""
         if member.state is not MemberState.DONE:
             member.move(MemberState.DONE)
         return len(self.workers) == self.num_workers and all(

@@ -28,7 +28,7 @@ from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.maps import Maps
-from trimtab.roles.coordinator.members import Member, Members, Role
+from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.steps import Steps, report_interval_s
@@ -116,6 +116,7 @@ class Coordinator:
             Control.GATHER: self._on_gather,
             Control.REPORT: self._on_report,
             Control.DONE: self._on_done,
+            Control.LEAVE: self._on_leave,
             Control.MIGRATE_ACK: self._on_migrate_ack,
             Control.HANDED: self._on_handed,
             Control.MAP_GET: self._on_map_get,
@@ -290,6 +291,9 @@ class Coordinator:
             "servers": [m.addr for m in servers],
             "workers": sorted(self._members.workers),
             "done": sorted(r for r, m in self._members.workers.items() if m.finished),
+            "left": sorted(
+                r for r, m in self._members.workers.items() if m.state is MemberState.LEFT
+            ),
             "epoch": self._maps.epoch,
             "owners": list(current.owners) if current else [],
             "clocks": {str(r): c for r, c in self._steps.clocks.items()},
@@ -324,6 +328,8 @@ class Coordinator:
             heartbeat_s=c.heartbeat_s,
         )
         out.append(Send(peer, registered))
+        if member.role is Role.WORKER:
+            self._collectives.returned(member.rank)  # back after it left, if it had
         if member.role is Role.SERVER and running:
             self._rebalancer.membership_changed(out)  # a server joined a running job
         self._place(out)
@@ -354,6 +360,15 @@ class Coordinator:
         self._floor(member, header, out)
 
     def _on_declare(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        def clock_of(table: int) -> int:
+            # As the worker said when it left, else its last step report's.
+            known = member.clocks
+            return known[table] if table < len(known) else self._steps.clocks.get(member.rank, 0)
+
+        again = self._maps.again(member, header, self._members, clock_of)
+        if again:  # a table the job has: a worker's optimizer after init() again
+            out += again
+            return
         self._maps.declare(member, header)
         self._place(out)
 
@@ -386,6 +401,11 @@ class Coordinator:
             self._rebalancer.step_boundary(boundary, out)
         epoch = self._maps.published_epoch
         out += self._steps.reply(member, header["i"], clock, sample, epoch)
+
+    def _on_leave(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        # No collective is refused for it yet: it may init() again and join them.
+        self._members.worker_left(member, headers.read_leave(header)["k"])
+        out.append(Send(member.peer, headers.ok(rid=header["i"])))
 
     def _on_done(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         everyone = self._members.worker_done(member)

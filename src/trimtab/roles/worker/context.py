@@ -93,12 +93,17 @@ class Table:
         first: the job's index of the table's first tensor.
         tensors: the tensors declared.
         chunks: their chunks, in id order.
+        clock: None for a table new to the job; for one the job had already (its
+            optimizer built again after ``init()`` following ``shutdown()``), this
+            worker's clock of it, from which the optimizer goes on (the servers hold its
+            values and state).
     """
 
     index: int
     first: int
     tensors: tuple[TensorSpec, ...]
     chunks: tuple[ChunkSpec, ...]
+    clock: int | None = None
 
     def chunks_by_tensor(self) -> list[list[ChunkSpec]]:
         """Each tensor's chunks, in the order the tensors were declared. Pure."""
@@ -119,7 +124,16 @@ class Gathered(NamedTuple):
 
 class ContextMember(Protocol):
     """What joins a :class:`Context` (:meth:`Context.join`) to be drained, told of
-    broadcasts and closed with it. Methods run on the training thread."""
+    broadcasts and closed with it: one table's optimizer. Methods run on the training
+    thread."""
+
+    @property
+    def table(self) -> int:
+        """The member's table (:attr:`Table.index`)."""
+
+    @property
+    def clock(self) -> int:
+        """Steps the member completed (told to the coordinator when the worker leaves)."""
 
     def drain(self) -> None:
         """Write every answer this member is still owed. Blocks."""
@@ -174,6 +188,7 @@ class Context:
         self._bcast_seq = itertools.count()
         self._barrier_seq = itertools.count()
         self._gather_seq = itertools.count()
+        self._left = False  # leave() released the members; the connection stays
         log.debug("worker %d of %d joined", self.rank, self.size)
 
     @property
@@ -211,8 +226,35 @@ class Context:
         if close is not None:
             self._closers.append(close)
 
-    def close(self) -> None:
-        """Leave the job (this worker is done). Never raises."""
+    def leave(self) -> None:
+        """Step out of the job for now (``shutdown()``): write every answer the members
+        are owed, release them and the step hooks, and tell the coordinator (LEAVE)
+        each table's clock. This worker keeps its rank, and a new context may register
+        under it and go on (``init()`` again, :meth:`take_over`). The connection stays
+        open, heartbeating (the coordinator ends the job if this process dies), until
+        :meth:`close`. Idempotent. Blocks briefly; never raises."""
+        if self._left:
+            return
+        clocks = [0] * len(self.tables)
+        for member in self.members:
+            if 0 <= member.table < len(clocks):
+                clocks[member.table] = member.clock
+        self._release()
+        self._left = True
+        try:
+            wait(self.client.control(headers.leave(clocks=clocks)), 10.0)
+        except Exception as exc:  # the job may be over already
+            log.warning("worker %d could not tell the coordinator it left: %s", self.rank, exc)
+
+    def close(self, *, done: bool = True) -> None:
+        """Leave the job for good: release the members (unless :meth:`leave` did) and
+        close the connection, telling the coordinator this worker's process ends (DONE)
+        if ``done`` (without: a new context took this one's place). Never raises."""
+        if not self._left:
+            self._release()
+        self.client.close(done=done)
+
+    def _release(self) -> None:
         for member in self.members:
             with contextlib.suppress(Exception):  # the job may be over already
                 member.drain()
@@ -222,7 +264,15 @@ class Context:
                 close()
             except Exception as exc:
                 log.warning("worker %d: a step hook did not close: %s", self.rank, exc)
-        self.client.close()
+
+    def take_over(self, old: Context) -> None:
+        """Go on from ``old``, the context this worker :meth:`leave`-d (``init()`` after
+        ``shutdown()``): unnamed barriers, broadcasts and collectives keep counting from
+        where it stopped, so they still match the other workers' whether those
+        re-initialised too or not. Never blocks."""
+        self._bcast_seq = old._bcast_seq
+        self._barrier_seq = old._barrier_seq
+        self._gather_seq = old._gather_seq
 
     def call(self, header: Header | WireHeader, frames: Iterable[Any] = ()) -> Reply:
         """A blocking request to the coordinator (``header``: a builder's of
@@ -233,33 +283,46 @@ class Context:
         """Declare the tensors one optimizer trains (``opt``: its class, mode and groups)
         as the job's next table; blocks until every worker declared the same table and
         every server holds its chunks. Each optimizer of a worker declares once, in the
-        same order on every worker. Returns the table (its chunks: the job's ids).
+        same order on every worker. Returns the table (its chunks: the job's ids). After
+        ``init()`` following ``shutdown()``, a table the job has already is answered at
+        once, with this worker's clock of it (:attr:`Table.clock`).
 
         Raises :class:`~trimtab.RemoteError`: code ``mismatch`` if workers disagree,
-        ``bad_state`` if they declare their optimizers in different orders;
+        ``bad_state`` if they declare their optimizers in different orders, or declare
+        again a table the job has with other tensors or another optimizer;
         :class:`~trimtab.ProtocolError` if the coordinator's map does not hold the
         tables declared so far and this one."""
         index = len(self.tables)
         declared = headers.declare(tensors=[t.to_wire() for t in tensors], opt=opt, table=index)
         reply = headers.read_job_map(self.call(declared).header)
         first = len(self.tensors)
-        if len(reply["tensors"]) != first + len(tensors):
+        clock = reply.get("k")
+        held = len(reply["tensors"])
+        if held < first + len(tensors) or (clock is None and held != first + len(tensors)):
             raise ProtocolError(
                 ErrorCode.MALFORMED.value,
-                f"the coordinator's map has {len(reply['tensors'])} tensors; this worker "
+                f"the coordinator's map has {held} tensors; this worker "
                 f"declared {first} before and {len(tensors)} now",
             )
         self.tensors = [*self.tensors, *tensors]
         self.chunks = make_chunks(self.tensors, reply["chunk_bytes"])
         table = Table(
-            index, first, tuple(tensors), tuple(c for c in self.chunks if c.tensor >= first)
+            index,
+            first,
+            tuple(tensors),
+            tuple(c for c in self.chunks if c.tensor >= first),
+            clock,
         )
         self.tables.append(table)
         if index == 0:
             self.job = JobTerms.from_reply(reply)
-        self.placement = PlacementMap(
-            reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
-        )
+        if clock is not None:
+            # A running job's map: learn the cuts of chunks that moved, too.
+            self._fetch_map(reply["epoch"])
+        else:
+            self.placement = PlacementMap(
+                reply["epoch"], tuple(reply["owners"]), tuple(reply["servers"])
+            )
         return table
 
     def server_of(self, chunk: int, clock: int | None = None) -> str:
@@ -310,6 +373,10 @@ class Context:
         until the coordinator has published it."""
         if self.placement is not None and self.placement.epoch >= epoch:
             return
+        self._fetch_map(epoch)
+
+    def _fetch_map(self, epoch: int) -> None:
+        """Fetch the map of at least ``epoch`` and its cuts. Blocks."""
         floor = self.routing_floor()
         reply = headers.read_map_reply(self.call(headers.map_get(epoch=epoch, floor=floor)).header)
         self._prev = tuple(reply["prev"])
