@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from trimtab.cli.roles import ensure_server_key
 from trimtab.errors import ConfigError
 from trimtab.launch.job import Job
 from trimtab.launch.spec import LaunchConfig, add_job_flags
@@ -42,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("nothing to run; usage: trimtab run -w 2 -s 2 -- python train.py")
+    ensure_server_key(os.environ)
     return Job(LaunchConfig.from_args(args), command).run()
 
 
@@ -50,4 +53,5 @@ def _train(args: argparse.Namespace) -> int:
     # a tenth of a second at start-up.
     from trimtab.launch.train import run_training
 
+    ensure_server_key(os.environ)
     return run_training(args)

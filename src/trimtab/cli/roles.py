@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,29 @@ from trimtab.settings import (
 )
 from trimtab.transport import Transport
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
+
+#: The job's server key, hex: the coordinator and the servers the launcher starts hold
+#: it; a server's join ticket is made from it (:mod:`trimtab.runtime.credentials`).
+SERVER_KEY = "TRIMTAB_SERVER_KEY"
+
+
+def server_key(environ: Mapping[str, str]) -> bytes:
+    """The server key from :data:`SERVER_KEY` (empty if unset). Raises
+    :class:`ConfigError` if it is not hex."""
+    text = environ.get(SERVER_KEY, "")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(
+            f"{SERVER_KEY} must be hex digits (e.g. from `openssl rand -hex 32`)"
+        ) from None
+
+
+def ensure_server_key(environ: MutableMapping[str, str]) -> None:
+    """Give a job started here a fresh server key, unless the user set one: the
+    processes the launcher starts inherit it. Never raises."""
+    if not environ.get(SERVER_KEY):
+        environ[SERVER_KEY] = secrets.token_hex(32)
 
 
 def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
@@ -111,7 +135,11 @@ def _coordinator(args: argparse.Namespace) -> int:
 
     _logging(args.verbose)
     config = CoordinatorConfig.of(
-        job_settings_from_args(args), job=args.job, host=args.host, port=args.port
+        job_settings_from_args(args),
+        job=args.job,
+        host=args.host,
+        port=args.port,
+        server_key=server_key(os.environ),
     )
     transport = ZmqTransport(
         bind=True, host=config.host, port=config.port, lane=lane_from_env(os.environ)
@@ -146,6 +174,7 @@ def _server(args: argparse.Namespace) -> int:
         port=args.port,
         priority=not args.no_priority,
         spin_s=spin_from_env(os.environ),
+        server_key=server_key(os.environ),
     )
     transport: Transport = ZmqTransport(
         bind=True,

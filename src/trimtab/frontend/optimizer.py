@@ -29,6 +29,7 @@ from trimtab.frontend.compression import compressor
 from trimtab.frontend.overlap import hook_forward
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.reports import StepReporter
+from trimtab.protocol import headers
 from trimtab.protocol.messages import INLINE_MAX
 from trimtab.roles.server.optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab.roles.worker.context import Context
@@ -209,7 +210,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # asked.
             timed=ctx.job.time_servers and not self._overlap,
         )
-        pusher.seed(tensors, root_rank=0)
+        pusher.seed(tensors, root_rank=headers.SEED_ROOT)
         return pusher
 
     # -- the context's member (see roles.worker.context.ContextMember) ---------------

@@ -42,7 +42,9 @@ Short keys, and what each carries in which message:
     ``sm``      [arena, offset, capacity] of a shared-memory slot: PUSH; IN_SLOT (1),
                 the value is in that slot: VALUE.
     ``dt``      wire dtype name; ``z`` no tensor; ``w`` weight (batch size); ``r`` worker
-                rank; ``s`` server rank; ``hp`` hyperparameters; ``st`` optimizer state;
+                rank; ``s`` server rank (in HANDOVER, the sender's); ``t`` a member's
+                credential: worker data requests, HANDOVER, REGISTERED; ``tk`` a
+                server's join ticket: REGISTER; ``hp`` hyperparameters; ``st`` optimizer state;
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD.
 """
@@ -96,6 +98,7 @@ from trimtab.protocol.control import (
 )
 from trimtab.protocol.data import (
     IN_SLOT,
+    SEED_ROOT,
     AckHeader,
     HandoverHeader,
     InitHeader,
@@ -164,6 +167,7 @@ from trimtab.protocol.placement import (
 
 __all__ = [
     "IN_SLOT",
+    "SEED_ROOT",
     "AbortHeader",
     "AckHeader",
     "BarrierHeader",

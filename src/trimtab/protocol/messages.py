@@ -11,6 +11,10 @@ Header keys common to every message (:class:`WireHeader`):
     ``o``: the op code,
     ``i``: request id, echoed in the reply (0 for unsolicited messages).
 
+The job id is no credential. A member proves its role with ``t``, the credential its
+REGISTERED gave it (:mod:`trimtab.runtime.credentials`): a worker in every data request
+to a server (with its rank ``r``), a server in every HANDOVER (with its index ``s``).
+
 A PUSH's gradient or a VALUE's value of at most :data:`INLINE_MAX` bytes travels inside
 the header, as its ``b`` (bytes), instead of as a frame of its own (:func:`inline`,
 :func:`payload_frames`).
@@ -138,6 +142,9 @@ class ErrorCode(str, enum.Enum):
     MISMATCH = "mismatch"  # workers declared different tensors
     NO_SHM = "no_shm"  # the server cannot map the push's shared memory: send bytes instead
     INTERNAL = "internal"  # the node failed on a well-formed request (a bug): it goes on
+    FORBIDDEN = "forbidden"  # the sender has no credential for this, or its role may not
+    #                          send it (a worker's data request without its 't', a server
+    #                          joining that the coordinator did not ask for, ...)
 
 
 def encode(header: Mapping[str, Any]) -> bytes:
