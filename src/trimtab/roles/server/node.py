@@ -470,6 +470,9 @@ class Server:
             "errors": self._loop.errors_sent,
             "moved_in": self._handover.moved_in,
             "moved_out": self._handover.moved_out,
+            # HANDOVERs of a map not yet received, held (bounded: handover.EARLY_MAX*).
+            "early": len(self._handover.early),
+            "early_bytes": self._handover.early_bytes,
             "busy_s": self.meter.busy_s,
             "bytes": self.meter.bytes,
         }
