@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.conftest import processes_of
-from trimtab.cli.roles import SERVER_KEY
 from tests.equivalence_job import Setup, max_difference, reference
+from trimtab.cli.roles import SERVER_KEY
 from trimtab.launch.job import DEADLINE_STATUS, Job, LaunchConfig
 from trimtab.transport.shm import SHM_DIR, job_prefix
 
