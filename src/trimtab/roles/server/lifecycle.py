@@ -83,7 +83,7 @@ class Move:
         self.cut = cut
         self.owner = owner
         self.rid = 0
-        self.peer: Peer = b""
+        self.peer: Peer | None = None
         self.source = -1
         self.queued: list[tuple[Peer, list[memoryview]]] = []
 
