@@ -726,6 +726,7 @@ def test_every_op_has_a_builder() -> None:
         h.map_get(epoch=1, floor=1),
         h.load(busy_s=0, nbytes=0, requests=0, step=0),
         h.scale(servers=1),
+        h.adopt(root=0),
         h.init(chunk=0, epoch=1, dtype="float32", numel=1),
         h.push(chunk=0, epoch=1, dtype="f", numel=1, rank=0, clock=0, weight=1, version=0),
         h.pull(chunk=0, epoch=1),

@@ -11,7 +11,14 @@ from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
 from trimtab.roles.coordinator.collectives import MAX_WAITING_PER_PEER, Collectives
 from trimtab.roles.server.handover import EARLY_MAX, Handover
-from trimtab.runtime.credentials import SERVER, WORKER, Credentials, credential, new_key
+from trimtab.runtime.credentials import (
+    SERVER,
+    WORKER,
+    Credentials,
+    adoption_grant,
+    credential,
+    new_key,
+)
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport.shm import job_prefix
 
@@ -47,7 +54,7 @@ def test_credentials_name_one_role_and_rank_of_one_job() -> None:
 
 def init(store, rank: int, value: float, chunk: int = 0) -> None:  # type: ignore[no-untyped-def]
     header = {**headers.init(chunk=chunk, epoch=1, dtype="float32", numel=4), "i": 1}
-    store.init(header, [as_bytes(torch.full((4,), value))], rank)
+    store.init(header, [as_bytes(torch.full((4,), value))], rank, None)
 
 
 def test_init_is_the_roots_once_per_chunk_before_any_push() -> None:
@@ -103,3 +110,34 @@ def test_early_handovers_are_bounded_in_count() -> None:
         handover.hold_early(b"s", [memoryview(b"x")])
     assert code_of(exc) == "too_large" and handover.early_bytes == EARLY_MAX
     assert len(handover.take_early()) == EARLY_MAX and handover.early_bytes == 0
+
+
+def test_an_adoption_is_granted_once_every_worker_asked_and_resets_each_chunk_once() -> None:
+    col = Collectives(num_workers=2)
+    key = new_key()
+
+    def grant(root: int, n: int) -> bytes:
+        return adoption_grant(key, "job", root, n)
+
+    assert col.adopt(b"w0", 1, 1, grant) == []
+    with pytest.raises(ProtocolError, match="not worker 0's"):
+        col.adopt(b"w1", 2, 0, grant)  # another root than the forming adoption's
+    with pytest.raises(ProtocolError, match="already"):
+        col.adopt(b"w0", 3, 1, grant)
+    sent = col.adopt(b"w1", 4, 1, grant)
+    assert [s.header["ad"] for s in sent] == [1, 1]  # type: ignore[union-attr]
+    granted = sent[0].header  # type: ignore[union-attr]
+    creds = Credentials("job")
+    creds.learn(key, 2, None)
+    init_header = {**headers.init(chunk=0, epoch=1, dtype="float32", numel=4), "i": 1}
+    assert creds.adoption({**init_header, "ad": 1, "g": granted["g"]}, root=1) == 1
+    for bad in ({"ad": 1, "g": granted["g"]}, {"ad": 2, "g": granted["g"]}):
+        with pytest.raises(ProtocolError) as exc:
+            creds.adoption({**init_header, **bad}, root=0 if bad["ad"] == 1 else 1)
+        assert code_of(exc) == "forbidden"
+    store = store_of(mode="server")
+    store.init(init_header, [as_bytes(torch.full((4,), 3.0))], 1, 1)
+    assert store.chunks[0].value.tolist() == [3.0] * 4
+    with pytest.raises(ProtocolError, match="not newer"):  # a replay of the same grant
+        store.init(init_header, [as_bytes(torch.full((4,), 9.0))], 1, 1)
+    assert store.chunks[0].value.tolist() == [3.0] * 4

@@ -226,7 +226,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ptrs = {t.data_ptr() for t in tensors}
         params = [p for p in self._pusher.chunks_of if p.data_ptr() in ptrs]
         if params:
-            self._pusher.seed(params, root_rank)
+            self._pusher.seed(params, root_rank, adoption=True)
 
     def close(self) -> None:
         """Release this optimizer's shared memory (the worker is leaving). Never raises."""

@@ -44,6 +44,7 @@ _ABORT = int(Control.ABORT)
 _OK = int(Control.OK)
 _STATUS = int(Control.STATUS)
 _SCALE = int(Control.SCALE)
+_ADOPT = int(Control.ADOPT)
 
 # -- membership ----------------------------------------------------------------------
 
@@ -301,6 +302,39 @@ def barrier(*, name: str) -> BarrierHeader:
 def read_barrier(header: Header) -> BarrierHeader:
     field(header, "name", str)
     return cast(BarrierHeader, header)
+
+
+class AdoptHeader(WireHeader):
+    """ADOPT, worker -> coordinator: this worker adopts worker ``root``'s values (every
+    worker asks; a collective, as a barrier); answered :func:`adopt_reply`."""
+
+    root: int
+
+
+def adopt(*, root: int) -> AdoptHeader:
+    return {"o": _ADOPT, "root": root}
+
+
+def read_adopt(header: Header) -> AdoptHeader:
+    field(header, "root", int)
+    return cast(AdoptHeader, header)
+
+
+class AdoptReplyHeader(WireHeader):
+    """OK answering ADOPT, once every worker asked: the adoption's number and grant,
+    which the root's INITs carry (``ad``, ``g``)."""
+
+    ad: int
+    g: bytes
+
+
+def adopt_reply(*, rid: int, number: int, grant: bytes) -> AdoptReplyHeader:
+    return {"o": _OK, "i": rid, "ad": number, "g": grant}
+
+
+def read_adopt_reply(header: Header) -> AdoptReplyHeader:
+    fields(header, (("ad", int), ("g", bytes)))
+    return cast(AdoptReplyHeader, header)
 
 
 class BcastPutHeader(WireHeader):

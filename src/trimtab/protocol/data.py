@@ -62,6 +62,8 @@ class InitHeader(WireHeader):
     e: int  # the sender's map epoch
     dt: str  # the value's wire dtype
     n: int  # its element count
+    ad: NotRequired[int]  # after declaration: the adoption (ADOPT's reply) it is part of
+    g: NotRequired[bytes]  # and that adoption's grant
 
 
 def init(*, chunk: int, epoch: int, dtype: str, numel: int) -> InitHeader:
@@ -72,7 +74,7 @@ _INIT_KEYS: KeySpec = (("c", int), ("e", int), ("dt", str), ("n", int))
 
 
 def read_init(header: Header) -> InitHeader:
-    fields(header, _INIT_KEYS)
+    fields(header, _INIT_KEYS, (("ad", int), ("g", bytes)))
     return cast(InitHeader, header)
 
 

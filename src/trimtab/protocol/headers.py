@@ -44,7 +44,8 @@ Short keys, and what each carries in which message:
     ``dt``      wire dtype name; ``z`` no tensor; ``w`` weight (batch size); ``r`` worker
                 rank; ``s`` server rank (in HANDOVER, the sender's); ``t`` a member's
                 credential: worker data requests, HANDOVER, REGISTERED; ``tk`` a
-                server's join ticket: REGISTER; ``hp`` hyperparameters; ``st`` optimizer state;
+                server's join ticket: REGISTER; ``ad``/``g`` an adoption's number and
+                grant: OK answering ADOPT, INIT; ``hp`` hyperparameters; ``st`` optimizer state;
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD.
 """
@@ -53,6 +54,8 @@ from __future__ import annotations
 
 from trimtab.protocol.control import (
     AbortHeader,
+    AdoptHeader,
+    AdoptReplyHeader,
     BarrierHeader,
     BcastGetHeader,
     BcastPutHeader,
@@ -68,6 +71,8 @@ from trimtab.protocol.control import (
     StatusHeader,
     StatusReplyHeader,
     abort,
+    adopt,
+    adopt_reply,
     barrier,
     bcast_get,
     bcast_put,
@@ -76,6 +81,8 @@ from trimtab.protocol.control import (
     heartbeat,
     ok,
     read_abort,
+    read_adopt,
+    read_adopt_reply,
     read_barrier,
     read_bcast_get,
     read_bcast_put,
@@ -170,6 +177,8 @@ __all__ = [
     "SEED_ROOT",
     "AbortHeader",
     "AckHeader",
+    "AdoptHeader",
+    "AdoptReplyHeader",
     "BarrierHeader",
     "BcastGetHeader",
     "BcastPutHeader",
@@ -206,6 +215,8 @@ __all__ = [
     "ValueHeader",
     "abort",
     "ack",
+    "adopt",
+    "adopt_reply",
     "barrier",
     "batch_sizes",
     "bcast_get",
@@ -230,6 +241,8 @@ __all__ = [
     "pull",
     "push",
     "read_abort",
+    "read_adopt",
+    "read_adopt_reply",
     "read_barrier",
     "read_bcast_get",
     "read_bcast_put",

@@ -105,6 +105,9 @@ class Control(enum.IntEnum):
     #               once a map of at least epoch e is published
     LOAD = 22  # server -> coord {busy, bytes, n, step}; reply OK {k}
     SCALE = 23  # tool -> coord {servers}: go to this many servers; reply OK {target}
+    ADOPT = 36  # worker -> coord {root}: every worker adopts the root's values (a
+    #             broadcast); reply OK {ad, g} once every worker asked: the grant that
+    #             lets the root's INITs reset chunks the servers hold
 
 
 class Data(enum.IntEnum):

@@ -47,6 +47,11 @@ def credential(key: bytes, job: str, role: str, rank: int) -> bytes:
     return hmac.new(key, message, hashlib.sha256).digest()[:CREDENTIAL_BYTES]
 
 
+def adoption_grant(key: bytes, job: str, root: int, number: int) -> bytes:
+    """The grant of adoption ``number`` of worker ``root``'s values (ADOPT's reply)."""
+    return credential(key, job, f"adopt{root}", number)
+
+
 def join_ticket(server_key: bytes, job: str) -> bytes:
     """What a server started by the launcher shows in its REGISTER (``tk``)."""
     return credential(server_key, job, "join", 0)
@@ -88,6 +93,24 @@ class Credentials:
                 "was issued for (its REGISTERED gives a worker both)"
             )
         return cast(int, rank)
+
+    def adoption(self, header: Header, root: int) -> int:
+        """The adoption number ``ad`` of an INIT of worker ``root`` whose grant ``g`` is
+        the coordinator's. Raises a FORBIDDEN :class:`ProtocolError` otherwise."""
+        number = header.get("ad")
+        grant = header.get("g")
+        key = self._key
+        if (
+            key is None
+            or type(number) is not int
+            or type(grant) is not bytes
+            or not hmac.compare_digest(grant, adoption_grant(key, self.job, root, number))
+        ):
+            raise forbidden(
+                "an INIT after declaration needs the grant of an adoption every worker "
+                "asked the coordinator for (ADOPT)"
+            )
+        return number
 
     def server(self, header: Header) -> int:
         """The server index ``s`` whose credential ``t`` ``header`` carries. Raises a

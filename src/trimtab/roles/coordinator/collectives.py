@@ -1,9 +1,9 @@
-"""Barriers and the broadcast relay among a job's workers. Pure: each operation returns
+"""Barriers, the broadcast relay and adoptions among a job's workers. Pure: each operation returns
 the replies to send."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
@@ -30,6 +30,36 @@ class Collectives:
         self._values: dict[str, tuple[Header, Sequence[Frame], int]] = {}
         self._getters: dict[str, list[tuple[Peer, int]]] = {}
         self._waiting: dict[Peer, int] = {}  # barrier arrivals and gets, per peer
+        self._adopting: list[tuple[Peer, int]] = []  # ADOPTs of the adoption forming
+        self._adopt_root = -1
+        #: Adoptions granted so far (the last one's number).
+        self.adoptions = 0
+
+    def adopt(self, peer: Peer, rid: int, root: int, grant: Callable[[int, int], bytes]) -> Outbox:
+        """A worker's ADOPT of worker ``root``'s values; once every worker asked, each
+        gets the adoption's number and grant (``grant(root, number)``), which lets the
+        root's INITs reset the servers' chunks. Raises a BAD_STATE
+        :class:`ProtocolError` (nothing changed) for a worker asking twice, or for
+        another root than the adoption forming names."""
+        if any(p == peer for p, _ in self._adopting):
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "this worker asked to adopt already")
+        if self._adopting and root != self._adopt_root:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"the workers adopt worker {self._adopt_root}'s values, not worker {root}'s",
+            )
+        if not 0 <= root < self.num_workers:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"no worker {root} in this job")
+        self._adopting.append((peer, rid))
+        self._adopt_root = root
+        if len(self._adopting) < self.num_workers:
+            return []
+        self.adoptions += 1
+        g = grant(root, self.adoptions)
+        asked, self._adopting = self._adopting, []
+        return [
+            Send(p, headers.adopt_reply(rid=r, number=self.adoptions, grant=g)) for p, r in asked
+        ]
 
     def _wait(self, peer: Peer) -> None:
         """Count one more request of ``peer`` waiting here. Raises a BAD_STATE

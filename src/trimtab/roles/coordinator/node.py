@@ -124,6 +124,7 @@ class Coordinator:
             Control.DECLARE: (self._on_declare, worker),
             Control.MAP_ACK: (self._on_map_ack, server),
             Control.BARRIER: (self._on_barrier, worker),
+            Control.ADOPT: (self._on_adopt, worker),
             Control.BCAST_PUT: (self._on_bcast_put, worker),
             Control.BCAST_GET: (self._on_bcast_get, worker),
             Control.REPORT: (self._on_report, worker),
@@ -446,6 +447,15 @@ class Coordinator:
     def _on_barrier(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         out += self._collectives.barrier(
             member.peer, header["i"], headers.read_barrier(header)["name"]
+        )
+
+    def _on_adopt(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        job, key = self.config.job, self._key
+        out += self._collectives.adopt(
+            member.peer,
+            header["i"],
+            headers.read_adopt(header)["root"],
+            lambda root, n: credentials.adoption_grant(key, job, root, n),
         )
 
     def _on_bcast_put(

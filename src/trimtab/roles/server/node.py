@@ -357,7 +357,8 @@ class Server:
                 chunk = self._store.owned(headers.read_pull(header)["c"])
                 self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
-                self._store.init(header, frames[1:], rank)
+                adoption = self._credentials.adoption(header, rank) if "ad" in header else None
+                self._store.init(header, frames[1:], rank, adoption)
                 self._loop.send(peer, headers.ack(rid=rid))
             else:  # STATS
                 self._loop.send(peer, headers.stats_reply(rid=rid, stats=self.stats()))

@@ -56,6 +56,7 @@ class Chunk:
         self.dropped = 0
         self.discounted = 0
         self.seeded = False  # an INIT set its value (one is taken, before round 0 ends)
+        self.adopted = 0  # the last adoption (ADOPT) whose INIT set its value
 
 
 class Reply:
@@ -312,14 +313,30 @@ class ChunkStore:
         chunk.held = keep
         return out
 
-    def init(self, header: Header, frames: Sequence[memoryview], rank: int) -> None:
+    def init(
+        self, header: Header, frames: Sequence[memoryview], rank: int, adoption: int | None
+    ) -> None:
         """Set a chunk's value from an INIT of worker ``rank`` (``header`` as decoded,
-        ``frames``: those after the header): the seeding at declaration, so only from
-        :data:`~trimtab.protocol.headers.SEED_ROOT`, once per chunk, before any push of
-        it. Raises MALFORMED for a mistyped key, then as :meth:`owned`, then FORBIDDEN
-        from another worker, BAD_STATE for a chunk seeded or pushed already, then
-        BAD_DTYPE, BAD_SHAPE or MALFORMED for the tensor; nothing changed then."""
+        ``frames``: those after the header). Without ``adoption``, the seeding at
+        declaration: only from :data:`~trimtab.protocol.headers.SEED_ROOT`, once per
+        chunk, before any push of it. With ``adoption`` (an adoption's number, its grant
+        for ``rank`` checked by the caller): once per chunk and adoption, newer than the
+        chunk's last, with no push of the round in. Raises MALFORMED for a mistyped key,
+        then as :meth:`owned`, then FORBIDDEN from another worker, BAD_STATE for a chunk
+        seeded or pushed already (an old adoption), then BAD_DTYPE, BAD_SHAPE or
+        MALFORMED for the tensor; nothing changed then."""
         chunk = self.owned(headers.read_init(header)["c"])
+        if adoption is not None:
+            if adoption <= chunk.adopted or chunk.arrived:
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value,
+                    f"chunk {chunk.spec.id}: adoption {adoption} is not newer than its last "
+                    f"({chunk.adopted}), or a push of this round is in",
+                )
+            value = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
+            chunk.value.copy_(value)
+            chunk.adopted = adoption
+            return
         if rank != headers.SEED_ROOT:
             raise ProtocolError(
                 ErrorCode.FORBIDDEN.value,
