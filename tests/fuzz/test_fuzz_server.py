@@ -149,6 +149,8 @@ plausible = {
     "p": st.lists(st.integers(-2, 5), max_size=4) | values,
     "st": st.dictionaries(st.text(max_size=6), values, max_size=3),
     "s": st.sampled_from([0, 1, 2, -1]) | values,
+    "ad": st.sampled_from([0, 1, 2]) | values,
+    "g": st.binary(min_size=16, max_size=16) | values,
 }
 
 
