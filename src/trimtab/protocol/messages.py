@@ -94,7 +94,7 @@ class Control(enum.IntEnum):
     OK = 14  # success: bare, or answering STATUS {status}, SCALE {target},
     #          REPORT {sizes?, epoch, refresh?, lead?}, LOAD {k: the job clock}
     ERROR = 15  # {code, msg}
-    STATUS = 16  # anyone -> coord; reply OK {servers, workers, epoch, owners, clocks, ...}
+    STATUS = 16  # tool -> coord; reply OK {servers, workers, epoch, owners, clocks, ...}
     REPORT = 17  # worker -> coord {k, b, cs, ms, cpu, lo, sv?}: a step's measurements;
     #              reply OK (under lbbsp once all workers reported)
     MIGRATE = 18  # coord -> server {the job map's keys, new epoch, owners, servers}
@@ -111,12 +111,14 @@ class Control(enum.IntEnum):
 
 
 class Data(enum.IntEnum):
-    """Worker <-> server traffic about chunks.
+    """Worker <-> server traffic about chunks. A worker's requests (INIT, PUSH, PULL,
+    STATS) carry its rank ``r`` and credential ``t``; a HANDOVER its sender's ``s``, ``t``.
 
     Each op's keys, builder and reader: :mod:`trimtab.protocol.headers`.
     """
 
-    INIT = 64  # {c, e, dt, n} + value; reply ACK. Sets a chunk's value (root worker).
+    INIT = 64  # {c, e, dt, n, ad?, g?} + value; reply ACK. Sets a chunk's value: the
+    #            seeding root's, once, before round 0; later only with an ADOPT grant
     PUSH = 65  # {c, e, dt, n, r, k, w, v, hp?, z?, sm? | b?} + gradient (none with sm:
     #            the gradient is in shared memory, sm = [arena, offset, capacity]);
     #            reply VALUE when updated
@@ -126,7 +128,7 @@ class Data(enum.IntEnum):
     MOVED = 68  # {c, s, e}: not the owner; s is the owner as this server knows it
     ACK = 69  # bare, or answering STATS {index, epoch, versions, pushes, ...}
     ERROR = 70  # {code, msg}
-    STATS = 71  # anyone -> server; reply ACK
+    STATS = 71  # worker -> server; reply ACK
     HANDOVER = 72  # server -> server {c, v, k, e, dt, n, p, hp?, st?} + value + state
     #                tensors; reply ACK
 
