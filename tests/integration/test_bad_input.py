@@ -124,6 +124,7 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
                 "w": 4.0,
                 "dt": "float32",
                 "n": c.numel,
+                "t": ctx.client.credential,  # worker 0's own: its role may push
                 **over,
             }
             frame = over.pop("frame", b"\0" * c.nbytes)  # type: ignore[arg-type]
@@ -149,11 +150,11 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         replies["inline payload not bytes"] = push(b="not bytes")
         replies["inline payload and a frame"] = push(b=b"\0" * c.nbytes)
         # A push naming a slot of shared memory instead of carrying its gradient.
-        arena = Arena.create(job_id, "attacker", 1024)
+        arena = Arena.create(job_id, "w0", 1024)  # named as worker 0's arena is
         try:
             replies["shm: not a list"] = push(sm="x", frame=None)
             replies["shm: another job's arena"] = push(sm=["trimtab-other-x", 0, 1024], frame=None)
-            gone = job_prefix(job_id) + "gone"
+            gone = job_prefix(job_id) + "w0-gone"
             replies["shm: no such arena"] = push(sm=[gone, 0, 1024], frame=None)
             replies["shm: slot outside the arena"] = push(sm=[arena.name, 512, 1024], frame=None)
             replies["shm: gradient over its slot"] = push(sm=[arena.name, 0, 8], frame=None)
@@ -179,6 +180,7 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
                         "w": 1.0,
                         "dt": "float32",
                         "n": c.numel,
+                        "t": ctx.client.credential,
                     }
                 )
             ],
@@ -229,12 +231,12 @@ def test_bad_messages_are_refused_and_the_server_goes_on(job: tuple[str, str]) -
         "shape": "bad_shape",
         "unknown chunk": "unknown_chunk",
         "future clock": "bad_state",
-        "unknown worker": "bad_state",
+        "unknown worker": "forbidden",
         "wrong job": "wrong_job",
         "inline payload not bytes": "malformed",
         "inline payload and a frame": "malformed",
         "shm: not a list": "malformed",
-        "shm: another job's arena": "malformed",
+        "shm: another job's arena": "forbidden",
         "shm: no such arena": "no_shm",
         "shm: slot outside the arena": "malformed",
         "shm: gradient over its slot": "malformed",

@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import processes_of
 from tests.equivalence_job import Setup, max_difference, reference
+from trimtab.cli.roles import SERVER_KEY
 from trimtab.launch.job import DEADLINE_STATUS, Job, LaunchConfig
 from trimtab.transport.shm import SHM_DIR, job_prefix
 
@@ -274,7 +275,9 @@ def test_bsp_with_servers_added_and_one_removed_matches_one_process(tmp_path: Pa
     each gradient applied once."""
     config = LaunchConfig(workers=2, servers=2, max_servers=3, chunk_bytes=512, rebalance_every=1)
     command = [sys.executable, str(SCRIPT), "adam", "7,17", str(tmp_path)]
-    lines = _run(config, command, {"EQUIV_SCALE": "5:3,10:2,15:3"}, deadline_s=150.0)
+    # The server key lets the servers the launcher adds join the running job.
+    env = {"EQUIV_SCALE": "5:3,10:2,15:3", SERVER_KEY: "ab" * 32}
+    lines = _run(config, command, env, deadline_s=150.0)
     setup = Setup("adam", (7, 17))
     expected = reference(setup)
     for rank in range(2):

@@ -159,17 +159,7 @@ def test_recv_waits_out_its_timeout_and_returns_none(net: Net) -> None:
     assert time.monotonic() - start < PATIENCE_S / 2
 
 
-def test_a_new_connection_alone_does_not_end_a_recv_early(
-    net: Net, request: pytest.FixtureRequest
-) -> None:
-    if net.kind == "zmq-lane":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="ZmqTransport.recv returns None at once when the lane's listener "
-                "accepts a connection, before its timeout, with no message and no wake",
-            )
-        )
+def test_a_new_connection_alone_does_not_end_a_recv_early(net: Net) -> None:
     server, _, _ = pair(net)  # the connector has connected, and sent nothing
     start = time.monotonic()
     assert server.recv(0.2) is None

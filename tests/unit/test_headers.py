@@ -747,6 +747,7 @@ def test_every_op_has_a_builder() -> None:
         h.scale(servers=1),
         h.gather(key="k", sig="s", meta={}),
         h.gathered(rid=1, metas=[], n=[], last=0),
+        h.adopt(root=0),
         h.init(chunk=0, epoch=1, dtype="float32", numel=1),
         h.push(chunk=0, epoch=1, dtype="f", numel=1, rank=0, clock=0, weight=1, version=0),
         h.pull(chunk=0, epoch=1),

@@ -13,6 +13,7 @@ from tests.unit.test_server_store import map_header, push, store_of
 from trimtab.errors import ProtocolError
 from trimtab.roles.server.handover import Handover
 from trimtab.roles.server.lifecycle import TRANSITIONS, ChunkPhase, Move, check_transition
+from trimtab.runtime.credentials import SERVER, Credentials, credential, new_key
 
 
 def migrate(owners: list[int]) -> dict[str, Any]:
@@ -26,7 +27,13 @@ def servers(**opt: Any) -> tuple[Handover, Handover]:
     old, new = store_of(index=0), store_of(index=1)
     old.apply_map(header)
     new.apply_map(header)
-    return Handover(old), Handover(new)
+    key = new_key()
+    handovers = []
+    for store in (old, new):
+        creds = Credentials("job")
+        creds.learn(key, 2, credential(key, "job", SERVER, store.index))
+        handovers.append(Handover(store, creds))
+    return handovers[0], handovers[1]
 
 
 def test_every_phase_has_its_legal_next_phases_and_nothing_else() -> None:
@@ -58,8 +65,15 @@ def test_a_chunk_leaves_after_its_cut_with_value_version_round_and_optimizer_sta
     assert message is not None
     address, header, frames = message
     assert address == "inproc://s1" and old.moves[0].phase is ChunkPhase.HANDED
-    assert 0 not in old.store.chunks and old.handed(header["i"]) == 0
-    queued = new.arrive(header, [memoryview(bytes(f)) for f in frames])
+    assert 0 not in old.store.chunks
+    assert old.handed(header["i"], b"") is None  # the server loop sets where it went
+    old.moves[0].peer = b"o:inproc://s1"
+    assert old.handed(header["i"], b"i:someone-else") is None  # only that peer's ACK counts
+    assert old.handed(header["i"], b"o:inproc://s1") == 0
+    assert new.credentials.server(dict(header)) == 0  # the old owner's credential
+    with pytest.raises(ProtocolError, match="comes from server 0, not server 1"):
+        new.arrive(header, [memoryview(bytes(f)) for f in frames], sender=1)
+    queued = new.arrive(header, [memoryview(bytes(f)) for f in frames], sender=0)
     assert queued == [(b"early-worker", [memoryview(b"x")])]
     got = new.store.chunks[0]
     assert (got.version, got.round) == (1, 1) and 0 not in new.moves
@@ -78,4 +92,4 @@ def test_a_handover_nobody_expects_is_refused() -> None:
     message = old.ready(0)
     assert message is not None
     with pytest.raises(ProtocolError, match="does not expect it"):
-        new.arrive(message[1], [memoryview(bytes(f)) for f in message[2]])
+        new.arrive(message[1], [memoryview(bytes(f)) for f in message[2]], sender=0)

@@ -39,6 +39,26 @@ from trimtab.transport.auth import (
 from trimtab.transport.limits import Limits
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
+#: A server key given by hand, hex (optional): by default the key is derived from the
+#: job's secret, which every role holds already (:func:`server_key`).
+SERVER_KEY = "TRIMTAB_SERVER_KEY"
+
+
+def server_key(environ: Mapping[str, str], key: JobKey | None) -> bytes:
+    """The job's server key: a server's join ticket is made from it
+    (:mod:`trimtab.runtime.credentials`). :data:`SERVER_KEY` if set, else derived from
+    the job's secret ``key``; empty without either (then no server joins a placed job).
+    Raises :class:`ConfigError` if :data:`SERVER_KEY` is not hex."""
+    text = environ.get(SERVER_KEY, "")
+    if not text:
+        return key.derive(b"server join") if key is not None else b""
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(
+            f"{SERVER_KEY} must be hex digits (e.g. from `openssl rand -hex 32`)"
+        ) from None
+
 
 def _auth_flags(parser: argparse.ArgumentParser, made_here: bool = False) -> None:
     more = " (made, mode 0600, if it does not exist)" if made_here else ""
@@ -138,15 +158,20 @@ def _coordinator(args: argparse.Namespace) -> int:
     from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
 
     _logging(args.verbose)
+    key = _coordinator_key(args)
     config = CoordinatorConfig.of(
-        job_settings_from_args(args), job=args.job, host=args.host, port=args.port
+        job_settings_from_args(args),
+        job=args.job,
+        host=args.host,
+        port=args.port,
+        server_key=server_key(os.environ, key),
     )
     transport = ZmqTransport(
         bind=True,
         host=config.host,
         port=config.port,
         lane=lane_from_env(os.environ),
-        auth=_coordinator_key(args),
+        auth=key,
         limits=Limits.for_job(config.chunk_bytes),
     )
     coord = Coordinator(config, transport=transport)
@@ -197,6 +222,7 @@ def _server(args: argparse.Namespace) -> int:
             "TRIMTAB_COORDINATOR, or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)"
         )
     torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
+    key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
     config = ServerConfig(
         coordinator=args.coordinator,
         job=args.job,
@@ -204,6 +230,7 @@ def _server(args: argparse.Namespace) -> int:
         port=args.port,
         priority=not args.no_priority,
         spin_s=spin_from_env(os.environ),
+        server_key=server_key(os.environ, key),
     )
     transport: Transport = ZmqTransport(
         bind=True,
@@ -211,7 +238,7 @@ def _server(args: argparse.Namespace) -> int:
         port=config.port,
         max_frame_bytes=config.max_frame_bytes,
         lane=lane_from_env(os.environ),
-        auth=auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt),
+        auth=key,
     )
     specs = [s for s in parse_stragglers(args.straggler) if s.role == "server"]
     throttle = None

@@ -11,6 +11,7 @@ from trimtab.core.chunks import ChunkSpec, TensorSpec
 from trimtab.frontend.compression import compressor
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.state import scatter
+from trimtab.protocol import headers
 from trimtab.protocol.messages import INLINE_MAX
 from trimtab.roles.server.optim import OptimizerMode, hyperparameters
 from trimtab.roles.worker.context import Context, Table
@@ -77,5 +78,5 @@ def declare_table(
         if ctx.rank == 0 and any(inner.state.values()):
             scatter(pusher, inner.state)
         inner.state.clear()
-    pusher.seed(tensors, root_rank=0)
+    pusher.seed(tensors, root_rank=headers.SEED_ROOT)
     return pusher, table

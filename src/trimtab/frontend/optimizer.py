@@ -192,7 +192,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ptrs = {t.data_ptr() for t in tensors}
         params = [p for p in self._pusher.chunks_of if p.data_ptr() in ptrs]
         if params:
-            self._pusher.seed(params, root_rank)
+            self._pusher.seed(params, root_rank, adoption=True)
 
     def close(self) -> None:
         """Send the last step's report, take the hooks off the parameters (an optimizer

@@ -368,10 +368,15 @@ class Pusher:
         sent = [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
         return [self._await(fut, c, h, f, None) for fut, c, h, f in sent]
 
-    def seed(self, params: list[torch.Tensor], root_rank: int) -> None:
+    def seed(self, params: list[torch.Tensor], root_rank: int, *, adoption: bool = False) -> None:
         """Make the servers hold worker ``root_rank``'s values of ``params`` and every
-        worker adopt them. Collective (a barrier); blocks."""
+        worker adopt them. Collective (a barrier); blocks. At declaration (not
+        ``adoption``) the servers take the seeding root's INITs; later, every worker
+        first asks the coordinator (ADOPT), whose grant the root's INITs carry."""
         ctx = self._ctx
+        granted = None
+        if adoption:
+            granted = headers.read_adopt_reply(ctx.call(headers.adopt(root=root_rank)).header)
         if ctx.rank == root_rank:
             sent = []
             for p in params:
@@ -379,6 +384,8 @@ class Pusher:
                     header = headers.init(
                         chunk=c.id, epoch=self.epoch, dtype=c.dtype, numel=c.numel
                     )
+                    if granted is not None:
+                        header["ad"], header["g"] = granted["ad"], granted["g"]
                     frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
                     fut = ctx.client.request(ctx.server_of(c.id), header, frames)
                     sent.append((fut, c, header, frames))

@@ -46,6 +46,7 @@ _ABORT = int(Control.ABORT)
 _OK = int(Control.OK)
 _STATUS = int(Control.STATUS)
 _SCALE = int(Control.SCALE)
+_ADOPT = int(Control.ADOPT)
 
 # -- membership ----------------------------------------------------------------------
 
@@ -56,11 +57,16 @@ class RegisterHeader(WireHeader):
     role: str  # "server" or "worker"
     addr: NotRequired[str]  # a server's: where workers reach it
     rank: NotRequired[Any]  # a worker's wish; not an int >= 0: any free rank
+    tk: NotRequired[bytes]  # a server's join ticket (credentials.join_ticket)
 
 
-def register_server(*, rid: int, addr: str) -> RegisterHeader:
-    """A server's REGISTER (sent by the server itself, so it carries its ``rid``)."""
-    return {"o": _REGISTER, "i": rid, "role": "server", "addr": addr}
+def register_server(*, rid: int, addr: str, ticket: bytes | None = None) -> RegisterHeader:
+    """A server's REGISTER (sent by the server itself, so it carries its ``rid``);
+    ``ticket`` proves the launcher started it (needed to join a running job)."""
+    header: RegisterHeader = {"o": _REGISTER, "i": rid, "role": "server", "addr": addr}
+    if ticket is not None:
+        header["tk"] = ticket
+    return header
 
 
 def register_worker(*, rank: int) -> RegisterHeader:
@@ -69,10 +75,11 @@ def register_worker(*, rank: int) -> RegisterHeader:
 
 
 def read_register(header: Header) -> RegisterHeader:
-    """Checks ``role``, and a server's ``addr``. ``rank`` is left as sent: anything but
-    an int >= 0 asks for any free rank."""
+    """Checks ``role``, and a server's ``addr`` and ``tk`` (bytes, if present). ``rank``
+    is left as sent: anything but an int >= 0 asks for any free rank."""
     if field(header, "role", str) == "server":
         field(header, "addr", str)
+        optional(header, "tk", bytes)
     return cast(RegisterHeader, header)
 
 
@@ -84,6 +91,8 @@ class RegisteredHeader(WireHeader):
     num_servers: int  # the servers the job starts with
     chunk_bytes: int  # the largest chunk
     heartbeat_s: float  # how often nodes send HEARTBEAT
+    t: NotRequired[bytes]  # the node's credential for its role and rank
+    key: NotRequired[bytes]  # a server's: the job's member key, to check credentials
 
 
 def registered(
@@ -94,8 +103,10 @@ def registered(
     num_servers: int,
     chunk_bytes: int,
     heartbeat_s: float,
+    token: bytes | None = None,
+    key: bytes | None = None,
 ) -> RegisteredHeader:
-    return {
+    header: RegisteredHeader = {
         "o": _REGISTERED,
         "i": rid,
         "rank": rank,
@@ -104,6 +115,11 @@ def registered(
         "chunk_bytes": chunk_bytes,
         "heartbeat_s": heartbeat_s,
     }
+    if token is not None:
+        header["t"] = token
+    if key is not None:
+        header["key"] = key
+    return header
 
 
 _REGISTERED_KEYS: KeySpec = (
@@ -116,7 +132,7 @@ _REGISTERED_KEYS: KeySpec = (
 
 
 def read_registered(header: Header) -> RegisteredHeader:
-    fields(header, _REGISTERED_KEYS)
+    fields(header, _REGISTERED_KEYS, (("t", bytes), ("key", bytes)))
     return cast(RegisteredHeader, header)
 
 
@@ -311,6 +327,39 @@ def barrier(*, name: str) -> BarrierHeader:
 def read_barrier(header: Header) -> BarrierHeader:
     field(header, "name", str)
     return cast(BarrierHeader, header)
+
+
+class AdoptHeader(WireHeader):
+    """ADOPT, worker -> coordinator: this worker adopts worker ``root``'s values (every
+    worker asks; a collective, as a barrier); answered :func:`adopt_reply`."""
+
+    root: int
+
+
+def adopt(*, root: int) -> AdoptHeader:
+    return {"o": _ADOPT, "root": root}
+
+
+def read_adopt(header: Header) -> AdoptHeader:
+    field(header, "root", int)
+    return cast(AdoptHeader, header)
+
+
+class AdoptReplyHeader(WireHeader):
+    """OK answering ADOPT, once every worker asked: the adoption's number and grant,
+    which the root's INITs carry (``ad``, ``g``)."""
+
+    ad: int
+    g: bytes
+
+
+def adopt_reply(*, rid: int, number: int, grant: bytes) -> AdoptReplyHeader:
+    return {"o": _OK, "i": rid, "ad": number, "g": grant}
+
+
+def read_adopt_reply(header: Header) -> AdoptReplyHeader:
+    fields(header, (("ad", int), ("g", bytes)))
+    return cast(AdoptReplyHeader, header)
 
 
 class BcastPutHeader(WireHeader):

@@ -48,14 +48,22 @@ _HANDOVER = int(Data.HANDOVER)
 IN_SLOT = 1
 
 
+#: The worker whose values seed the servers at declaration (its INITs), and which every
+#: worker adopts. A server takes an INIT from it only, once per chunk, before the
+#: chunk's first round.
+SEED_ROOT = 0
+
+
 class InitHeader(WireHeader):
     """INIT, root worker -> server, + the chunk's value as a frame: set the value;
-    answered ACK."""
+    answered ACK. Only at declaration: see :data:`SEED_ROOT`."""
 
     c: int  # chunk id
     e: int  # the sender's map epoch
     dt: str  # the value's wire dtype
     n: int  # its element count
+    ad: NotRequired[int]  # after declaration: the adoption (ADOPT's reply) it is part of
+    g: NotRequired[bytes]  # and that adoption's grant
 
 
 def init(*, chunk: int, epoch: int, dtype: str, numel: int) -> InitHeader:
@@ -66,7 +74,7 @@ _INIT_KEYS: KeySpec = (("c", int), ("e", int), ("dt", str), ("n", int))
 
 
 def read_init(header: Header) -> InitHeader:
-    fields(header, _INIT_KEYS)
+    fields(header, _INIT_KEYS, (("ad", int), ("g", bytes)))
     return cast(InitHeader, header)
 
 
@@ -340,6 +348,8 @@ class HandoverHeader(WireHeader):
     dt: str  # the value's wire dtype
     n: int  # its element count
     p: list[int]  # the chunk's counters: [pushes, dropped, discounted]
+    s: NotRequired[int]  # the sender's server index (its credential ``t`` is for it)
+    t: NotRequired[bytes]  # the sender's credential as a server
     hp: NotRequired[dict[str, Any]]  # server mode: the optimizer's hyperparameters
     st: NotRequired[dict[str, list[Any]]]  # server mode: state key -> ["t", dtype, shape]
     # (a tensor: the next frame) or ["v", value]
@@ -355,10 +365,13 @@ def handover(
     dtype: str,
     numel: int,
     counts: list[int],
+    sender: int = -1,
+    token: bytes | None = None,
     hp: dict[str, Any] | None = None,
     state: dict[str, list[Any]] | None = None,
 ) -> HandoverHeader:
-    """``hp`` and ``state`` (server mode) are given together or not at all."""
+    """``hp`` and ``state`` (server mode) are given together or not at all; ``sender``
+    and ``token`` are the sending server's index and credential."""
     header: HandoverHeader = {
         "o": _HANDOVER,
         "c": chunk,
@@ -369,6 +382,9 @@ def handover(
         "n": numel,
         "p": counts,
     }
+    if token is not None:
+        header["s"] = sender
+        header["t"] = token
     if hp is not None:
         header["hp"] = hp
     if state is not None:
@@ -389,7 +405,7 @@ _HANDOVER_KEYS: KeySpec = (
 
 def read_handover(header: Header) -> HandoverHeader:
     """Checks every key's type, and that ``p`` is three ints."""
-    fields(header, _HANDOVER_KEYS, (("hp", dict), ("st", dict)))
+    fields(header, _HANDOVER_KEYS, (("hp", dict), ("st", dict), ("s", int), ("t", bytes)))
     if len(int_list(header, "p")) != 3:
         raise ProtocolError(ErrorCode.MALFORMED.value, "'p' must be [pushes, dropped, discounted]")
     return cast(HandoverHeader, header)

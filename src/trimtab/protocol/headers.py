@@ -46,8 +46,12 @@ Short keys, and what each carries in which message:
     ``sm``      [arena, offset, capacity] of a shared-memory slot: PUSH; IN_SLOT (1),
                 the value is in that slot: VALUE.
     ``dt``      wire dtype name; ``z`` no tensor; ``w`` weight (batch size); ``r`` worker
-                rank; ``s`` server rank; ``hp`` hyperparameters; ``st`` optimizer state
-                (HANDOVER, STATE, STATE_SET); ``g`` answer the mean gradient (PUSH);
+                rank; ``s`` server rank (in HANDOVER, the sender's); ``t`` a member's
+                credential: worker data requests, HANDOVER, REGISTERED; ``tk`` a
+                server's join ticket: REGISTER; ``ad`` an adoption's number: OK answering
+                ADOPT, INIT; ``g`` an adoption's grant (OK answering ADOPT, INIT), or in
+                PUSH: answer the mean gradient; ``hp`` hyperparameters; ``st`` optimizer
+                state (HANDOVER, STATE, STATE_SET);
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD;
                 ``t`` table (a worker's n-th optimizer): DECLARE.
@@ -65,6 +69,8 @@ from trimtab.protocol.collective import (
 )
 from trimtab.protocol.control import (
     AbortHeader,
+    AdoptHeader,
+    AdoptReplyHeader,
     BarrierHeader,
     BcastGetHeader,
     BcastPutHeader,
@@ -81,6 +87,8 @@ from trimtab.protocol.control import (
     StatusHeader,
     StatusReplyHeader,
     abort,
+    adopt,
+    adopt_reply,
     barrier,
     bcast_get,
     bcast_put,
@@ -90,6 +98,8 @@ from trimtab.protocol.control import (
     leave,
     ok,
     read_abort,
+    read_adopt,
+    read_adopt_reply,
     read_barrier,
     read_bcast_get,
     read_bcast_put,
@@ -113,6 +123,7 @@ from trimtab.protocol.control import (
 )
 from trimtab.protocol.data import (
     IN_SLOT,
+    SEED_ROOT,
     AckHeader,
     HandoverHeader,
     InitHeader,
@@ -198,8 +209,11 @@ from trimtab.protocol.state import (
 
 __all__ = [
     "IN_SLOT",
+    "SEED_ROOT",
     "AbortHeader",
     "AckHeader",
+    "AdoptHeader",
+    "AdoptReplyHeader",
     "BarrierHeader",
     "BcastGetHeader",
     "BcastPutHeader",
@@ -244,6 +258,8 @@ __all__ = [
     "ValueHeader",
     "abort",
     "ack",
+    "adopt",
+    "adopt_reply",
     "barrier",
     "batch_sizes",
     "bcast_get",
@@ -273,6 +289,8 @@ __all__ = [
     "pull",
     "push",
     "read_abort",
+    "read_adopt",
+    "read_adopt_reply",
     "read_barrier",
     "read_bcast_get",
     "read_bcast_put",

@@ -11,6 +11,10 @@ Header keys common to every message (:class:`WireHeader`):
     ``o``: the op code,
     ``i``: request id, echoed in the reply (0 for unsolicited messages).
 
+The job id is no credential. A member proves its role with ``t``, the credential its
+REGISTERED gave it (:mod:`trimtab.runtime.credentials`): a worker in every data request
+to a server (with its rank ``r``), a server in every HANDOVER (with its index ``s``).
+
 A PUSH's gradient or a VALUE's value of at most :data:`INLINE_MAX` bytes travels inside
 the header, as its ``b`` (bytes), instead of as a frame of its own (:func:`inline`,
 :func:`payload_frames`).
@@ -91,7 +95,7 @@ class Control(enum.IntEnum):
     OK = 14  # success: bare, or answering STATUS {status}, SCALE {target},
     #          REPORT {sizes?, epoch, refresh?, lead?}, LOAD {k: the job clock}
     ERROR = 15  # {code, msg}
-    STATUS = 16  # anyone -> coord; reply OK {servers, workers, epoch, owners, clocks, ...}
+    STATUS = 16  # tool -> coord; reply OK {servers, workers, epoch, owners, clocks, ...}
     REPORT = 17  # worker -> coord {k, b, cs, ms, cpu, lo, sv?}: a step's measurements;
     #              reply OK (under lbbsp once all workers reported)
     MIGRATE = 18  # coord -> server {the job map's keys, new epoch, owners, servers}
@@ -110,15 +114,20 @@ class Control(enum.IntEnum):
     #              owners}: hold, fresh, the new table's chunks given you; reply MAP_ACK
     LEAVE = 31  # worker -> coord {k}: shutdown(): out of the job for now, may init() again
     #             (k: each table's clock); reply OK. DONE follows when the process ends
+    ADOPT = 36  # worker -> coord {root}: every worker adopts the root's values (a
+    #             broadcast); reply OK {ad, g} once every worker asked: the grant that
+    #             lets the root's INITs reset chunks the servers hold
 
 
 class Data(enum.IntEnum):
-    """Worker <-> server traffic about chunks.
+    """Worker <-> server traffic about chunks. A worker's requests (INIT, PUSH, PULL,
+    STATS) carry its rank ``r`` and credential ``t``; a HANDOVER its sender's ``s``, ``t``.
 
     Each op's keys, builder and reader: :mod:`trimtab.protocol.headers`.
     """
 
-    INIT = 64  # {c, e, dt, n} + value; reply ACK. Sets a chunk's value (root worker).
+    INIT = 64  # {c, e, dt, n, ad?, g?} + value; reply ACK. Sets a chunk's value: the
+    #            seeding root's, once, before round 0; later only with an ADOPT grant
     PUSH = 65  # {c, e, dt, n, r, k, w, v, hp?, z?, g?, sm? | b?} + gradient (none with
     #            sm: the gradient is in shared memory, sm = [arena, offset, capacity]);
     #            reply VALUE when updated (g: the mean gradient, no update applied)
@@ -128,7 +137,7 @@ class Data(enum.IntEnum):
     MOVED = 68  # {c, s, e}: not the owner; s is the owner as this server knows it
     ACK = 69  # bare, or answering STATS {index, epoch, versions, pushes, ...}
     ERROR = 70  # {code, msg}
-    STATS = 71  # anyone -> server; reply ACK
+    STATS = 71  # worker -> server; reply ACK
     HANDOVER = 72  # server -> server {c, v, k, e, dt, n, p, hp?, st?} + value + state
     #                tensors; reply ACK
     STATE_GET = 80  # worker -> server {c, e}: the chunk's optimizer state; reply STATE
@@ -151,6 +160,9 @@ class ErrorCode(str, enum.Enum):
     MISMATCH = "mismatch"  # workers declared different tensors
     NO_SHM = "no_shm"  # the server cannot map the push's shared memory: send bytes instead
     INTERNAL = "internal"  # the node failed on a well-formed request (a bug): it goes on
+    FORBIDDEN = "forbidden"  # the sender has no credential for this, or its role may not
+    #                          send it (a worker's data request without its 't', a server
+    #                          joining that the coordinator did not ask for, ...)
 
 
 def encode(header: Mapping[str, Any]) -> bytes:

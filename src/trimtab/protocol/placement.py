@@ -167,7 +167,8 @@ def read_tables(header: JobMapHeader) -> list[tuple[int, dict[str, Any]]]:
     """A read job map's tables: per table, in order, its tensor count and its ``opt``
     (one table of every tensor under ``opt`` when ``tables`` is absent). Raises a
     MALFORMED :class:`ProtocolError` unless each is ``[count, map]`` and the counts add
-    up to the tensors'."""
+    up to the tensors' (or for a header that is no job map)."""
+    read_job_map(cast(Header, header))  # a header not read yet (one field check)
     raw = header.get("tables")
     if raw is None:
         return [(len(header["tensors"]), header["opt"])]

@@ -378,11 +378,25 @@ class ZmqTransport(Transport):
     def recv(self, timeout_s: float | None) -> Envelope | None:
         if self._ready:
             return self._ready.popleft()
-        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
-        events = self._poll(timeout_ms)
-        if self._wake_r in events:
-            with contextlib.suppress(BlockingIOError):
-                os.read(self._wake_r, 4096)
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            events = self._poll(None if left is None else int(left * 1000))
+            woken = self._wake_r in events
+            if woken:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            self._take(events)
+            if self._ready:
+                return self._ready.popleft()
+            # Only what was handled, nothing for the node (a handshake's step, an
+            # accepted connection, a message dropped): wait on, unless woken or late.
+            if woken or (deadline is not None and time.monotonic() >= deadline):
+                return None
+
+    def _take(self, events: dict[Any, int]) -> None:
+        """Read what ``events`` say is there: lane connections, new ones, ZeroMQ
+        sockets (each message checked, opened and queued, or answered or dropped)."""
         for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
                 conn = self._lane_fds.get(sock)
@@ -400,7 +414,6 @@ class ZmqTransport(Transport):
                 # Asking is cheaper than the exception a receive on an empty socket raises.
                 if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     break
-        return self._ready.popleft() if self._ready else None
 
     def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
         """A message off a ZeroMQ socket: checked, opened, and queued for the node (or

@@ -50,6 +50,9 @@ class CoordinatorConfig:
             server straggles; ``trimtab scale`` asks for a count); retired servers do
             not count, so a job that gave one back may start another. Defaults to
             ``num_servers``.
+        server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
+            a server joining a running job must show the join ticket made from it.
+            Empty: only the servers the job starts with may join, before it is placed.
     """
 
     num_workers: int
@@ -66,6 +69,7 @@ class CoordinatorConfig:
     dead_after_s: float = 30.0
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
+    server_key: bytes = dataclasses.field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         settings = self.settings()  # every policy rule, checked in one place
@@ -92,6 +96,7 @@ class CoordinatorConfig:
         job: str,
         host: str = "127.0.0.1",
         port: int = 0,
+        server_key: bytes = b"",
     ) -> CoordinatorConfig:
         """The coordinator of the job ``settings`` describe. Never blocks."""
         return cls(
@@ -107,4 +112,5 @@ class CoordinatorConfig:
             batching=settings.batching.policy,
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
+            server_key=server_key,
         )

@@ -32,12 +32,15 @@ from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.steps import Steps, report_interval_s
+from trimtab.runtime import credentials
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import NodeLoop
 from trimtab.transport import Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.coordinator")
 
+
+_BOTH = frozenset({Role.WORKER, Role.SERVER})
 
 #: A handler of a registered member's op: (member, header, frames after the header, the
 #: messages to send, appended to).
@@ -100,27 +103,37 @@ class Coordinator:
             job_clock=lambda: self._steps.job_clock,
         )
         self._collectives = Collectives(config.num_workers)
-        # Ops anyone may send, registered or not (tools need not register).
+        #: The member key: every member's credential is made from it (REGISTERED).
+        self._key = credentials.new_key()
+        self._ticket = (
+            credentials.join_ticket(config.server_key, config.job) if config.server_key else None
+        )
+        # Ops anyone who passed the transport's authentication may send, registered or
+        # not (tools need not register): STATUS and SCALE are a tool's, and REGISTER
+        # admits a server only if the job wants one and it shows the join ticket.
         self._open: dict[int, Callable[[Peer, Header, Outbox], None]] = {
             Control.REGISTER: self._on_register,
             Control.STATUS: self._on_status,
             Control.SCALE: self._on_scale,
         }
-        self._handlers: dict[int, Handler] = {
-            Control.HEARTBEAT: self._on_heartbeat,
-            Control.DECLARE: self._on_declare,
-            Control.MAP_ACK: self._on_map_ack,
-            Control.BARRIER: self._on_barrier,
-            Control.BCAST_PUT: self._on_bcast_put,
-            Control.BCAST_GET: self._on_bcast_get,
-            Control.GATHER: self._on_gather,
-            Control.REPORT: self._on_report,
-            Control.DONE: self._on_done,
-            Control.LEAVE: self._on_leave,
-            Control.MIGRATE_ACK: self._on_migrate_ack,
-            Control.HANDED: self._on_handed,
-            Control.MAP_GET: self._on_map_get,
-            Control.LOAD: self._on_load,
+        both, worker, server = _BOTH, frozenset({Role.WORKER}), frozenset({Role.SERVER})
+        # Each member op, and the roles that may send it.
+        self._handlers: dict[int, tuple[Handler, frozenset[Role]]] = {
+            Control.HEARTBEAT: (self._on_heartbeat, both),
+            Control.DECLARE: (self._on_declare, worker),
+            Control.MAP_ACK: (self._on_map_ack, server),
+            Control.BARRIER: (self._on_barrier, worker),
+            Control.ADOPT: (self._on_adopt, worker),
+            Control.BCAST_PUT: (self._on_bcast_put, worker),
+            Control.BCAST_GET: (self._on_bcast_get, worker),
+            Control.GATHER: (self._on_gather, worker),
+            Control.REPORT: (self._on_report, worker),
+            Control.DONE: (self._on_done, worker),
+            Control.LEAVE: (self._on_leave, worker),
+            Control.MIGRATE_ACK: (self._on_migrate_ack, server),
+            Control.HANDED: (self._on_handed, server),
+            Control.MAP_GET: (self._on_map_get, worker),
+            Control.LOAD: (self._on_load, server),
         }
 
     @property
@@ -260,11 +273,17 @@ class Coordinator:
                 raise ProtocolError(
                     ErrorCode.BAD_STATE.value, f"op {op} before REGISTER; register first"
                 )
-            handler = self._handlers.get(op)
-            if handler is None:
+            entry = self._handlers.get(op)
+            if entry is None:
                 raise ProtocolError(
                     ErrorCode.UNKNOWN_OP.value,
                     f"op {op} is not a control op the coordinator answers",
+                )
+            handler, roles = entry
+            if member.role not in roles:
+                raise credentials.forbidden(
+                    f"op {op} is not a {member.role.value}'s to send (it is a "
+                    f"{' or '.join(sorted(r.value for r in roles))}'s)"
                 )
             handler(member, header, frames[1:], out)
         except ProtocolError as exc:
@@ -317,8 +336,11 @@ class Coordinator:
 
     def _on_register(self, peer: Peer, header: Header, out: Outbox) -> None:
         running = self._maps.map is not None
+        if headers.read_register(header)["role"] == Role.SERVER.value:
+            credentials.admit_server(self._ticket, header, running=running)
         member = self._members.register(peer, header, running=running)
         c = self.config
+        server = member.role is Role.SERVER
         registered = headers.registered(
             rid=header["i"],
             rank=member.rank,
@@ -326,6 +348,8 @@ class Coordinator:
             num_servers=c.num_servers,
             chunk_bytes=c.chunk_bytes,
             heartbeat_s=c.heartbeat_s,
+            token=credentials.credential(self._key, c.job, member.role.value, member.rank),
+            key=self._key if server else None,
         )
         out.append(Send(peer, registered))
         if member.role is Role.WORKER:
@@ -436,6 +460,15 @@ class Coordinator:
     def _on_barrier(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         out += self._collectives.barrier(
             member.peer, header["i"], headers.read_barrier(header)["name"]
+        )
+
+    def _on_adopt(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        job, key = self.config.job, self._key
+        out += self._collectives.adopt(
+            member.peer,
+            header["i"],
+            headers.read_adopt(header)["root"],
+            lambda root, n: credentials.adoption_grant(key, job, root, n),
         )
 
     def _on_bcast_put(

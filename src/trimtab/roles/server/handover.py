@@ -20,10 +20,21 @@ from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.optim import ChunkOptimizer, hyperparameters
 from trimtab.roles.server.store import Chunk, ChunkStore
+from trimtab.runtime.credentials import Credentials
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes, check_tensor_frames, tensor_from
 from trimtab.transport import Frame, Peer
 
 log = logging.getLogger("trimtab.server")
+
+#: HANDOVERs of a map not yet received, held at most: a count and their bytes in all.
+#: Past either, one more is refused (TOO_LARGE) and nothing is held for it; its sender
+#: fails the migration loudly rather than this server running out of memory.
+EARLY_MAX = 1024
+EARLY_MAX_BYTES = 1 << 30
+
+#: Requests held for one chunk on its way here, at most, per worker of the job (a
+#: worker has at most a push and a pull of a chunk in flight; the rest is slack).
+QUEUED_PER_WORKER = 4
 
 
 def encode_state(
@@ -87,10 +98,12 @@ class Handover:
         moved_in, moved_out: chunks received, and handed over and acknowledged.
     """
 
-    def __init__(self, store: ChunkStore) -> None:
+    def __init__(self, store: ChunkStore, credentials: Credentials) -> None:
         self.store = store
+        self.credentials = credentials
         self.moves = store.moves
         self.early: list[tuple[Peer, list[memoryview]]] = []
+        self.early_bytes = 0
         self.moved_in = 0
         self.moved_out = 0
         self._rids = 0
@@ -111,9 +124,11 @@ class Handover:
             cut = chunk.round + (1 if chunk.arrived else 0)
             self.moves[cid] = Move(cid, ChunkPhase.LEAVING, cut, owners[cid])
             cuts[str(cid)] = cut
+        old = store.owners
         for cid, owner in enumerate(owners):
             if owner == store.index and cid not in store.chunks and cid not in self.moves:
-                self.moves[cid] = Move(cid, ChunkPhase.ARRIVING)
+                move = self.moves[cid] = Move(cid, ChunkPhase.ARRIVING)
+                move.source = old[cid] if cid < len(old) else -1
         store.owners = owners
         store.epoch = header["epoch"]
         log.info(
@@ -165,6 +180,8 @@ class Handover:
             dtype=WIRE_DTYPES[chunk.value.dtype],
             numel=chunk.spec.numel,
             counts=[chunk.pushes, chunk.dropped, chunk.discounted],
+            sender=self.store.index,
+            token=self.credentials.own,
             hp=hp,
             state=state,
         )
@@ -174,12 +191,38 @@ class Handover:
 
     def queue(self, cid: int, peer: Peer, frames: list[memoryview]) -> bool:
         """Hold a request for chunk ``cid`` if it is ARRIVING (answered once it
-        arrived); whether it was held."""
+        arrived); whether it was held. Raises a BAD_STATE :class:`ProtocolError` (and
+        holds nothing) past :data:`QUEUED_PER_WORKER` requests per worker."""
         move = self.moves.get(cid)
         if move is None or move.phase is not ChunkPhase.ARRIVING:
             return False
+        if len(move.queued) >= QUEUED_PER_WORKER * max(1, len(self.store.workers)):
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"{len(move.queued)} requests already wait for chunk {cid} to arrive here",
+            )
         move.queued.append((peer, frames))
         return True
+
+    def hold_early(self, peer: Peer, frames: list[memoryview]) -> None:
+        """Hold a HANDOVER of a map this server has not received yet (its sender's
+        credential checked), until the map comes. Raises a TOO_LARGE
+        :class:`ProtocolError` (and holds nothing) past :data:`EARLY_MAX` messages or
+        :data:`EARLY_MAX_BYTES` bytes held."""
+        nbytes = sum(f.nbytes for f in frames)
+        if len(self.early) >= EARLY_MAX or self.early_bytes + nbytes > EARLY_MAX_BYTES:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE.value,
+                f"server {self.store.index} already holds {len(self.early)} handovers "
+                f"({self.early_bytes} bytes) of a map it has not received",
+            )
+        self.early.append((peer, frames))
+        self.early_bytes += nbytes
+
+    def take_early(self) -> list[tuple[Peer, list[memoryview]]]:
+        """The HANDOVERs held by :meth:`hold_early`, in order; none are held after."""
+        early, self.early, self.early_bytes = self.early, [], 0
+        return early
 
     def is_arriving(self, cid: int) -> bool:
         """Whether chunk ``cid`` is on its way here."""
@@ -187,14 +230,15 @@ class Handover:
         return move is not None and move.phase is ChunkPhase.ARRIVING
 
     def arrive(
-        self, header: Header, frames: Sequence[memoryview]
+        self, header: Header, frames: Sequence[memoryview], sender: int
     ) -> list[tuple[Peer, list[memoryview]]]:
         """Take a HANDOVER (``header`` as decoded, ``frames``: those after the header):
         the chunk is OWNED here from now on. Returns the requests that waited for it, in
         order. Raises :class:`ProtocolError` (and then nothing changed): MALFORMED for a
         mistyped key (:func:`~trimtab.protocol.headers.read_handover`), BAD_STATE for a
         chunk this server does not expect, as ``check_tensor_frames`` for the value, or
-        as :func:`decode_state`."""
+        as :func:`decode_state`; FORBIDDEN if server ``sender`` (whose credential the
+        caller checked) is not the chunk's old owner."""
         msg = headers.read_handover(header)
         cid = msg["c"]
         move = self.moves.get(cid)
@@ -202,6 +246,11 @@ class Handover:
             raise ProtocolError(
                 ErrorCode.BAD_STATE.value,
                 f"chunk {cid} handed to server {self.store.index}, which does not expect it",
+            )
+        if move.source >= 0 and sender != move.source:
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN.value,
+                f"chunk {cid} comes from server {move.source}, not server {sender}",
             )
         spec = self.store.specs[cid]
         value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
@@ -218,10 +267,11 @@ class Handover:
         self.moved_in += 1
         return move.queued
 
-    def handed(self, rid: int) -> int | None:
-        """The chunk whose HANDOVER request ``rid`` is, if one is HANDED (else None)."""
+    def handed(self, rid: int, peer: Peer) -> int | None:
+        """The chunk whose HANDOVER request ``rid`` is, if one is HANDED to ``peer``
+        (else None: an ACK from anyone else settles nothing)."""
         for cid, move in self.moves.items():
-            if move.phase is ChunkPhase.HANDED and move.rid == rid:
+            if move.phase is ChunkPhase.HANDED and move.rid == rid and move.peer == peer:
                 return cid
         return None
 

@@ -66,12 +66,15 @@ class Move:
         cut: (LEAVING, HANDED) the first clock that is the new owner's.
         owner: (LEAVING, HANDED) the new owner's server index.
         rid: (HANDED) the request id of the HANDOVER, echoed by its ACK.
+        peer: (HANDED) where the HANDOVER went: only its ACK (or ERROR) settles it.
+        source: (ARRIVING) the old owner's index, the only server that may hand it
+            over (-1: unknown to a server that joined after the job was placed).
         queued: (ARRIVING) requests that came before the chunk, in order.
 
     Not thread-safe: the server's loop owns it.
     """
 
-    __slots__ = ("chunk", "cut", "owner", "phase", "queued", "rid")
+    __slots__ = ("chunk", "cut", "owner", "peer", "phase", "queued", "rid", "source")
 
     def __init__(self, chunk: int, phase: ChunkPhase, cut: int = -1, owner: int = -1) -> None:
         check_transition(chunk, ChunkPhase.OWNED if phase is ChunkPhase.LEAVING else None, phase)
@@ -80,6 +83,8 @@ class Move:
         self.cut = cut
         self.owner = owner
         self.rid = 0
+        self.peer: Peer | None = None
+        self.source = -1
         self.queued: list[tuple[Peer, list[memoryview]]] = []
 
     def to(self, phase: ChunkPhase | None) -> None:

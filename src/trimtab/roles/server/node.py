@@ -37,6 +37,7 @@ from trimtab.roles.server.priority import by_priority
 from trimtab.roles.server.slots import SharedArenas, Slot
 from trimtab.roles.server.state import load_state, state_reply
 from trimtab.roles.server.store import Chunk, ChunkStore
+from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import Heartbeat, NodeLoop
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
@@ -49,6 +50,11 @@ LOAD_REPORT_S = 0.25
 
 #: At most this many queued messages are looked at at once to order pushes by priority.
 PRIORITY_WINDOW = 256
+
+#: The data ops a worker sends a server; each must carry the worker's credential.
+_WORKER_OPS = frozenset(
+    {Data.PUSH, Data.PULL, Data.INIT, Data.STATS, Data.STATE_GET, Data.STATE_SET}
+)
 
 
 class ServerState(enum.Enum):
@@ -92,7 +98,8 @@ class Server:
         self.meter = LoadMeter()
         self._arenas = SharedArenas(config.job)
         self._store = ChunkStore(self.meter, self._arenas)
-        self._handover = Handover(self._store)
+        self._credentials = Credentials(config.job)
+        self._handover = Handover(self._store, self._credentials)
         self._stop = False
         self._abort: str | None = None
         self._load_due = 0.0
@@ -151,7 +158,13 @@ class Server:
         torch.set_grad_enabled(False)  # (this thread's setting) nothing here needs autograd
         warm_up()
         forget_state_dump = add_state_dump(self.describe)
-        self._loop.send(self._coord, headers.register_server(rid=1, addr=self.address))
+        ticket = join_ticket(self.config.server_key, self.config.job)
+        self._loop.send(
+            self._coord,
+            headers.register_server(
+                rid=1, addr=self.address, ticket=ticket if self.config.server_key else None
+            ),
+        )
         try:
             while not self._stop:
                 env = self._transport.recv(min(self.config.heartbeat_s, LOAD_REPORT_S))
@@ -215,12 +228,18 @@ class Server:
         except ProtocolError as exc:  # a reader's: the coordinator's terms are unknown
             self._abort = f"malformed message from the coordinator: {error_of(exc)[1]}"
             self._stop = True
+        except Exception:  # a bug: logged; the loop goes on
+            log.exception("internal error on a message from the coordinator")
 
     def _control(self, header: Header) -> None:
         """Handle a decoded control message; raises a reader's MALFORMED ProtocolError."""
         op = header["o"]
         if op == Control.REGISTERED:
-            self._store.index = headers.read_registered(header)["rank"]
+            registered = headers.read_registered(header)
+            self._store.index = registered["rank"]
+            key = registered.get("key")
+            if key is not None:
+                self._credentials.learn(key, registered["num_workers"], registered.get("t"))
             self.state = ServerState.SERVING
             log.info("server %d serving at %s", self.index, self.address)
         elif op == Control.MAP:
@@ -241,8 +260,7 @@ class Server:
             self._loop.send(self._coord, headers.migrate_ack(epoch=self._store.epoch, cuts=cuts))
             for cid in self._handover.leaving():
                 self._hand_over(cid)
-            early, self._handover.early = self._handover.early, []
-            for peer, frames in early:
+            for peer, frames in self._handover.take_early():
                 self._on_data(peer, frames)
         elif op == Control.OK and "k" in header:
             # The job's clock (answering LOAD), for a server with little to do.
@@ -274,7 +292,9 @@ class Server:
         message = self._handover.ready(cid)
         if message is not None:
             address, header, frames = message
-            self._loop.send(self._transport.connect(address), header, frames)
+            peer = self._transport.connect(address)
+            self._handover.moves[cid].peer = peer  # only its ACK settles the handover
+            self._loop.send(peer, header, frames)
 
     def _report_load(self) -> None:
         self._load_due = time.monotonic() + LOAD_REPORT_S
@@ -296,7 +316,7 @@ class Server:
             rid = header["i"]
             op = header["o"]
             if op in (Data.ACK, Data.ERROR):
-                handed = self._handover.handed(rid)
+                handed = self._handover.handed(rid, peer)
                 if handed is not None:
                     if op == Data.ERROR:  # the new owner refused: nothing can fix that here
                         self._abort = f"handover of chunk {handed} refused: {header}"
@@ -307,12 +327,21 @@ class Server:
                         self._coord, headers.handed(epoch=self._store.epoch, chunks=[handed])
                     )
                     return
+                log.debug("dropped an ACK or ERROR that answers nothing of ours")
+                return  # (an answer to it could start an exchange of errors)
+            if op == Data.HANDOVER:
+                self._take_handover(peer, frames, header)
+                return
+            if op not in _WORKER_OPS:
+                raise ProtocolError(
+                    ErrorCode.UNKNOWN_OP.value, f"op {op} is not a data op a server answers"
+                )
+            rank = self._credentials.worker(header)
             # A peek, before the op's reader: is it for a chunk on its way here? Any
             # request may carry anything; its reader judges it once it is handled.
             cid = header.get("c")
             if (
                 self._store.moves  # (empty but while placement changes: one check a push)
-                and op != Data.HANDOVER
                 and isinstance(cid, int)
                 and self._handover.is_arriving(cid)
             ):
@@ -327,16 +356,7 @@ class Server:
                 # The chunk is on its way here: answer once it arrived.
                 self._handover.queue(cid, peer, frames)
                 return
-            if op == Data.HANDOVER:
-                if headers.read_handover(header)["e"] > self._store.epoch:
-                    # The old owner learned of the new map before we did: wait for it.
-                    self._handover.early.append((peer, frames))
-                    return
-                queued = self._handover.arrive(header, frames[1:])  # (reads it again: rare)
-                self._loop.send(peer, headers.ack(rid=rid))
-                for qpeer, qframes in queued:
-                    self._on_data(qpeer, qframes)
-            elif op == Data.PUSH:
+            if op == Data.PUSH:
                 replies = self._store.push(
                     peer, header, frames[1:], self._transport.through_lane(peer)
                 )
@@ -350,7 +370,8 @@ class Server:
                 chunk = self._store.owned(headers.read_pull(header)["c"])
                 self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
-                self._store.init(header, frames[1:])
+                adoption = self._credentials.adoption(header, rank) if "ad" in header else None
+                self._store.init(header, frames[1:], rank, adoption)
                 self._loop.send(peer, headers.ack(rid=rid))
             elif op == Data.STATE_GET:
                 reply, state_frames = state_reply(self._store, header)
@@ -358,12 +379,8 @@ class Server:
             elif op == Data.STATE_SET:
                 load_state(self._store, header, frames[1:])
                 self._loop.send(peer, headers.ack(rid=rid))
-            elif op == Data.STATS:
+            else:  # STATS
                 self._loop.send(peer, headers.stats_reply(rid=rid, stats=self.stats()))
-            else:
-                raise ProtocolError(
-                    ErrorCode.UNKNOWN_OP.value, f"op {op} is not a data op a server answers"
-                )
         except ChunkMoved as gone:
             self._loop.send(
                 peer, headers.moved(rid=rid, chunk=gone.chunk, owner=gone.owner, epoch=gone.epoch)
@@ -376,6 +393,20 @@ class Server:
             self._loop.refuse(
                 peer, rid, ErrorCode.INTERNAL.value, f"{type(exc).__name__}: {exc}", data=True
             )
+
+    def _take_handover(self, peer: Peer, frames: list[memoryview], header: Header) -> None:
+        """A HANDOVER from another server (its credential checked first). Raises
+        :class:`ProtocolError` as :meth:`Handover.arrive` and :meth:`Handover.hold_early`,
+        FORBIDDEN from anyone but a server of the job."""
+        sender = self._credentials.server(header)
+        if headers.read_handover(header)["e"] > self._store.epoch:
+            # The old owner learned of the new map before we did: wait for it.
+            self._handover.hold_early(peer, frames)
+            return
+        queued = self._handover.arrive(header, frames[1:], sender)  # (reads it again: rare)
+        self._loop.send(peer, headers.ack(rid=header["i"]))
+        for qpeer, qframes in queued:
+            self._on_data(qpeer, qframes)
 
     def _send_value(
         self,
@@ -459,6 +490,9 @@ class Server:
             "errors": self._loop.errors_sent,
             "moved_in": self._handover.moved_in,
             "moved_out": self._handover.moved_out,
+            # HANDOVERs of a map not yet received, held (bounded: handover.EARLY_MAX*).
+            "early": len(self._handover.early),
+            "early_bytes": self._handover.early_bytes,
             "busy_s": self.meter.busy_s,
             "bytes": self.meter.bytes,
         }

@@ -11,6 +11,9 @@ from trimtab.protocol.headers import PushHeader
 from trimtab.protocol.messages import ErrorCode
 from trimtab.transport.shm import Arena, job_prefix
 
+#: Arenas one server maps at most (a worker has one; a few more are slack).
+MAX_ARENAS = 4096
+
 
 class Slot:
     """Where a push's gradient was in a worker's shared memory; its reply's value goes
@@ -49,11 +52,20 @@ class SharedArenas:
                 "'sm' must be [arena, offset, capacity], with no tensor frame",
             )
         name, offset, capacity = sm
+        # Only the pushing worker's own arena (``SlotMap.create`` names it after its
+        # rank; the rank is the one its credential was checked for): no worker makes
+        # a server read or write another's shared memory.
+        if not name.startswith(f"{self._prefix}w{header['r']}-"):
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN.value,
+                f"{name!r} is not worker {header['r']}'s arena of this job",
+            )
         arena = self._arenas.get(name)
         if arena is None:
-            if not name.startswith(self._prefix):
+            if len(self._arenas) >= MAX_ARENAS:
                 raise ProtocolError(
-                    ErrorCode.MALFORMED.value, f"{name!r} is not an arena of this job"
+                    ErrorCode.NO_SHM.value,
+                    f"server {server} maps {len(self._arenas)} arenas already; send it the bytes",
                 )
             try:
                 arena = Arena.attach(name)

@@ -56,6 +56,8 @@ class Chunk:
         self.pushes = 0
         self.dropped = 0
         self.discounted = 0
+        self.seeded = False  # an INIT set its value (one is taken, before round 0 ends)
+        self.adopted = 0  # the last adoption (ADOPT) whose INIT set its value
 
 
 class Reply:
@@ -364,13 +366,44 @@ class ChunkStore:
         chunk.held = keep
         return out
 
-    def init(self, header: Header, frames: Sequence[memoryview]) -> None:
-        """Set a chunk's value from an INIT (``header`` as decoded, ``frames``: those
-        after the header). Raises MALFORMED for a mistyped key, then as :meth:`owned`,
-        then BAD_DTYPE, BAD_SHAPE or MALFORMED for the tensor."""
+    def init(
+        self, header: Header, frames: Sequence[memoryview], rank: int, adoption: int | None
+    ) -> None:
+        """Set a chunk's value from an INIT of worker ``rank`` (``header`` as decoded,
+        ``frames``: those after the header). Without ``adoption``, the seeding at
+        declaration: only from :data:`~trimtab.protocol.headers.SEED_ROOT`, once per
+        chunk, before any push of it. With ``adoption`` (an adoption's number, its grant
+        for ``rank`` checked by the caller): once per chunk and adoption, newer than the
+        chunk's last, with no push of the round in. Raises MALFORMED for a mistyped key,
+        then as :meth:`owned`, then FORBIDDEN from another worker, BAD_STATE for a chunk
+        seeded or pushed already (an old adoption), then BAD_DTYPE, BAD_SHAPE or
+        MALFORMED for the tensor; nothing changed then."""
         chunk = self.owned(headers.read_init(header)["c"])
+        if adoption is not None:
+            if adoption <= chunk.adopted or chunk.arrived:
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE.value,
+                    f"chunk {chunk.spec.id}: adoption {adoption} is not newer than its last "
+                    f"({chunk.adopted}), or a push of this round is in",
+                )
+            value = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
+            chunk.value.copy_(value)
+            chunk.adopted = adoption
+            return
+        if rank != headers.SEED_ROOT:
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN.value,
+                f"only worker {headers.SEED_ROOT} seeds the chunks, not worker {rank}",
+            )
+        if chunk.seeded or chunk.round or chunk.version or chunk.arrived or chunk.pushes:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"chunk {chunk.spec.id} was seeded or trained already: an INIT is taken "
+                "only at declaration",
+            )
         value = check_tensor_frames(header, frames, chunk.spec.dtype, chunk.spec.numel)
         chunk.value.copy_(value)
+        chunk.seeded = True
 
     def stats(self) -> dict[str, Any]:
         """Versions and counters of the chunks held, as ``Server.stats`` reports them."""

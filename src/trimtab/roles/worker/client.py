@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from trimtab.errors import (
     ChunkMoved,
@@ -162,6 +162,9 @@ class WorkerClient:
         self._dead: str | None = None
         self._thread: threading.Thread | None = None
         self.rank = -1
+        #: What proves to servers that a data request is this worker's (REGISTERED's
+        #: ``t``); every data request carries it, with the rank ``r``.
+        self.credential = b""
         self.num_workers = 0
         self.num_servers = 0
         self.chunk_bytes = 0
@@ -178,6 +181,7 @@ class WorkerClient:
         fut = self.control(headers.register_worker(rank=self.config.rank))
         reply = headers.read_registered(wait(fut, self.config.coordinator_timeout_s).header)
         self.rank = reply["rank"]
+        self.credential = reply.get("t", b"")
         self.num_workers = reply["num_workers"]
         self.num_servers = reply["num_servers"]
         self.chunk_bytes = reply["chunk_bytes"]
@@ -245,7 +249,8 @@ class WorkerClient:
         thread-safe. The frames' memory must stay unchanged until the future is done.
 
         ``header`` is a builder's typed header (:mod:`trimtab.protocol.headers`) or a
-        plain dict; this sets its ``i`` (the request id) and ``j``."""
+        plain dict; this sets its ``i`` (the request id) and ``j``, and for a data
+        request this worker's rank ``r`` and credential ``t``."""
         data = isinstance(to, str)
         fut: concurrent.futures.Future[Reply] = (
             _DataFuture(self, header.get("e")) if data else concurrent.futures.Future()
@@ -259,6 +264,9 @@ class WorkerClient:
         with self._lock:
             self._pending[rid] = fut
         if isinstance(to, str):
+            plain = cast(Header, header)
+            plain["r"] = self.rank
+            plain["t"] = self.credential
             self._data_out.append((to, [encode(header), *frames]))
             if not self._flush_data():
                 self._data.wake()  # the thread receiving on the data sockets sends it
