@@ -30,6 +30,7 @@ from trimtab.roles.server.optim import OptimizerMode
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.store import ChunkStore
 from trimtab.roles.worker.context import Table
+from trimtab.runtime.credentials import SERVER, Credentials, credential, new_key
 
 GEN = [["g.w", [64], "float32", 0], ["g.b", [16], "float32", 0]]  # 256 + 64 bytes
 DISC = [["d.w", [32], "float32", 0], ["d.b", [8], "float32", 1]]  # 128 + 32 bytes
@@ -317,14 +318,20 @@ def test_a_chunk_handed_over_keeps_its_tables_optimizer_and_state() -> None:
     migrate = h.read_migrate(
         h.migrate(job_map=two, epoch=3, owners=[0, 1, 0, 1, 1], servers=list(two["servers"]))
     )
-    leaving, arriving = Handover(old), Handover(new)
+    key = new_key()
+    handovers = []
+    for server in (old, new):
+        creds = Credentials("job")
+        creds.learn(key, 2, credential(key, "job", SERVER, server.index))
+        handovers.append(Handover(server, creds))
+    leaving, arriving = handovers
     assert leaving.plan(migrate) == {"3": 0}
     arriving.plan(migrate)
     message = leaving.ready(3)
     assert message is not None
     _, header, frames = message
     encoded = {**header, "j": "job"}
-    arriving.arrive(encoded, [memoryview(bytes(f)) for f in frames])
+    arriving.arrive(encoded, [memoryview(bytes(f)) for f in frames], sender=0)
     moved = new.chunks[3]
     assert moved.optimizer is not None and type(moved.optimizer.optimizer) is torch.optim.SGD
     assert torch.equal(moved.value, torch.full((32,), -0.1))

@@ -182,8 +182,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- the context's member (see roles.worker.context.ContextMember) ---------------
 
     def drain(self) -> None:
-        """:meth:`wait_parameters`, for the context (before a barrier or broadcast)."""
+        """:meth:`wait_parameters`, for the context (before a barrier or broadcast), and
+        the last step's report sent (there the coordinator knows every step)."""
         self._pusher.drain()
+        self._reporter.send_now()
 
     def adopt(self, tensors: Iterable[torch.Tensor], root_rank: int) -> None:
         """Those of ``tensors`` that are our parameters now hold worker ``root_rank``'s

@@ -158,6 +158,18 @@ class StepReporter:
             return None
         return fut
 
+    def send_now(self) -> None:
+        """Send the last step's report now, due or not: before a barrier or a broadcast,
+        so that there the coordinator holds every worker's clock and acts on the step
+        boundary (a migration planned at it starts before, not after, the barrier).
+        Never blocks (LB-BSP's answer is read at the next :meth:`end_step`)."""
+        if self._sender is not None:
+            self._sender.send_now()
+        elif self._pending is not None:
+            self._sizes = self._report(*self._pending)
+            self._pending = None
+            self._next_report = self._now() + self._ctx.job.report_s
+
     def flush(self) -> None:
         """Send the last step's report now, due or not (the optimizer is closing: the
         coordinator then holds this worker's exact clock, and under LB-BSP the other

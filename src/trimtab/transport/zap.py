@@ -99,3 +99,35 @@ class ZapHandler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2.0)
+
+
+class SharedContext:
+    """A ZeroMQ context shared by a transport and its companions: one ZeroMQ I/O thread
+    per process, terminated when the last of them closes, and its ZAP handler (with a
+    key). Thread-safe."""
+
+    def __init__(self, key: JobKey | None) -> None:
+        self.ctx = zmq.Context()
+        self.key = key
+        self.zap: ZapHandler | None = None
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def gate(self) -> None:
+        """Start the ZAP handler (with a key), before a socket of the context binds."""
+        with self._lock:
+            if self.key is not None and self.zap is None:
+                self.zap = ZapHandler(self.ctx, self.key)
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            if self.zap is not None:
+                self.zap.stop()
+            self.ctx.term()  # every socket is closed by now, so this does not block

@@ -26,9 +26,9 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import socket
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,7 +57,7 @@ from trimtab.transport.spin import (
     parse_spin,
     spin_from_env,
 )
-from trimtab.transport.zap import ZapHandler, secure_client, secure_server
+from trimtab.transport.zap import SharedContext, secure_client, secure_server
 
 __all__ = [
     "LANE_ENV",
@@ -89,38 +89,6 @@ def lane_from_env(environ: Mapping[str, str]) -> bool:
     machines). For the edges that read the environment (the CLI, the launcher,
     ``trimtab.init()``) to pass as ``ZmqTransport(lane=...)``. Never blocks or raises."""
     return environ.get(LANE_ENV, "1") != "0" and environ.get(SHM_ENV, "1") != "0"
-
-
-class _SharedContext:
-    """A ZeroMQ context shared by a transport and its companions: one ZeroMQ I/O thread
-    per process, terminated when the last of them closes, and its ZAP handler (with a
-    key). Thread-safe."""
-
-    def __init__(self, key: JobKey | None) -> None:
-        self.ctx = zmq.Context()
-        self.key = key
-        self.zap: ZapHandler | None = None
-        self._users = 0
-        self._lock = threading.Lock()
-
-    def gate(self) -> None:
-        """Start the ZAP handler (with a key), before a socket of the context binds."""
-        with self._lock:
-            if self.key is not None and self.zap is None:
-                self.zap = ZapHandler(self.ctx, self.key)
-
-    def acquire(self) -> None:
-        with self._lock:
-            self._users += 1
-
-    def release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            last = self._users == 0
-        if last:
-            if self.zap is not None:
-                self.zap.stop()
-            self.ctx.term()  # every socket is closed by now, so this does not block
 
 
 class ZmqTransport(Transport):
@@ -162,7 +130,7 @@ class ZmqTransport(Transport):
         spin_s: float = 0.0,
         auth: JobKey | None = None,
         limits: Limits | None = None,
-        _shared: _SharedContext | None = None,
+        _shared: SharedContext | None = None,
     ) -> None:
         check_spin(spin_s)
         if reuse_buffers:
@@ -171,7 +139,7 @@ class ZmqTransport(Transport):
         if max_frame_bytes is not None:
             limits = dataclasses.replace(limits, max_frame_bytes=max_frame_bytes)
         self._limits = limits
-        self._shared = _shared or _SharedContext(auth)
+        self._shared = _shared or SharedContext(auth)
         self._key = self._shared.key
         self._sessions = ZmqSessions(self._key, limits)
         self._shared.acquire()
@@ -378,10 +346,10 @@ class ZmqTransport(Transport):
     def recv(self, timeout_s: float | None) -> Envelope | None:
         if self._ready:
             return self._ready.popleft()
+        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            events = self._poll(None if left is None else int(left * 1000))
+            events = self._poll(timeout_ms)
             woken = self._wake_r in events
             if woken:
                 with contextlib.suppress(BlockingIOError):
@@ -393,6 +361,8 @@ class ZmqTransport(Transport):
             # accepted connection, a message dropped): wait on, unless woken or late.
             if woken or (deadline is not None and time.monotonic() >= deadline):
                 return None
+            if deadline is not None:
+                timeout_ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
 
     def _take(self, events: dict[Any, int]) -> None:
         """Read what ``events`` say is there: lane connections, new ones, ZeroMQ
