@@ -151,3 +151,23 @@ def train_worker(
 
 def max_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def settled_stats(deadline_s: float = 60.0) -> dict:
+    """The servers' counters and the job's status once its chunks are at rest: after
+    the last step, a migration planned at the last step boundaries may still be moving
+    chunks, and a chunk on its way is in neither server's counters. Polls until every
+    chunk is held by one live server and none is moving (a chunk lost for good still
+    fails the test: its counters are returned as they are after ``deadline_s``)."""
+    import time
+
+    import trimtab
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        stats = {"servers": trimtab.server_stats(), "job": trimtab.job_status()}
+        held = sorted(int(c) for s in stats["servers"] for c in s["versions"])
+        settled = held == list(range(len(stats["job"]["owners"])))
+        if (settled and not stats["job"]["migrating"]) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)

@@ -17,7 +17,7 @@ import torch
 
 import trimtab
 import trimtab.frontend.api
-from tests.equivalence_job import Setup, train_worker
+from tests.equivalence_job import Setup, settled_stats, train_worker
 from trimtab.protocol.messages import Control
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -51,6 +51,6 @@ torch.save(params, out / f"rank{trimtab.rank()}.pt")
 torch.save(used, out / f"sizes{trimtab.rank()}.pt")
 trimtab.barrier()  # every worker's last step is applied everywhere
 if trimtab.rank() == 0:
-    stats = {"servers": trimtab.server_stats(), "job": trimtab.job_status()}
+    stats = settled_stats()
     (out / "stats.json").write_text(json.dumps(stats))
 trimtab.shutdown()

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 import trimtab
+from tests.equivalence_job import settled_stats
 from tests.gan_job import GanSetup, train_worker
 
 gen, disc, sizes, out = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -24,6 +25,6 @@ params = train_worker(setup, trimtab.rank())
 torch.save(params, out / f"rank{trimtab.rank()}.pt")
 trimtab.barrier()  # every worker's last step is applied everywhere
 if trimtab.rank() == 0:
-    stats = {"servers": trimtab.server_stats(), "job": trimtab.job_status()}
+    stats = settled_stats()
     (out / "stats.json").write_text(json.dumps(stats))
 trimtab.shutdown()
