@@ -176,12 +176,7 @@ def _allreduce_async(
 
     def finish(got: Gathered) -> torch.Tensor:
         parts = [_tensor(f, dtype, shape) for f in got.frames]
-        result = _scaled(_combine(parts, op), postscale_factor).to(device)
-        if output is None:
-            return result
-        with torch.no_grad():
-            output.copy_(result)
-        return output
+        return _into(_scaled(_combine(parts, op), postscale_factor).to(device), output)
 
     return Handle(ctx, future, finish)
 
@@ -326,12 +321,7 @@ def _broadcast_async(
     future = ctx.gather(name, sig, {}, frames)
 
     def finish(got: Gathered) -> torch.Tensor:
-        result = _tensor(got.frames[root_rank], dtype, shape).to(device)
-        if output is None:
-            return result
-        with torch.no_grad():
-            output.copy_(result)
-        return output
+        return _into(_tensor(got.frames[root_rank], dtype, shape).to(device), output)
 
     return Handle(ctx, future, finish)
 
@@ -395,3 +385,12 @@ def join(device: int = -1) -> int:
     ``join`` is a barrier. ``device`` is accepted for Horovod's signature. Blocks."""
     ctx = default_context()
     return ctx.gathered(ctx.gather(None, "join", {})).last
+
+
+def _into(result: torch.Tensor, output: torch.Tensor | None) -> torch.Tensor:
+    """``result``, or ``output`` holding it (an in-place collective's tensor)."""
+    if output is None:
+        return result
+    with torch.no_grad():
+        output.copy_(result)
+    return output
