@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import struct
 import tracemalloc
@@ -165,3 +166,28 @@ def test_an_authenticated_lane_carries_messages_and_refuses_over_the_limits() ->
     client.send([b"h", b"x" * 900, b"y" * 900])  # 1800 bytes: over max_message_bytes
     with pytest.raises(LaneRefused, match="at most 1500"):
         server.read(scratch)
+
+
+def test_a_job_without_authentication_still_gets_a_server_key_for_servers_added_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a secret, the coordinator and servers derive the server key from it and the
+    launcher passes none; without one (--no-auth), the launcher makes one for the job,
+    the same for every process, so that `trimtab scale` can still add a server."""
+    from trimtab.launch import env as envvars
+    from trimtab.launch.job import Job, LaunchConfig
+
+    monkeypatch.delenv(envvars.SERVER_KEY, raising=False)
+    secure = Job(LaunchConfig(workers=1, servers=1), ["true"])
+    secure._make_secret()
+    try:
+        assert envvars.SERVER_KEY not in secure._role_env()
+    finally:
+        assert secure._secret_dir is not None
+        shutil.rmtree(secure._secret_dir)
+    open_job = Job(LaunchConfig(workers=1, servers=1, no_auth=True), ["true"])
+    open_job._make_secret()
+    first, second = open_job._role_env(), open_job._role_env()
+    assert len(bytes.fromhex(first[envvars.SERVER_KEY])) == 32
+    assert first[envvars.SERVER_KEY] == second[envvars.SERVER_KEY]
+    assert first[envvars.AUTH] == "0"

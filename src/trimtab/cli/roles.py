@@ -20,6 +20,7 @@ from trimtab.faults.stragglers import parse_stragglers
 from trimtab.faults.throttle import ThrottledTransport
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
+from trimtab.launch.env import SERVER_KEY
 from trimtab.launch.spec import LaunchConfig, add_flags, job_settings_from_args
 from trimtab.protocol import headers
 from trimtab.settings import (
@@ -38,10 +39,6 @@ from trimtab.transport.auth import (
 )
 from trimtab.transport.limits import Limits
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
-
-#: A server key given by hand, hex (optional): by default the key is derived from the
-#: job's secret, which every role holds already (:func:`server_key`).
-SERVER_KEY = "TRIMTAB_SERVER_KEY"
 
 
 def server_key(environ: Mapping[str, str], key: JobKey | None) -> bytes:

@@ -48,6 +48,7 @@ __all__ = [
     "PRIORITY",
     "RANK",
     "SECRET_FILE",
+    "SERVER_KEY",
     "SHM",
     "SPIN_US",
     "STRAGGLERS",
@@ -56,6 +57,11 @@ __all__ = [
     "job_id",
     "priority",
 ]
+
+#: A job's server key, hex, given by hand (servers' join tickets are made from it); by
+#: default the coordinator and the servers derive it from the job's secret. A job
+#: without authentication (``--no-auth``) gets one from its launcher.
+SERVER_KEY = "TRIMTAB_SERVER_KEY"
 
 #: The coordinator's address, ``tcp://HOST:PORT`` (else ``DMLC_PS_ROOT_URI``/``_PORT``).
 COORDINATOR = "TRIMTAB_COORDINATOR"

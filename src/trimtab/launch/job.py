@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -86,6 +87,7 @@ class Job:
         self.coordinator_address = ""
         self._started = 0.0
         self._secret_dir: Path | None = None
+        self._server_key = ""  # hex, made for a job without authentication
         self._key: JobKey | None = None
 
     def run(self) -> int:
@@ -118,6 +120,9 @@ class Job:
     def _make_secret(self) -> None:
         """The job's secret file, in a private directory (``mkdtemp`` makes it 0700)."""
         if self.config.no_auth:
+            # No secret to derive the server key from: the launcher makes one, so that
+            # servers it adds later can still join (an insecure job, as said).
+            self._server_key = secrets.token_hex(32)
             return
         self._secret_dir = Path(tempfile.mkdtemp(prefix="trimtab-secret-"))
         path = make_secret_file(self._secret_dir)
@@ -133,6 +138,8 @@ class Job:
             env.pop(name, None)  # the job's own, never the caller's
         if self._secret_dir is None:
             env[envvars.AUTH] = "0"
+            if self._server_key:
+                env.setdefault(envvars.SERVER_KEY, self._server_key)
         else:
             env[envvars.SECRET_FILE] = str(self._secret_dir / "secret")
             env[envvars.ENCRYPT] = "1" if self.config.encrypt else "0"
