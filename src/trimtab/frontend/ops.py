@@ -35,11 +35,15 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
+#: Horovod's integer values of its ops (``hvd.Average`` is 0 in some of its versions).
+_HOROVOD_INTS = {0: ReduceOp.AVERAGE, 1: ReduceOp.SUM, 2: ReduceOp.ADASUM}
+
 
 def reduce_op(op: object = None, average: bool | None = None) -> ReduceOp:
     """The operation Horovod's ``op=`` and deprecated ``average=`` arguments ask for:
-    ``op`` (a :class:`ReduceOp` or its name, any case) if given, else Average, or Sum for
-    ``average=False``. Never blocks.
+    ``op`` (a :class:`ReduceOp`; its name in any case, ``"ReduceOp.SUM"`` or
+    ``"Op.Sum"`` too; an object whose ``name`` is one; Horovod's ints 0, 1, 2) if given,
+    else Average, or Sum for ``average=False``. Never blocks.
 
     Raises :class:`ConfigError` for both arguments at once, for an unknown ``op``, and for
     Adasum (trimtab reduces exactly, by sum: use Average or Sum)."""
@@ -51,9 +55,12 @@ def reduce_op(op: object = None, average: bool | None = None) -> ReduceOp:
         return ReduceOp.SUM if average is False else ReduceOp.AVERAGE
     if isinstance(op, ReduceOp):
         chosen = op
+    elif isinstance(op, int) and not isinstance(op, bool) and op in _HOROVOD_INTS:
+        chosen = _HOROVOD_INTS[op]
     else:
         try:
-            chosen = ReduceOp(str(op).lower().removeprefix("reduceop."))
+            name = str(getattr(op, "name", None) or op)
+            chosen = ReduceOp(name.lower().rsplit(".", 1)[-1])
         except ValueError:
             known = ", ".join(f"trimtab.{o.value.capitalize()}" for o in ReduceOp)
             raise ConfigError(f"unknown reduction op {op!r}; use one of {known}") from None

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ConfigError
+from trimtab.frontend import ops
 from trimtab.roles.server.optim import OptimizerMode
 from trimtab.runtime.tensors import wire_dtype
 
@@ -26,28 +27,17 @@ RESYNC_WARNING = (
     "your code."
 )
 
+
 #: Horovod's reduction ops by their enum values (``hvd.Average`` is 0, ``hvd.Sum`` 1).
-_OPS = {0: "average", 1: "sum", 2: "adasum"}
-
-
 def reduce_op(op: object) -> str:
-    """``"average"`` or ``"sum"`` for ``op``: None, Horovod's ints (0, 1), or any object
-    whose ``name`` or ``str()`` says Average or Sum (``trimtab.Average``, an enum
-    member). Raises :class:`ConfigError` for Adasum and anything else."""
-    if op is None:
-        return "average"
-    if isinstance(op, int) and not isinstance(op, bool):
-        name = _OPS.get(op, str(op))
-    else:
-        name = str(getattr(op, "name", None) or op).lower().rsplit(".", 1)[-1]
-    if name == "adasum":
-        raise ConfigError(
-            "op=Adasum is not supported: trimtab's servers average (op=Average) or sum "
-            "(op=Sum) gradients"
-        )
-    if name not in ("average", "sum"):
-        raise ConfigError(f"op must be Average or Sum, got {op!r}")
-    return name
+    """``"average"`` or ``"sum"`` for ``op``, read as
+    :func:`trimtab.frontend.ops.reduce_op` reads it (None, Horovod's ints, names, enum
+    members, objects with a ``name``). Raises :class:`ConfigError` for Adasum, for the
+    other collectives' ops (Min, Max, Product) and anything else."""
+    chosen = ops.reduce_op(op)
+    if chosen not in (ops.Average, ops.Sum):
+        raise ConfigError(f"the optimizer's op must be Average or Sum, got {op!r}")
+    return chosen.value
 
 
 def reduction(op: object, predivide: object) -> tuple[str, float]:
