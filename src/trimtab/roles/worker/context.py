@@ -31,12 +31,9 @@ from trimtab.protocol.messages import ErrorCode, Header, WireHeader
 from trimtab.roles.worker.client import Reply, WorkerClient, WorkerConfig, wait
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Frame, Transport
+from trimtab.transport.limits import BROADCAST_FRAME_BYTES  # every node's limits allow it
 
 log = logging.getLogger("trimtab")
-
-#: Broadcast buffers are cut into frames no larger than this (large single frames are
-#: several times slower through ZeroMQ than a few-MiB frames).
-BROADCAST_FRAME_BYTES = 4 << 20
 
 #: Called by each step of an optimizer on the context, with the step's clock and the
 #: seconds it computed (forward and backward, without waits for values); returns the
