@@ -44,20 +44,17 @@ class Layout:
         """Worker ``rank``'s host (this machine for a rank the layout does not know)."""
         return self.workers[rank] if rank < len(self.workers) else None
 
-    def local(self, rank: int) -> tuple[int, int, int, int]:
-        """Worker ``rank``'s (local rank, local size, cross rank, cross size): its place
-        among the workers of its host, and its host's among the hosts with workers
-        (Horovod's ``local_rank()``, ``local_size()``, ``cross_rank()``,
-        ``cross_size()``)."""
+    def local(self, rank: int, workers: int) -> tuple[int, int, int, int]:
+        """Worker ``rank``'s (local rank, local size, cross rank, cross size) in a job of
+        ``workers``: its place among the workers of its host, and its host's among the
+        hosts with workers (Horovod's ``local_rank()``, ``local_size()``,
+        ``cross_rank()``, ``cross_size()``). Without a bed: one machine."""
         host = self.worker(rank)
-        peers = [r for r in range(len(self.workers)) if self.workers[r] == host]
-        hosts: list[Host | None] = []
-        for h in self.workers:
-            if h not in hosts:
-                hosts.append(h)
-        if host is None or rank not in peers:
-            return rank, len(self.workers), 0, 1
-        return peers.index(rank), len(peers), hosts.index(host), len(hosts)
+        if host is None:
+            return rank, workers, 0, 1
+        peers = [r for r, h in enumerate(self.workers) if h == host]
+        hosts = list(dict.fromkeys(h.namespace for h in self.workers if h is not None))
+        return peers.index(rank), len(peers), hosts.index(host.namespace), len(hosts)
 
     def run(self, host: Host | None, argv: Sequence[str]) -> list[str]:
         """``argv`` run on ``host`` (as it is on this machine)."""

@@ -262,7 +262,7 @@ class Job:
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
         for rank in range(c.workers):
-            local_rank, local_size, cross_rank, cross_size = self.layout.local(rank)
+            local_rank, local_size, cross_rank, cross_size = self.layout.local(rank, c.workers)
             wenv = self._role_env()
             wenv.setdefault("OMP_NUM_THREADS", str(threads))
             wenv.update(
