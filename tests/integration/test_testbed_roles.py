@@ -75,6 +75,22 @@ def test_bsp_across_hosts_matches_one_process_over_tcp(
 
 
 @pytest.mark.timeout(200)
+def test_a_worker_sharing_a_host_with_a_server_shares_memory_with_it_alone(
+    testbed_factory: Factory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """3 workers on 4 hosts, summation mode: worker 2 lands on host 0 beside the
+    coordinator and server 0. Server 0 takes its pushes through shared memory and the
+    lane and the other workers' over TCP; server 1, alone on host 1, only TCP."""
+    bed = testbed_factory(4)
+    stats = _train(bed, Setup("sgd-sum", (4, 8, 12), hidden=192), tmp_path)
+    # Which server is on host 0 is the order they registered in: either one.
+    alone, beside = sorted(stats["servers"], key=lambda s: s["shared"])
+    assert alone["pushes"] > 0 and alone["shared"] == 0 and alone["lane"] == 0
+    assert beside["shared"] > 0 and 0 < beside["lane"] < beside["pushes"]
+
+
+@pytest.mark.timeout(200)
 def test_roles_of_one_bed_host_share_memory(
     testbed_factory: Factory,  # noqa: F811
     tmp_path: Path,
