@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -60,5 +61,10 @@ for epoch in range(sampler.start_epoch, EPOCHS):
         if rank == 0 and step == grow[0]:
             ctx = trimtab.frontend.api.default_context()
             ctx.call(elastic.scale_workers(workers=grow[1]))  # type: ignore[arg-type]
+            # Wait until the new worker (started by the launcher) is held for the next
+            # step boundary, so that it joins mid-run however slowly it started.
+            deadline = time.monotonic() + 120
+            while not trimtab.job_status()["joining"] and time.monotonic() < deadline:
+                time.sleep(0.05)
 torch.save([p.detach().clone() for p in model.parameters()], out / f"rank{rank}.pt")
 trimtab.shutdown()

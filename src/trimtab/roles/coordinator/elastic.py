@@ -157,6 +157,11 @@ class Elastic:
         self._joiners.append((member, header))
         return []
 
+    @property
+    def held(self) -> list[int]:
+        """The ranks of new workers waiting for the next step boundary."""
+        return [m.rank for m, _ in self._joiners]
+
     def joining(self, member: Member) -> bool:
         """Whether ``member`` is a worker new to the running job, not yet taking part."""
         return member.rank not in self.state.ranks

@@ -131,5 +131,6 @@ class MemberLoss:
                 r for r, m in self._members.workers.items() if m.state.value == "lost"
             ),
             "wanted_workers": self._members.wanted_workers(),
+            "joining": e.held if e is not None else [],
             "batch_state": e.state.to_dict() if e is not None else None,
         }
