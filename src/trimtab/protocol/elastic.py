@@ -94,3 +94,8 @@ def scale_workers_reply(*, rid: int, target: int) -> ScaleWorkersReplyHeader:
 def read_scale_workers_reply(header: Header) -> ScaleWorkersReplyHeader:
     field(header, "target", int)
     return cast(ScaleWorkersReplyHeader, header)
+
+
+def builders() -> list[WireHeader]:
+    """One header of each op this module builds (for tests that cover every op)."""
+    return [workers(generation=1, ranks=[0]), workers_ack(generation=1), scale_workers(workers=1)]

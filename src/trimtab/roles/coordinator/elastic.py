@@ -121,6 +121,7 @@ class Elastic:
         self._waiting: dict[int, list[_Waiting]] = {}
         self._joiners: list[tuple[Member, Header]] = []
         self._acks: set[int] = set()  # servers whose WORKERS_ACK a join awaits
+        self._join_generation = 0  # ... of this generation or a later one
         self._held: Outbox = []  # what goes out once they acknowledged
         #: Workers lost so far, and joined.
         self.lost_count = 0
@@ -176,36 +177,36 @@ class Elastic:
         return self._boundary(clock)
 
     def on_ack(self, server: int, header: Header) -> Outbox:
-        """A server's WORKERS_ACK: once every live server acknowledged a join, the held
-        answers go out."""
-        if elastic.read_workers_ack(header)["g"] != self.state.generation:
+        """A server's WORKERS_ACK: once every live server acknowledged a join (or a
+        later change: servers take WORKERS in order), the held answers go out."""
+        if elastic.read_workers_ack(header)["g"] < self._join_generation:
             return []
-        self._acks.discard(server)
-        if self._acks:
-            return []
-        out, self._held = self._held, []
-        return out
+        return self.server_lost(server)
 
     def server_lost(self, server: int) -> Outbox:
-        """A server is gone: a join no longer waits for its acknowledgement."""
+        """Server ``server`` acknowledged the join, or is gone: the join no longer
+        waits for it."""
+        if not self._acks:
+            return []
         self._acks.discard(server)
         if self._acks:
             return []
         out, self._held = self._held, []
+        for clock in sorted(self._waiting):  # a boundary that came meanwhile
+            out += self._boundary(clock)
         return out
 
     # -- internals -------------------------------------------------------------------
 
     def _set_ranks(self, ranks: list[int]) -> Outbox:
         """The workers taking part are ``ranks``: tell every live server. Returns the
-        WORKERS messages; the servers awaited are in ``_acks``."""
+        WORKERS messages."""
         self.state.ranks = sorted(ranks)
         self._members.part = list(self.state.ranks)
         self.state.generation += 1
         self.state.sizes = {r: b for r, b in self.state.sizes.items() if r in ranks}
         g, ranks = self.state.generation, self.state.ranks
         servers = [m for m in self._members.servers if not m.finished]
-        self._acks = {m.rank for m in servers}
         return [Send(m.peer, elastic.workers(generation=g, ranks=ranks)) for m in servers]
 
     def _boundary(self, clock: int) -> Outbox:
@@ -227,6 +228,9 @@ class Elastic:
                 self._steps.joined(m.rank, clock + 1)
                 self.joined_count += 1
             out += self._set_ranks(ranks)
+            # Nobody pushes for the next step before every server knows the joiners.
+            self._acks = {m.rank for m in self._members.servers if not m.finished}
+            self._join_generation = self.state.generation
         self.state.slots = max(self.state.slots, len(self._members.workers))
         history = self._steps.histories(self.state.ranks)
         self.state.sizes = self._batching.batch_sizes(history, self.state.global_batch)
@@ -241,7 +245,7 @@ class Elastic:
                 if isinstance(send, Send):
                     cast(dict[str, Any], send.header)["sizes"] = vector
                 answers.append(send)
-        if joiners:
+        if self._acks:
             self._held = answers  # once every server knows the joiners
             return out
-        return answers
+        return out + answers

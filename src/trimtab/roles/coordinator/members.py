@@ -309,10 +309,10 @@ class Members:
         return [m for _, m in sorted(self.workers.items()) if not m.finished]
 
     def may_join(self) -> bool:
-        """Whether a new worker may join the running job now: fewer live workers than
-        the target (``trimtab scale --workers``, or an elastic job's first count)."""
-        wanted = min(self.target_workers, self.max_workers)
-        return self.joins and len(self.live_workers()) < wanted
+        """Whether a new worker may join the running job now (an elastic job with fewer
+        live workers than ``max_workers``: one the launcher started for ``trimtab scale
+        --workers``, or one started by hand, maybe in a lost one's place)."""
+        return self.joins and len(self.live_workers()) < self.max_workers
 
     def wanted_workers(self) -> int:
         """How many worker processes the job wants started in all (the launcher polls
