@@ -221,3 +221,14 @@ def test_the_elastic_headers_read_what_they_built() -> None:
     assert el.read_workers(dict(el.workers(generation=2, ranks=[3, 1])))["ws"] == [1, 3]
     assert el.read_scale_workers(dict(el.scale_workers(workers=4)))["workers"] == 4
     assert el.read_scale_workers_reply(dict(el.scale_workers_reply(rid=1, target=3)))["target"] == 3
+
+
+def test_a_joiner_lost_before_it_took_part_changes_nothing_else() -> None:
+    job = Job(2)
+    new = job.register_worker(-1)
+    job.elastic.hold(new, {"o": int(Control.DECLARE), "i": 5})
+    out, fatal = job.elastic.lost(new, "has been silent for 5s")
+    assert (out, fatal, job.elastic.held) == ([], None, [])
+    assert job.steps.num_workers == 2 and job.members.taking_part() == [0, 1]
+    job.report(0, 0, 12)
+    assert sizes_of(job.report(1, 0, 12)) == {b"w0": [12, 12, 0], b"w1": [12, 12, 0]}

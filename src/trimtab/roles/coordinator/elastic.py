@@ -118,6 +118,7 @@ class Elastic:
         self.synchronous = synchronous
         self._epoch, self._again = epoch, again
         self.state = WorkerSet(ranks=list(range(members.num_workers)), slots=members.num_workers)
+        members.part = list(self.state.ranks)  # a joiner takes part from its boundary on
         self._waiting: dict[int, list[_Waiting]] = {}
         self._joiners: list[tuple[Member, Header]] = []
         self._acks: set[int] = set()  # servers whose WORKERS_ACK a join awaits
@@ -135,6 +136,12 @@ class Elastic:
         if member.state is not MemberState.LOST:
             member.move(MemberState.LOST)
         self.lost_count += 1
+        m = self._members
+        m.target_workers = min(m.target_workers, len(m.live_workers()))  # no replacement
+        if member.rank not in self.state.ranks:  # joining, not yet taking part
+            self._joiners = [(j, h) for j, h in self._joiners if j is not member]
+            log.warning("worker %d lost (%s) before it took part", member.rank, why)
+            return [], None
         self._steps.forget(member.rank)
         ranks = [r for r in self.state.ranks if r != member.rank]
         log.warning(
@@ -146,7 +153,6 @@ class Elastic:
                 f"below --min-workers {self.min_workers}; stopping the job"
             )
         out = self._set_ranks(ranks)
-        self._joiners = [(m, h) for m, h in self._joiners if m is not member]
         for clock in sorted(self._waiting):
             out += self._boundary(clock)
         return out, None

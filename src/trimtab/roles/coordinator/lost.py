@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from trimtab.errors import ProtocolError
 from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
 from trimtab.protocol import elastic, headers
-from trimtab.protocol.messages import Header
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.elastic import Elastic
@@ -93,7 +94,7 @@ class MemberLoss:
     ) -> Outbox:
         """A REPORT's answer: at the elastic job's step boundary, else as :class:`Steps`
         answers it."""
-        if self._elastic is not None:
+        if self._elastic is not None and self._elastic.synchronous:
             return self._elastic.report(member, rid, clock, sample)
         return self._steps.reply(member, rid, clock, sample, epoch)
 
@@ -115,8 +116,14 @@ class MemberLoss:
 
     def _on_scale_workers(self, peer: Peer, header: Header, out: Outbox) -> None:
         wanted = elastic.read_scale_workers(header)["workers"]
+        if self._elastic is None or not self._elastic.synchronous:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                "workers join a job started with --max-workers K (above --workers), "
+                "under --mode bsp",
+            )
         m = self._members
-        m.target_workers = min(max(1, wanted), m.max_workers if self._elastic else m.num_workers)
+        m.target_workers = min(max(1, wanted), m.max_workers)
         log.info("the job goes to %d workers", m.target_workers)
         out.append(
             Send(peer, elastic.scale_workers_reply(rid=header["i"], target=m.target_workers))
