@@ -203,6 +203,11 @@ class ElasticSettings:
             ``trimtab scale``); 0 means the job's server count (no growth).
         rebalance_every: every this many steps, move every chunk to the next server
             (a forced migration, for tests and demonstrations; 0 = never).
+        min_workers: below this many workers the job ends; 0 means the job's worker
+            count (a lost worker ends the job, as without elasticity). Below the worker
+            count, a lost worker is dropped and the others go on (elastic workers).
+        max_workers: live workers the job may grow to (``trimtab scale --workers``, a
+            worker started by hand with the job's address); 0 means the worker count.
     """
 
     max_servers: int = dataclasses.field(
@@ -222,7 +227,29 @@ class ElasticSettings:
         ),
     )
 
+    min_workers: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            "--min-workers",
+            "go on without a lost worker while at least N remain (below: the job ends); "
+            "default --workers (a lost worker ends the job)",
+            metavar="N",
+        ),
+    )
+    max_workers: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            "--max-workers",
+            "workers the job may grow to (trimtab scale --workers); default --workers",
+            metavar="K",
+        ),
+    )
+
     def __post_init__(self) -> None:
+        if self.min_workers < 0 or self.max_workers < 0:
+            raise ConfigError(
+                "--min-workers and --max-workers must be >= 0 (0: the job's worker count)"
+            )
         if self.max_servers < 0:
             raise ConfigError(f"max_servers must be >= 0, got {self.max_servers} (--max-servers)")
         if self.rebalance_every < 0:
@@ -265,6 +292,14 @@ class JobSettings:
                 f"max_servers ({max_servers}) is below num_servers ({self.servers}): "
                 f"--max-servers ({max_servers}) must be at least --servers ({self.servers})"
             )
+        if self.elastic.min_workers > self.workers:
+            raise ConfigError(
+                f"--min-workers ({self.elastic.min_workers}) is above --workers ({self.workers})"
+            )
+        if self.elastic.max_workers and self.elastic.max_workers < self.workers:
+            raise ConfigError(
+                f"--max-workers ({self.elastic.max_workers}) is below --workers ({self.workers})"
+            )
         if self.batching.balanced and not self.consistency.synchronous:
             raise ConfigError(
                 f"--batching {self.batching.policy} balances synchronous steps: use it with "
@@ -281,6 +316,19 @@ class JobSettings:
     def max_servers(self) -> int:
         """The most active servers the job may have (``servers`` unless it may grow)."""
         return self.elastic.limit(self.servers)
+
+    @property
+    def max_workers(self) -> int:
+        """The most live workers the job may have (``workers`` unless it may grow)."""
+        return self.elastic.max_workers or self.workers
+
+    @property
+    def elastic_workers(self) -> bool:
+        """Whether the job goes on without a lost worker or may take new ones."""
+        e = self.elastic
+        return bool(
+            (e.min_workers and e.min_workers < self.workers) or e.max_workers > self.workers
+        )
 
     @property
     def migrates(self) -> bool:

@@ -16,6 +16,7 @@ import pytest
 
 from trimtab import ProtocolError
 from trimtab.protocol import headers as h
+from trimtab.protocol.elastic import builders as elastic_builders
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -762,6 +763,7 @@ def test_every_op_has_a_builder() -> None:
         h.state_get(chunk=0, epoch=1),
         h.state(rid=1, chunk=0, version=0, round=0, hp={}, state={}),
         h.state_set(chunk=0, epoch=1, state={}),
+        *elastic_builders(),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 

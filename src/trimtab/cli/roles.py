@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.env import SERVER_KEY
 from trimtab.launch.spec import LaunchConfig, add_flags, job_settings_from_args
-from trimtab.protocol import headers
+from trimtab.protocol import elastic, headers
 from trimtab.settings import (
     BatchingSettings,
     ConsistencySettings,
@@ -129,8 +130,14 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
     _auth_flags(server)
     server.set_defaults(handler=_server)
 
-    scale = sub.add_parser("scale", help="ask a running job to go to K servers")
-    scale.add_argument("--servers", type=int, required=True, help="the server count wanted")
+    scale = sub.add_parser("scale", help="ask a running job to go to K servers or workers")
+    scale.add_argument("--servers", type=int, help="the server count wanted")
+    scale.add_argument(
+        "--workers",
+        type=int,
+        help="the worker count wanted (a job started with --max-workers; trimtab run "
+        "starts the new ones, which join at a step boundary)",
+    )
     scale.add_argument(
         "--coordinator",
         default=coordinator,
@@ -163,6 +170,13 @@ def _coordinator(args: argparse.Namespace) -> int:
         port=args.port,
         server_key=server_key(os.environ, key),
     )
+    # How fast a silent node is declared lost (tests of elastic jobs shorten it).
+    if "TRIMTAB_HEARTBEAT_S" in os.environ or "TRIMTAB_DEAD_AFTER_S" in os.environ:
+        config = dataclasses.replace(
+            config,
+            heartbeat_s=float(os.environ.get("TRIMTAB_HEARTBEAT_S", config.heartbeat_s)),
+            dead_after_s=float(os.environ.get("TRIMTAB_DEAD_AFTER_S", config.dead_after_s)),
+        )
     transport = ZmqTransport(
         bind=True,
         host=config.host,
@@ -255,10 +269,19 @@ def _scale(args: argparse.Namespace) -> int:
             "which job? give --coordinator tcp://HOST:PORT and --job ID (trimtab run "
             "prints both when started with --max-servers)"
         )
+    if args.servers is None and args.workers is None:
+        raise ConfigError("scale to what? give --servers K, --workers K, or both")
     key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
-    reply = ask_coordinator(
-        args.coordinator, args.job, headers.scale(servers=args.servers), 10.0, key
-    )
-    target = headers.read_scale_reply(reply)["target"]
-    print(f"trimtab: the job goes to {target} servers", flush=True)
+    if args.servers is not None:
+        reply = ask_coordinator(
+            args.coordinator, args.job, headers.scale(servers=args.servers), 10.0, key
+        )
+        target = headers.read_scale_reply(reply)["target"]
+        print(f"trimtab: the job goes to {target} servers", flush=True)
+    if args.workers is not None:
+        reply = ask_coordinator(
+            args.coordinator, args.job, elastic.scale_workers(workers=args.workers), 10.0, key
+        )
+        target = elastic.read_scale_workers_reply(reply)["target"]
+        print(f"trimtab: the job goes to {target} workers", flush=True)
     return 0

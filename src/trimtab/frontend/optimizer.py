@@ -177,6 +177,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._again = table.clock is not None
         if table.clock is not None:
             self._clock = table.clock
+        if table.sizes:  # joined a running job: its share of its first step
+            self.batch_sizes = list(table.sizes)
+            self._batch_size = float(table.sizes[self._ctx.rank])
         return pusher
 
     # -- the context's member (see roles.worker.context.ContextMember) ---------------

@@ -196,11 +196,18 @@ class StepReporter:
         """Step ``clock`` is over: keep its measurements for the next push to report,
         and start timing the next step. Under LB-BSP, wait for the answer to the
         previous step's report and return every worker's batch size for the next step
-        (the policy is one step behind, as the paper's semi-dynamic scheme); else None.
-        Blocks under LB-BSP."""
+        (the policy is one step behind, as the paper's semi-dynamic scheme); in an
+        elastic job, send this step's report and wait for its answer (the step
+        boundary: the sizes follow the workers taking part); else None. Blocks under
+        LB-BSP and in an elastic job."""
         if self._reports:
             spans = self.spans_of_step(traffic, waited)
             self._pending = (clock, batch, compute, comm, cpu, spans)
+            if self._ctx.job.elastic:
+                # The job's step boundary: every worker's report of this step is answered
+                # at once, with the next step's sizes over the workers taking part then.
+                self._sizes = self._report(*self._pending)
+                self._pending = None
         reply, self._sizes = self._sizes, None
         sizes = None
         if reply is not None:

@@ -259,34 +259,40 @@ class Job:
                 f"{self.coordinator_address} --job {c.job} --servers K"
                 + (f" --secret-file {self._secret_dir / 'secret'}" if self._secret_dir else "")
             )
+        for rank in range(c.workers):
+            self._spawn_worker(rank)
+
+    def _spawn_worker(self, rank: int) -> None:
+        """Start worker ``rank`` (one joining a running job takes the next rank the
+        coordinator gives; ``rank`` then only names its output)."""
+        c = self.config
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
-        for rank in range(c.workers):
-            local_rank, local_size, cross_rank, cross_size = self.layout.local(rank, c.workers)
-            wenv = self._role_env()
-            wenv.setdefault("OMP_NUM_THREADS", str(threads))
-            wenv.update(
-                {
-                    envvars.COORDINATOR: self.coordinator_address,
-                    envvars.JOB: c.job,
-                    envvars.RANK: str(rank),
-                    envvars.LOCAL_RANK: str(local_rank),
-                    envvars.LOCAL_SIZE: str(local_size),
-                    envvars.CROSS_RANK: str(cross_rank),
-                    envvars.CROSS_SIZE: str(cross_size),
-                    envvars.NUM_WORKERS: str(c.workers),
-                    envvars.NUM_SERVERS: str(c.servers),
-                    envvars.STRAGGLERS: ";".join(c.stragglers),
-                    envvars.COMPRESSION: compressor(c.compression).name,
-                    envvars.DMLC_ROLE: "worker",
-                    envvars.DMLC_PS_ROOT_URI: host,
-                    envvars.DMLC_PS_ROOT_PORT: port,
-                    envvars.DMLC_NUM_WORKER: str(c.workers),
-                    envvars.DMLC_NUM_SERVER: str(c.servers),
-                    envvars.DMLC_WORKER_ID: str(rank),
-                }
-            )
-            self._spawn(f"worker {rank}", self.command, wenv, self.layout.worker(rank))
+        local_rank, local_size, cross_rank, cross_size = self.layout.local(rank, c.workers)
+        wenv = self._role_env()
+        wenv.setdefault("OMP_NUM_THREADS", str(threads))
+        wenv.update(
+            {
+                envvars.COORDINATOR: self.coordinator_address,
+                envvars.JOB: c.job,
+                envvars.RANK: str(rank),
+                envvars.LOCAL_RANK: str(local_rank),
+                envvars.LOCAL_SIZE: str(local_size),
+                envvars.CROSS_RANK: str(cross_rank),
+                envvars.CROSS_SIZE: str(cross_size),
+                envvars.NUM_WORKERS: str(c.workers),
+                envvars.NUM_SERVERS: str(c.servers),
+                envvars.STRAGGLERS: ";".join(c.stragglers),
+                envvars.COMPRESSION: compressor(c.compression).name,
+                envvars.DMLC_ROLE: "worker",
+                envvars.DMLC_PS_ROOT_URI: host,
+                envvars.DMLC_PS_ROOT_PORT: port,
+                envvars.DMLC_NUM_WORKER: str(c.workers),
+                envvars.DMLC_NUM_SERVER: str(c.servers),
+                envvars.DMLC_WORKER_ID: str(rank),
+            }
+        )
+        self._spawn(f"worker {rank}", self.command, wenv, self.layout.worker(rank))
 
     def _spawn_server(self) -> None:
         c = self.config
@@ -314,7 +320,8 @@ class Job:
         )
 
     def _grow(self) -> None:
-        """Start the servers the coordinator asks for (psld's scale-out, trimtab scale)."""
+        """Start the servers and workers the coordinator asks for (psld's scale-out,
+        trimtab scale)."""
         try:
             reply = ask_coordinator(
                 self.coordinator_address,
@@ -325,12 +332,17 @@ class Job:
             )
         except NodeTimeout:
             return  # busy or ending: the supervisor notices a dead coordinator anyway
+        status = headers.read_status_reply(reply)
+        workers = sum(p.source.startswith("worker") for p in self._procs)
+        for rank in range(workers, int(reply.get("wanted_workers", 0))):
+            self._say(f"the coordinator asks for another worker: starting worker {rank}")
+            self._spawn_worker(rank)
         servers = [p for p in self._procs if p.source.startswith("server")]
         started = len(servers)
         # The coordinator keeps its active servers within max_servers; this bounds the
         # live processes too, in case a retired one has not exited yet.
         room = self.config.max_servers - sum(p.popen.poll() is None for p in servers)
-        wanted = headers.read_status_reply(reply)["wanted_servers"]
+        wanted = status["wanted_servers"]
         for _ in range(min(wanted - started, room)):
             self._say(f"the coordinator asks for another server: starting server {started}")
             self._spawn_server()
@@ -339,11 +351,16 @@ class Job:
     # -- supervise -------------------------------------------------------------------
 
     def _supervise(self) -> int:
-        workers = [p for p in self._procs if p.source.startswith("worker")]
-        elastic = self.config.max_servers > self.config.servers
+        c = self.config
+        # An elastic job goes on without a lost worker (the coordinator decides whether
+        # enough remain) and may be asked for more.
+        lossy = c.settings.elastic_workers
+        elastic = c.max_servers > c.servers or c.settings.max_workers > c.workers
         next_poll = time.monotonic()
         deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
+        lost: set[str] = set()
         while True:
+            workers = [p for p in self._procs if p.source.startswith("worker")]
             others = [p for p in self._procs if not p.source.startswith("worker")]
             if deadline is not None and time.monotonic() >= deadline:
                 self._dump_stacks()
@@ -353,11 +370,18 @@ class Job:
                 next_poll = time.monotonic() + 0.5
             for p in workers:
                 code = p.popen.poll()
-                if code is not None and code != 0:
-                    self._say(f"{p.source} exited with status {_describe(code)}; stopping the job")
-                    return code if code > 0 else 128 - code
+                if code is not None and code != 0 and p.source not in lost:
+                    if not lossy:
+                        self._say(
+                            f"{p.source} exited with status {_describe(code)}; stopping the job"
+                        )
+                        return code if code > 0 else 128 - code
+                    lost.add(p.source)
+                    self._say(f"{p.source} exited with status {_describe(code)}; the job goes on")
             if all(p.popen.poll() is not None for p in workers):
                 self._await_exit(others)
+                if lost and any(p.popen.returncode for p in others):
+                    return 1  # the coordinator ended the job (too few workers left)
                 return 0
             for p in others:
                 code = p.popen.poll()

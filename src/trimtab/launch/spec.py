@@ -145,6 +145,10 @@ class LaunchConfig:
         max_servers: live servers the job may grow to (psld's scale-out, ``trimtab
             scale``); the launcher starts them when the coordinator asks, and may start
             another after one retired. 0 = ``servers``.
+        min_workers: go on without a lost worker while this many remain (0: a lost
+            worker ends the job).
+        max_workers: live workers the job may grow to (``trimtab scale --workers``);
+            the launcher starts them when the coordinator asks. 0 = ``workers``.
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -194,6 +198,8 @@ class LaunchConfig:
     )
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
+    min_workers: int = _ELASTIC.min_workers
+    max_workers: int = _ELASTIC.max_workers
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
     deadline_s: float = dataclasses.field(
@@ -244,7 +250,9 @@ class LaunchConfig:
                 placement=PlacementSettings(self.placement, self.chunk_bytes),
                 consistency=ConsistencySettings(self.consistency, self.staleness),
                 batching=BatchingSettings(self.batching),
-                elastic=ElasticSettings(self.max_servers, self.rebalance_every),
+                elastic=ElasticSettings(
+                    self.max_servers, self.rebalance_every, self.min_workers, self.max_workers
+                ),
             ),
         )
         if self.encrypt and self.no_auth:
@@ -278,6 +286,8 @@ class LaunchConfig:
             batching=settings.batching.policy,
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
+            min_workers=settings.elastic.min_workers,
+            max_workers=settings.elastic.max_workers,
             **launcher,
         )
 

@@ -117,6 +117,10 @@ class Control(enum.IntEnum):
     ADOPT = 36  # worker -> coord {root}: every worker adopts the root's values (a
     #             broadcast); reply OK {ad, g} once every worker asked: the grant that
     #             lets the root's INITs reset chunks the servers hold
+    WORKERS = 45  # coord -> server {g, ws}: the workers taking part from now on (a lost
+    #               one dropped: rounds waiting for it complete); reply WORKERS_ACK {g}
+    WORKERS_ACK = 46  # server -> coord {g}: it aggregates over generation g's workers
+    SCALE_WORKERS = 47  # tool -> coord {workers}: go to this many workers; reply OK {target}
 
 
 class Data(enum.IntEnum):

@@ -92,6 +92,10 @@ class JobMapHeader(WireHeader):
     # Only in the reply to a DECLARE of a table the job has already (a worker that
     # called init() again): the worker's clock of that table, from which it goes on.
     k: NotRequired[int]
+    # An elastic job (workers may be lost or join, bsp): each step ends at the step
+    # boundary; and, to a worker that joined a running job, every rank's first sizes.
+    elastic: NotRequired[bool]
+    sizes: NotRequired[list[int]]
 
 
 def job_map(
@@ -109,8 +113,10 @@ def job_map(
     time_servers: bool,
     consistency_args: dict[str, Any],
     tables: list[list[Any]] | None = None,
+    elastic: bool = False,
 ) -> JobMapHeader:
-    """``tables`` (None with one table) is added last, only when given."""
+    """``tables`` (None with one table) is added last, only when given; ``elastic``
+    only when true."""
     header: JobMapHeader = {
         "o": _MAP,
         "epoch": epoch,
@@ -128,6 +134,8 @@ def job_map(
     }
     if tables is not None:
         header["tables"] = tables
+    if elastic:
+        header["elastic"] = True
     return header
 
 
@@ -149,6 +157,8 @@ _JOB_MAP_OPTIONAL: KeySpec = (
     ("consistency_args", dict),
     ("tables", list),
     ("k", int),
+    ("elastic", bool),
+    ("sizes", list),
 )
 
 

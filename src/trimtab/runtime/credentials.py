@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from typing import cast
 
 from trimtab.errors import ProtocolError
@@ -99,6 +100,13 @@ class Credentials:
         self._workers = {r: credential(key, self.job, WORKER, r) for r in range(num_workers)}
         self._servers = {}
         self.own = own
+
+    def admit(self, ranks: Iterable[int]) -> None:
+        """Take the credentials of worker ``ranks`` too (workers that joined the running
+        job, beyond its first count). Nothing before :meth:`learn`."""
+        if self._key is not None:
+            for r in ranks:
+                self._workers.setdefault(r, credential(self._key, self.job, WORKER, r))
 
     def worker(self, header: Header) -> int:
         """The worker rank ``r`` whose credential ``t`` ``header`` carries. Raises a

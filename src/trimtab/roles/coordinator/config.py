@@ -50,6 +50,9 @@ class CoordinatorConfig:
             server straggles; ``trimtab scale`` asks for a count); retired servers do
             not count, so a job that gave one back may start another. Defaults to
             ``num_servers``.
+        min_workers: below this many workers the job ends (0: ``num_workers``, a lost
+            worker ends the job); below ``num_workers``, a lost worker is dropped.
+        max_workers: live workers the job may grow to (0: ``num_workers``).
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
             a server joining a running job must show the join ticket made from it.
             Empty: only the servers the job starts with may join, before it is placed.
@@ -70,6 +73,8 @@ class CoordinatorConfig:
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
     server_key: bytes = dataclasses.field(default=b"", repr=False)
+    min_workers: int = _ELASTIC.min_workers
+    max_workers: int = _ELASTIC.max_workers
 
     def __post_init__(self) -> None:
         settings = self.settings()  # every policy rule, checked in one place
@@ -85,7 +90,9 @@ class CoordinatorConfig:
             placement=PlacementSettings(self.placement, self.chunk_bytes),
             consistency=ConsistencySettings(self.consistency, self.staleness),
             batching=BatchingSettings(self.batching),
-            elastic=ElasticSettings(self.max_servers, self.rebalance_every),
+            elastic=ElasticSettings(
+                self.max_servers, self.rebalance_every, self.min_workers, self.max_workers
+            ),
         )
 
     @classmethod
@@ -113,4 +120,6 @@ class CoordinatorConfig:
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
             server_key=server_key,
+            min_workers=settings.elastic.min_workers,
+            max_workers=settings.elastic.max_workers,
         )

@@ -275,7 +275,7 @@ class Maps:
             owners=list(self.map.owners),
             servers=list(self.map.servers),
             opt=tables[0][1],
-            workers=sorted(members.workers),
+            workers=members.taking_part(),
             **self._terms,
             tables=[[len(t), o] for t, o in tables] if len(tables) > 1 else None,
         )

@@ -40,11 +40,14 @@ class MemberState(enum.Enum):
                  LEFT -> DONE            its process ended after shutdown()
                  DONE -> ACTIVE          a worker's new connection registered again
                                          under its rank, while the job still runs
+                 ACTIVE -> LOST          it died or fell silent in an elastic job: the
+                 LEFT -> LOST            others go on without it (:mod:`.elastic`)
 
     A server is *active* (placement may give it chunks) while JOINED or ACTIVE; a
-    member is *finished* (no longer watched for silence) once RETIRED or DONE. A LEFT
-    worker is watched (its process keeps a connection open): if it dies, the job ends;
-    the job ends normally once every worker is DONE.
+    member is *finished* (no longer watched for silence) once RETIRED, DONE or LOST. A
+    LEFT worker is watched (its process keeps a connection open): if it dies, the job
+    ends (or, elastic, goes on without it); the job ends normally once every worker is
+    DONE or LOST.
     """
 
     JOINED = "joined"
@@ -54,6 +57,7 @@ class MemberState(enum.Enum):
     RETIRED = "retired"
     LEFT = "left"
     DONE = "done"
+    LOST = "lost"
 
 
 _MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
@@ -61,8 +65,12 @@ _MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
     (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING}),
     (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY}),
     (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED}),
-    (Role.WORKER, MemberState.ACTIVE): frozenset({MemberState.LEFT, MemberState.DONE}),
-    (Role.WORKER, MemberState.LEFT): frozenset({MemberState.ACTIVE, MemberState.DONE}),
+    (Role.WORKER, MemberState.ACTIVE): frozenset(
+        {MemberState.LEFT, MemberState.DONE, MemberState.LOST}
+    ),
+    (Role.WORKER, MemberState.LEFT): frozenset(
+        {MemberState.ACTIVE, MemberState.DONE, MemberState.LOST}
+    ),
     (Role.WORKER, MemberState.DONE): frozenset({MemberState.ACTIVE}),
 }
 
@@ -104,8 +112,8 @@ class Member:
 
     @property
     def finished(self) -> bool:
-        """Retired or done: its silence is expected."""
-        return self.state in (MemberState.RETIRED, MemberState.DONE)
+        """Retired, done or lost: its silence is expected."""
+        return self.state in (MemberState.RETIRED, MemberState.DONE, MemberState.LOST)
 
 
 class Members:
@@ -127,6 +135,14 @@ class Members:
         self.workers: dict[int, Member] = {}
         #: Active servers wanted: more than there are asks the launcher for some.
         self.target_servers = num_servers
+        #: Live workers wanted, and the most a running job may have (joins: a rank
+        #: beyond the first ``num_workers``); an elastic job raises ``max_workers``.
+        self.target_workers = num_workers
+        self.max_workers = num_workers
+        #: Whether workers may join the running job at all (an elastic job).
+        self.joins = False
+        #: The ranks taking part, where an elastic job changed them (else every one).
+        self.part: list[int] | None = None
 
     def register(self, peer: Peer, header: Header, *, running: bool) -> Member:
         """Add the node that sent REGISTER ``header`` (``role``, ``rank``, ``addr``).
@@ -158,7 +174,9 @@ class Members:
             rank = request.get("rank", -1)
             if not isinstance(rank, int) or rank < 0:
                 rank = min(set(range(self.num_workers)) - set(self.workers), default=-1)
-            if rank >= self.num_workers or rank < 0:
+            if running and (rank < 0 or rank >= self.num_workers) and self.may_join():
+                rank = len(self.workers)  # a new worker joins the running job
+            elif rank >= self.num_workers or rank < 0:
                 raise ProtocolError(
                     ErrorCode.BAD_STATE.value,
                     f"no worker rank free (the job has {self.num_workers})",
@@ -278,9 +296,29 @@ class Members:
         True once every worker of the job is done."""
         if member.state is not MemberState.DONE:
             member.move(MemberState.DONE)
-        return len(self.workers) == self.num_workers and all(
-            m.state is MemberState.DONE for m in self.workers.values()
+        return len(self.workers) >= self.num_workers and all(
+            m.state in (MemberState.DONE, MemberState.LOST) for m in self.workers.values()
         )
+
+    def taking_part(self) -> list[int]:
+        """The ranks whose pushes the servers wait for, sorted."""
+        return sorted(self.workers if self.part is None else self.part)
+
+    def live_workers(self) -> list[Member]:
+        """Workers neither done nor lost, by rank."""
+        return [m for _, m in sorted(self.workers.items()) if not m.finished]
+
+    def may_join(self) -> bool:
+        """Whether a new worker may join the running job now (an elastic job with fewer
+        live workers than ``max_workers``: one the launcher started for ``trimtab scale
+        --workers``, or one started by hand, maybe in a lost one's place)."""
+        return self.joins and len(self.live_workers()) < self.max_workers
+
+    def wanted_workers(self) -> int:
+        """How many worker processes the job wants started in all (the launcher polls
+        it): those registered plus those the target still lacks."""
+        lacking = max(0, min(self.target_workers, self.max_workers) - len(self.live_workers()))
+        return len(self.workers) + lacking
 
     def shutdown(self) -> Outbox:
         """SHUTDOWN for every server not retired: the job ended."""

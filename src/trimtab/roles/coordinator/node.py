@@ -27,6 +27,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
+from trimtab.roles.coordinator.lost import MemberLoss
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
@@ -47,7 +48,7 @@ _BOTH = frozenset({Role.WORKER, Role.SERVER})
 Handler = Callable[[Member, Header, list[memoryview], Outbox], None]
 
 
-class Coordinator:
+class Coordinator(MemberLoss):
     """Runs a job's control plane. :meth:`run` blocks until the job ends.
 
     Raises :class:`JobAborted` from :meth:`run` if a node died or the job was aborted.
@@ -69,6 +70,7 @@ class Coordinator:
             or placement.live
             or config.rebalance_every > 0
             or config.max_servers > config.num_servers
+            or config.settings().elastic_workers
         )
         terms: dict[str, Any] = {
             "batching": config.batching,
@@ -77,6 +79,7 @@ class Coordinator:
             # Only a live placement reads the workers' per-server timings.
             "time_servers": psld is not None,
             "consistency_args": consistency.job_args(config.staleness),
+            "elastic": config.settings().elastic_workers and consistency.synchronous,
         }
         self._members = Members(config.num_workers, config.num_servers, config.max_servers)
         self._maps = Maps(placement, config.chunk_bytes, terms)
@@ -103,6 +106,7 @@ class Coordinator:
             job_clock=lambda: self._steps.job_clock,
         )
         self._collectives = Collectives(config.num_workers)
+        self._elastic = self._make_elastic(batching, consistency.synchronous)
         #: The member key: every member's credential is made from it (REGISTERED).
         self._key = credentials.new_key()
         self._ticket = (
@@ -115,6 +119,7 @@ class Coordinator:
             Control.REGISTER: self._on_register,
             Control.STATUS: self._on_status,
             Control.SCALE: self._on_scale,
+            Control.SCALE_WORKERS: self._on_scale_workers,
         }
         both, worker, server = _BOTH, frozenset({Role.WORKER}), frozenset({Role.SERVER})
         # Each member op, and the roles that may send it.
@@ -134,6 +139,7 @@ class Coordinator:
             Control.HANDED: (self._on_handed, server),
             Control.MAP_GET: (self._on_map_get, worker),
             Control.LOAD: (self._on_load, server),
+            Control.WORKERS_ACK: (self._on_workers_ack, server),
         }
 
     @property
@@ -245,11 +251,7 @@ class Coordinator:
         now = time.monotonic()
         m = self._members.silent(now, self.config.dead_after_s)
         if m is not None:
-            self._abort = (
-                f"{m.role.value} {m.rank} has been silent for "
-                f"{now - m.last_seen:.0f}s; stopping the job"
-            )
-            log.error(self._abort)
+            self.member_lost(m, f"has been silent for {now - m.last_seen:.0f}s")
 
     def _dispatch(self, peer: Peer, frames: list[memoryview]) -> None:
         """Handle one message. What the handler produced is sent even if it then failed
@@ -321,6 +323,7 @@ class Coordinator:
             "active_servers": [m.rank for m in self._members.active_servers()],
             "live_servers": [m.rank for m in servers if not m.finished],
             "wanted_servers": self._members.wanted_servers(),
+            **self._elastic_status(),
             "migrating": self._rebalancer.migrating is not None,
             "speeds": [self._speeds.speed(m.rank) for m in servers],
             # The workers' bounds (lower, upper or None for no bound) per server.
@@ -389,6 +392,8 @@ class Coordinator:
             known = member.clocks
             return known[table] if table < len(known) else self._steps.clocks.get(member.rank, 0)
 
+        if self._hold_joiner(member, header, out):  # joins the running job at a boundary
+            return
         again = self._maps.again(member, header, self._members, clock_of)
         if again:  # a table the job has: a worker's optimizer after init() again
             out += again
@@ -424,7 +429,7 @@ class Coordinator:
         if boundary is not None:
             self._rebalancer.step_boundary(boundary, out)
         epoch = self._maps.published_epoch
-        out += self._steps.reply(member, header["i"], clock, sample, epoch)
+        out += self._answer_report(member, header["i"], clock, sample, epoch)
 
     def _on_leave(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         # No collective is refused for it yet: it may init() again and join them.

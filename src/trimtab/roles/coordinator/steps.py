@@ -84,6 +84,23 @@ class Steps:
             return None
         return self.job_clock
 
+    def forget(self, rank: int) -> None:
+        """Worker ``rank`` was lost: its clock and samples no longer count; the job's
+        clock and the per-step counts go on over the others."""
+        self.clocks.pop(rank, None)
+        self._history.pop(rank, None)
+        self.num_workers -= 1
+
+    def joined(self, rank: int, clock: int) -> None:
+        """Worker ``rank`` joined the running job; its first step is ``clock``."""
+        self.clocks[rank] = clock
+        self.num_workers += 1
+
+    def histories(self, ranks: list[int]) -> dict[int, list[WorkerSample]]:
+        """The samples of workers ``ranks`` (empty for one that reported none), for a
+        batch-sizing policy."""
+        return {r: list(self._history.get(r, ())) for r in ranks}
+
     def record(self, member: Member, header: Header) -> tuple[int, WorkerSample]:
         """Take a worker's REPORT (``k`` its clock, ``b`` ``cs`` ``ms`` ``cpu`` its
         batch, compute and communication seconds and CPU share). Returns the step's

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ChunkMoved, JobAborted, ProtocolError
-from trimtab.protocol import headers
+from trimtab.protocol import elastic, headers
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -247,13 +247,8 @@ class Server:
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
         elif op == Control.EXTEND:
             added = self._store.extend(headers.read_extend(header))
-            log.info(
-                "server %d: the job has %d chunks now (epoch %d); %d new ones are mine",
-                self.index,
-                len(self._store.specs),
-                self._store.epoch,
-                len(added),
-            )
+            log.info("server %d: the job has %d chunks now (epoch %d); %d new ones are mine",
+                     self.index, len(self._store.specs), self._store.epoch, len(added))  # fmt: skip
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
         elif op == Control.MIGRATE:
             cuts = self._handover.plan(headers.read_migrate(header))
@@ -262,6 +257,13 @@ class Server:
                 self._hand_over(cid)
             for peer, frames in self._handover.take_early():
                 self._on_data(peer, frames)
+        elif op == Control.WORKERS:  # a worker was lost or joined: answer what waited
+            ws = elastic.read_workers(header)
+            self._credentials.admit(ws["ws"])
+            for r in self._store.set_workers(ws["ws"]):
+                self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
+                self._hand_over(r.chunk.spec.id)  # (if its round made a leaving one ready)
+            self._loop.send(self._coord, elastic.workers_ack(generation=ws["g"]))
         elif op == Control.OK and "k" in header:
             # The job's clock (answering LOAD), for a server with little to do.
             self.meter.advance(headers.read_job_clock(header)["k"])

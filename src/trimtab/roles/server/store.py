@@ -4,7 +4,7 @@ store is tested without a transport (``tests/unit/test_server_store.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -351,6 +351,19 @@ class ChunkStore:
         chunk.round += 1
         self.meter.advance(chunk.round)
         return replies
+
+    def set_workers(self, ranks: Iterable[int]) -> list[Reply]:
+        """The job's workers are ``ranks`` from now on (WORKERS: a worker was lost, or
+        one joined at a step boundary). A round that waited only for workers no longer
+        in the job completes now with the pushes that arrived, each weighted by its
+        samples, so the mean is over the samples actually processed; a lost worker's
+        push merged already stays in. Returns the replies to send now. Never blocks."""
+        self.workers = set(ranks)
+        out: list[Reply] = []
+        for chunk in self.chunks.values():
+            if chunk.waiting and self.consistency.ready(chunk.arrived, self.workers):
+                out.extend(self.update(chunk))
+        return out
 
     def release(self, chunk: Chunk) -> list[Reply]:
         """The held replies the consistency policy lets go now (SSP holds fast workers'),

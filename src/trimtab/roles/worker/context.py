@@ -54,12 +54,15 @@ class JobTerms:
         report_s: the least seconds between two step reports (0: every step).
         consistency: ``bsp``, ``asp``, ``ssp(s)`` or ``saps``.
         time_servers: whether workers time each server's replies (PSLD).
+        elastic: workers may be lost or join (bsp): each step ends at the coordinator's
+            step boundary, whose answer carries every rank's next batch size.
     """
 
     batching: str = "equal"
     report_s: float = 0.0
     consistency: str = "bsp"
     time_servers: bool = False
+    elastic: bool = False
 
     @classmethod
     def from_reply(cls, reply: Mapping[str, Any]) -> JobTerms:
@@ -69,13 +72,14 @@ class JobTerms:
             report_s=float(reply.get("report_s", 0.0)),
             consistency=str(reply.get("consistency", "bsp")),
             time_servers=bool(reply.get("time_servers", False)),
+            elastic=bool(reply.get("elastic", False)),
         )
 
     @property
     def sizes_batches(self) -> bool:
         """Whether the coordinator sets each worker's batch size every step (its REPORT
         reply carries the sizes, so a worker waits for it)."""
-        return self.batching != "equal"
+        return self.batching != "equal" or self.elastic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +98,8 @@ class Table:
             optimizer built again after ``init()`` following ``shutdown()``), this
             worker's clock of it, from which the optimizer goes on (the servers hold its
             values and state).
+        sizes: every rank's batch size of its first step, for a worker that joined a
+            running job (elastic), else None.
     """
 
     index: int
@@ -101,6 +107,7 @@ class Table:
     tensors: tuple[TensorSpec, ...]
     chunks: tuple[ChunkSpec, ...]
     clock: int | None = None
+    sizes: tuple[int, ...] | None = None
 
     def chunks_by_tensor(self) -> list[list[ChunkSpec]]:
         """Each tensor's chunks, in the order the tensors were declared. Pure."""
@@ -309,6 +316,7 @@ class Context:
             tuple(tensors),
             tuple(c for c in self.chunks if c.tensor >= first),
             clock,
+            tuple(reply["sizes"]) if isinstance(reply.get("sizes"), list) else None,
         )
         self.tables.append(table)
         if index == 0:

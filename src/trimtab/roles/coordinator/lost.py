@@ -1,0 +1,143 @@
+"""The coordinator's handling of members lost and workers joining, as a part of
+:class:`~trimtab.roles.coordinator.node.Coordinator` (a mixin: the loop's module stays
+short). :meth:`MemberLoss.member_lost` is the single entry point for a lost member,
+whatever noticed it (today the heartbeat silence); the worker case goes to
+:mod:`.elastic` in an elastic job, anything else ends the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from trimtab.errors import ProtocolError
+from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
+from trimtab.protocol import elastic, headers
+from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.coordinator.collectives import Collectives
+from trimtab.roles.coordinator.config import CoordinatorConfig
+from trimtab.roles.coordinator.elastic import Elastic
+from trimtab.roles.coordinator.maps import Maps
+from trimtab.roles.coordinator.members import Member, Members, Role
+from trimtab.roles.coordinator.outbox import Outbox, Send
+from trimtab.roles.coordinator.steps import Steps
+from trimtab.transport import Peer
+
+log = logging.getLogger("trimtab.coordinator")
+
+
+class MemberLoss:
+    """Lost members and joining workers, for the coordinator's loop (loop thread only).
+    The attributes are the coordinator's."""
+
+    config: CoordinatorConfig
+    _members: Members
+    _steps: Steps
+    _maps: Maps
+    _collectives: Collectives
+    _elastic: Elastic | None
+    _abort: str | None
+    _stop: bool
+
+    def _send(self, out: Outbox) -> None:
+        raise NotImplementedError  # the coordinator's
+
+    def _make_elastic(self, batching: BatchSizingPolicy, synchronous: bool) -> Elastic | None:
+        """The elastic part of a job whose settings allow losing or adding workers, else
+        None (a lost worker ends the job)."""
+        c = self.config
+        if not c.settings().elastic_workers:
+            return None
+        self._members.joins = synchronous
+        self._members.max_workers = c.max_workers or c.num_workers
+        return Elastic(
+            self._members,
+            self._steps,
+            batching,
+            min_workers=c.min_workers or c.num_workers,
+            synchronous=synchronous,
+            epoch=lambda: self._maps.published_epoch,
+            again=self._declare_again,
+        )
+
+    def _declare_again(self, member: Member, header: Header) -> Outbox:
+        return self._maps.again(
+            member, header, self._members, lambda _: self._steps.clocks.get(member.rank, 0)
+        )
+
+    def member_lost(self, member: Member, why: str) -> None:
+        """``member`` is gone (``why``: "has been silent for 31s", "closed its
+        connection"). A worker of an elastic job is dropped and the job goes on while
+        ``min_workers`` remain; anything else ends the job. A finished member is
+        ignored. Never blocks; loop thread only."""
+        if member.finished or self._abort is not None:
+            return
+        if member.role is not Role.WORKER or self._elastic is None:
+            self._abort = f"{member.role.value} {member.rank} {why}; stopping the job"
+            log.error(self._abort)
+            return
+        out, fatal = self._elastic.lost(member, why)
+        # If it lives after all (silent, not dead), it must not push again.
+        out.append(Send(member.peer, headers.abort(why=f"worker {member.rank} was dropped")))
+        out += self._collectives.left(member.rank)
+        if fatal is None and all(m.finished for m in self._members.workers.values()):
+            log.info("every worker is done or lost; shutting the job down")
+            out += self._members.shutdown()
+            self._stop = True
+        self._send(out)
+        if fatal is not None:
+            self._abort = fatal
+            log.error(fatal)
+
+    def _answer_report(
+        self, member: Member, rid: int, clock: int, sample: WorkerSample, epoch: int
+    ) -> Outbox:
+        """A REPORT's answer: at the elastic job's step boundary, else as :class:`Steps`
+        answers it."""
+        if self._elastic is not None and self._elastic.synchronous:
+            return self._elastic.report(member, rid, clock, sample)
+        return self._steps.reply(member, rid, clock, sample, epoch)
+
+    def _hold_joiner(self, member: Member, header: Header, out: Outbox) -> bool:
+        """A DECLARE of a worker new to the running job: held for the next step
+        boundary (True), or not a joiner's (False)."""
+        if self._elastic is None or self._maps.map is None or not self._elastic.synchronous:
+            return False
+        if not self._elastic.joining(member):
+            return False
+        out += self._elastic.hold(member, header)
+        return True
+
+    def _on_workers_ack(
+        self, member: Member, header: Header, _: list[memoryview], out: Outbox
+    ) -> None:
+        if self._elastic is not None:
+            out += self._elastic.on_ack(member.rank, header)
+
+    def _on_scale_workers(self, peer: Peer, header: Header, out: Outbox) -> None:
+        wanted = elastic.read_scale_workers(header)["workers"]
+        if self._elastic is None or not self._elastic.synchronous:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                "workers join a job started with --max-workers K (above --workers), "
+                "under --mode bsp",
+            )
+        m = self._members
+        m.target_workers = min(max(1, wanted), m.max_workers)
+        log.info("the job goes to %d workers", m.target_workers)
+        out.append(
+            Send(peer, elastic.scale_workers_reply(rid=header["i"], target=m.target_workers))
+        )
+
+    def _elastic_status(self) -> dict[str, Any]:
+        """The elastic part of STATUS: workers taking part, lost, wanted, the shares."""
+        e = self._elastic
+        return {
+            "taking_part": self._members.taking_part(),
+            "lost_workers": sorted(
+                r for r, m in self._members.workers.items() if m.state.value == "lost"
+            ),
+            "wanted_workers": self._members.wanted_workers(),
+            "joining": e.held if e is not None else [],
+            "batch_state": e.state.to_dict() if e is not None else None,
+        }
