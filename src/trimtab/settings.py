@@ -203,6 +203,8 @@ class ElasticSettings:
             ``trimtab scale``); 0 means the job's server count (no growth).
         rebalance_every: every this many steps, move every chunk to the next server
             (a forced migration, for tests and demonstrations; 0 = never).
+        replicas: backups of each chunk on other servers (0 or 1), kept in step after
+            aggregation, so that a server's death loses nothing (bsp, 2+ servers).
     """
 
     max_servers: int = dataclasses.field(
@@ -221,6 +223,15 @@ class ElasticSettings:
             metavar="N",
         ),
     )
+    replicas: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            "--replicas",
+            "backups of each chunk on other servers (0 or 1): a server's death loses "
+            "nothing (bsp, 2+ servers)",
+            metavar="R",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.max_servers < 0:
@@ -229,6 +240,8 @@ class ElasticSettings:
             raise ConfigError(
                 f"rebalance_every must be >= 0, got {self.rebalance_every} (--rebalance-every)"
             )
+        if self.replicas not in (0, 1):
+            raise ConfigError(f"replicas must be 0 or 1, got {self.replicas} (--replicas)")
 
     def limit(self, servers: int) -> int:
         """The most active servers a job that starts with ``servers`` may have."""
@@ -270,6 +283,8 @@ class JobSettings:
                 f"--batching {self.batching.policy} balances synchronous steps: use it with "
                 f"--mode bsp, not {self.consistency.mode}"
             )
+        if self.elastic.replicas:
+            _check_replicas(self)
         if self.migrates and not self.consistency.synchronous:
             raise ConfigError(
                 "live migration (--placement psld, --max-servers, --rebalance-every) hands "
@@ -288,6 +303,20 @@ class JobSettings:
         rebalancing, or room to add servers."""
         return bool(
             self.placement.live or self.elastic.rebalance_every or self.max_servers > self.servers
+        )
+
+
+def _check_replicas(job: JobSettings) -> None:
+    """Raise :class:`ConfigError` unless a job with replicas can run: 2+ servers, bsp,
+    no live migration (a migration does not move backups yet)."""
+    if job.servers < 2:
+        raise ConfigError("--replicas 1 puts each chunk's backup on another server: --servers 2+")
+    if job.consistency.mode != "bsp":
+        raise ConfigError(f"--replicas needs --mode bsp, not {job.consistency.mode}")
+    if job.migrates:
+        raise ConfigError(
+            "--replicas does not combine with live migration yet (--placement psld, "
+            "--max-servers, --rebalance-every)"
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import logging
 import os
 import shutil
@@ -163,6 +164,8 @@ def _coordinator(args: argparse.Namespace) -> int:
         port=args.port,
         server_key=server_key(os.environ, key),
     )
+    dead_after_s = envvars.dead_after_s(os.environ, config.dead_after_s)
+    config = dataclasses.replace(config, dead_after_s=dead_after_s)
     transport = ZmqTransport(
         bind=True,
         host=config.host,

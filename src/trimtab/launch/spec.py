@@ -145,6 +145,8 @@ class LaunchConfig:
         max_servers: live servers the job may grow to (psld's scale-out, ``trimtab
             scale``); the launcher starts them when the coordinator asks, and may start
             another after one retired. 0 = ``servers``.
+        replicas: backups of each chunk (0 or 1); with one, a server that dies does
+            not stop the job (its coordinator promotes the backups).
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -192,6 +194,7 @@ class LaunchConfig:
     )
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
+    replicas: int = _ELASTIC.replicas
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
     deadline_s: float = dataclasses.field(
@@ -232,7 +235,7 @@ class LaunchConfig:
                 placement=PlacementSettings(self.placement, self.chunk_bytes),
                 consistency=ConsistencySettings(self.consistency, self.staleness),
                 batching=BatchingSettings(self.batching),
-                elastic=ElasticSettings(self.max_servers, self.rebalance_every),
+                elastic=ElasticSettings(self.max_servers, self.rebalance_every, self.replicas),
             ),
         )
         if self.encrypt and self.no_auth:
@@ -259,6 +262,7 @@ class LaunchConfig:
             batching=settings.batching.policy,
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
+            replicas=settings.elastic.replicas,
             **launcher,
         )
 

@@ -92,6 +92,8 @@ class JobMapHeader(WireHeader):
     # Only in the reply to a DECLARE of a table the job has already (a worker that
     # called init() again): the worker's clock of that table, from which it goes on.
     k: NotRequired[int]
+    # With replicas: each chunk's backup server (-1: none); see protocol.replica.
+    bk: NotRequired[list[int]]
 
 
 def job_map(
@@ -149,6 +151,7 @@ _JOB_MAP_OPTIONAL: KeySpec = (
     ("consistency_args", dict),
     ("tables", list),
     ("k", int),
+    ("bk", list),
 )
 
 

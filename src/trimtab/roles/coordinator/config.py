@@ -50,6 +50,9 @@ class CoordinatorConfig:
             server straggles; ``trimtab scale`` asks for a count); retired servers do
             not count, so a job that gave one back may start another. Defaults to
             ``num_servers``.
+        replicas: backups of each chunk on other servers (0 or 1): with one, a
+            server's death promotes the backups (:mod:`.recovery`); without, it ends
+            the job naming the chunks lost.
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
             a server joining a running job must show the join ticket made from it.
             Empty: only the servers the job starts with may join, before it is placed.
@@ -69,6 +72,7 @@ class CoordinatorConfig:
     dead_after_s: float = 30.0
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
+    replicas: int = _ELASTIC.replicas
     server_key: bytes = dataclasses.field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
@@ -85,7 +89,7 @@ class CoordinatorConfig:
             placement=PlacementSettings(self.placement, self.chunk_bytes),
             consistency=ConsistencySettings(self.consistency, self.staleness),
             batching=BatchingSettings(self.batching),
-            elastic=ElasticSettings(self.max_servers, self.rebalance_every),
+            elastic=ElasticSettings(self.max_servers, self.rebalance_every, self.replicas),
         )
 
     @classmethod
@@ -112,5 +116,6 @@ class CoordinatorConfig:
             batching=settings.batching.policy,
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
+            replicas=settings.elastic.replicas,
             server_key=server_key,
         )

@@ -32,6 +32,9 @@ class MemberState(enum.Enum):
                  DRAINING -> EMPTY       it owns nothing as of map ``empty_at``
                  EMPTY -> RETIRED        every worker's routing floor passed ``empty_at``:
                                          told to exit
+                 JOINED, ACTIVE, DRAINING, EMPTY -> LOST
+                                         it died (:meth:`Coordinator.member_lost`): its
+                                         chunks' backups own them (``--replicas``)
         worker:  ACTIVE -> LEFT          it called shutdown() (LEAVE): out of the job for
                                          now, its rank kept, still heartbeating
                  LEFT -> ACTIVE          it registered again under its rank (init()
@@ -44,7 +47,7 @@ class MemberState(enum.Enum):
     A server is *active* (placement may give it chunks) while JOINED or ACTIVE; a
     member is *finished* (no longer watched for silence) once RETIRED or DONE. A LEFT
     worker is watched (its process keeps a connection open): if it dies, the job ends;
-    the job ends normally once every worker is DONE.
+    the job ends normally once every worker is DONE. A LOST server is finished too.
     """
 
     JOINED = "joined"
@@ -52,15 +55,18 @@ class MemberState(enum.Enum):
     DRAINING = "draining"
     EMPTY = "empty"
     RETIRED = "retired"
+    LOST = "lost"
     LEFT = "left"
     DONE = "done"
 
 
 _MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
-    (Role.SERVER, MemberState.JOINED): frozenset({MemberState.ACTIVE, MemberState.DRAINING}),
-    (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING}),
-    (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY}),
-    (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED}),
+    (Role.SERVER, MemberState.JOINED): frozenset(
+        {MemberState.ACTIVE, MemberState.DRAINING, MemberState.LOST}
+    ),
+    (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING, MemberState.LOST}),
+    (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY, MemberState.LOST}),
+    (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED, MemberState.LOST}),
     (Role.WORKER, MemberState.ACTIVE): frozenset({MemberState.LEFT, MemberState.DONE}),
     (Role.WORKER, MemberState.LEFT): frozenset({MemberState.ACTIVE, MemberState.DONE}),
     (Role.WORKER, MemberState.DONE): frozenset({MemberState.ACTIVE}),
@@ -104,8 +110,8 @@ class Member:
 
     @property
     def finished(self) -> bool:
-        """Retired or done: its silence is expected."""
-        return self.state in (MemberState.RETIRED, MemberState.DONE)
+        """Retired, lost or done: its silence is expected."""
+        return self.state in (MemberState.RETIRED, MemberState.DONE, MemberState.LOST)
 
 
 class Members:
@@ -283,12 +289,8 @@ class Members:
         )
 
     def shutdown(self) -> Outbox:
-        """SHUTDOWN for every server not retired: the job ended."""
-        return [
-            Send(m.peer, headers.shutdown())
-            for m in self.servers
-            if m.state is not MemberState.RETIRED
-        ]
+        """SHUTDOWN for every server not retired or lost: the job ended."""
+        return [Send(m.peer, headers.shutdown()) for m in self.servers if not m.finished]
 
     def silent(self, now: float, dead_after_s: float) -> Member | None:
         """A member not finished and silent for more than ``dead_after_s``, or None."""

@@ -1,0 +1,349 @@
+"""Server replicas (``--replicas 1``): each chunk's primary keeps a backup server in
+step after aggregation, and the backups take over when a server dies.
+
+The scheme is *state forwarding*: once a round of a chunk is applied, its primary
+sends the backup the chunk as of that round (REPLICATE: value, optimizer state,
+version, round, counters, each worker's last clock), and releases the round's values
+to the workers only when the backup acknowledged it. So a value a worker saw is never
+lost, and a push is answered only once two servers hold its effect. Chunks are
+replicated independently (many in flight at once, each chunk's acknowledgement
+releasing only its own replies): the step does not serialise on them.
+
+On a server's death the coordinator sends FAILOVER (a new map epoch): each backup of a
+dead server's chunk promotes its copy to the chunk itself; every chunk whose backup
+changed is replicated afresh to its new one (what waited for the dead backup's
+acknowledgement waits for the new one's). The epoch is a fencing token: a REPLICATE
+from a server that is not the chunk's owner under a newer failover map is refused
+(STALE_EPOCH), and its sender, a primary the job declared dead, stops.
+
+Workers resend the pushes the dead server left unanswered; a push for a clock the
+promoted copy has applied already is answered with the value, not applied again
+(:meth:`Replicas.applied`). Nothing here sends: the server's loop does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import cast
+
+from trimtab.errors import ProtocolError
+from trimtab.protocol import headers, replica
+from trimtab.protocol.messages import Data, ErrorCode, Header, payload_frames
+from trimtab.roles.server.handover import decode_state, encode_state
+from trimtab.roles.server.store import Chunk, ChunkStore
+from trimtab.runtime.credentials import Credentials
+from trimtab.runtime.loop import NodeLoop
+from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes, check_tensor_frames
+from trimtab.transport import Frame, Peer
+
+log = logging.getLogger("trimtab.server")
+
+#: What runs once a replication is acknowledged: sends the replies it held back.
+Release = Callable[[], None]
+
+#: REPLICATE request ids start here, apart from the handover's (both are answered by
+#: an ACK that the server's loop matches by request id and peer).
+FIRST_RID = 1 << 40
+
+
+class _InFlight:
+    """A REPLICATE awaiting its ACK: its chunk, the backup it went to, its peer, and
+    what its acknowledgement releases."""
+
+    __slots__ = ("backup", "chunk", "peer", "releases")
+
+    def __init__(self, chunk: int, backup: int, releases: list[Release]) -> None:
+        self.chunk = chunk
+        self.backup = backup
+        self.peer: Peer | None = None
+        self.releases = releases
+
+
+class Replicas:
+    """One server's side of replication: the backup table, the copies it holds for
+    other servers' chunks, and its replications in flight.
+
+    Not thread-safe: the server's loop owns it. Nothing here blocks.
+
+    Attributes:
+        backup_of: each chunk's backup server (-1: none); empty without replicas.
+        copies: the chunks this server backs up, by id (as of their last REPLICATE).
+        fence: the epoch of the last failover map taken (0: none yet).
+        in_flight: REPLICATEs not yet acknowledged, by request id.
+    """
+
+    def __init__(self, store: ChunkStore, credentials: Credentials) -> None:
+        self.store = store
+        self.credentials = credentials
+        self.backup_of: list[int] = []
+        self.copies: dict[int, Chunk] = {}
+        self.fence = 0
+        self.in_flight: dict[int, _InFlight] = {}
+        self._rids = itertools.count(FIRST_RID)
+        self.replicated = 0  # REPLICATEs acknowledged
+        self.promoted = 0  # copies promoted to owned chunks
+
+    def learn(self, header: headers.JobMapHeader) -> None:
+        """Take the backup table of a job map (MAP or EXTEND, read). Raises a MALFORMED
+        :class:`ProtocolError` for a table of another length than the chunks'."""
+        if "bk" in header:
+            self.backup_of = replica.read_backups(header, len(self.store.specs))
+
+    def backup(self, cid: int) -> int:
+        """Chunk ``cid``'s backup server, -1 for none."""
+        return self.backup_of[cid] if cid < len(self.backup_of) else -1
+
+    # -- the primary's side ------------------------------------------------------------
+
+    def replicate(
+        self, cid: int, releases: list[Release]
+    ) -> tuple[str, replica.ReplicateHeader, list[Frame]] | None:
+        """Chunk ``cid`` (held here) as of its last applied round, for its backup:
+        the backup's address, the REPLICATE and its frames; ``releases`` run once the
+        backup acknowledged it (:meth:`acked`). None if the chunk has no backup: the
+        caller runs ``releases`` now."""
+        backup = self.backup(cid)
+        if backup < 0 or backup == self.store.index:
+            return None
+        chunk = self.store.chunks[cid]
+        frames: list[Frame] = [as_bytes(chunk.value)]
+        hp = state = None
+        if chunk.optimizer is not None:
+            hp, state = encode_state(chunk.optimizer, frames)
+        rid = next(self._rids)
+        header = replica.replicate(
+            rid=rid,
+            chunk=cid,
+            version=chunk.version,
+            round=chunk.round,
+            epoch=self.store.epoch,
+            sender=self.store.index,
+            token=self.credentials.own or b"",
+            dtype=WIRE_DTYPES[chunk.value.dtype],
+            numel=chunk.spec.numel,
+            counts=[chunk.pushes, chunk.dropped, chunk.discounted],
+            last_sum=chunk.last_sum,
+            last_clock=chunk.last_clock,
+            hp=hp,
+            state=state,
+        )
+        self.in_flight[rid] = _InFlight(cid, backup, releases)
+        return self.store.servers[backup], header, frames
+
+    def sent(self, rid: int, peer: Peer) -> None:
+        """REPLICATE ``rid`` went to ``peer``: only its ACK (or ERROR) settles it."""
+        self.in_flight[rid].peer = peer
+
+    def acked(self, rid: int, peer: Peer) -> list[Release] | None:
+        """The releases of REPLICATE ``rid``, if ``peer`` is where it went (taken off:
+        settled), else None (an answer to nothing of this server's replication)."""
+        flight = self.in_flight.get(rid)
+        if flight is None or flight.peer != peer:
+            return None
+        del self.in_flight[rid]
+        self.replicated += 1
+        return flight.releases
+
+    # -- the backup's side -------------------------------------------------------------
+
+    def take(self, header: Header, frames: Sequence[memoryview], sender: int) -> None:
+        """Take a REPLICATE (``header`` as decoded, ``frames``: those after the header)
+        from server ``sender`` (whose credential the caller checked). Raises
+        :class:`ProtocolError` (and then nothing changed): MALFORMED for a mistyped key,
+        UNKNOWN_CHUNK, STALE_EPOCH from a server that is not the chunk's owner under a
+        failover map newer than its epoch (a primary declared dead), FORBIDDEN from a
+        server that is not the chunk's owner, BAD_STATE if this server is not the
+        chunk's backup, or as ``check_tensor_frames`` and :func:`decode_state`."""
+        frames = payload_frames(header, frames)
+        msg = replica.read_replicate(header)
+        cid = msg["c"]
+        store = self.store
+        if not 0 <= cid < len(store.specs):
+            raise ProtocolError(ErrorCode.UNKNOWN_CHUNK.value, f"no chunk {cid} in this job")
+        owner = store.owners[cid] if cid < len(store.owners) else -1
+        if sender != owner:
+            if msg["e"] < self.fence:
+                raise ProtocolError(
+                    ErrorCode.STALE_EPOCH.value,
+                    f"chunk {cid}: a write of map epoch {msg['e']} from server {sender}, "
+                    f"which is not its owner since failover epoch {self.fence}",
+                )
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN.value, f"chunk {cid} is server {owner}'s, not {sender}'s"
+            )
+        if self.backup(cid) != store.index:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"server {store.index} is not chunk {cid}'s backup (epoch {store.epoch})",
+            )
+        spec = store.specs[cid]
+        value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
+        copy = self.copies.get(cid)
+        fresh = copy is None
+        if copy is None:
+            copy = store.new_chunk(spec)
+        if copy.optimizer is not None:
+            decode_state(copy.optimizer, cast(headers.HandoverHeader, msg), frames[1:])
+        # Everything is checked: from here on the copy changes.
+        copy.value.copy_(value)
+        copy.version = msg["v"]
+        copy.round = msg["k"]
+        copy.pushes, copy.dropped, copy.discounted = msg["p"]
+        copy.last_sum = float(msg["ls"])
+        copy.last_clock = {r: k for r, k in msg["lc"]}
+        copy.seeded = True
+        if fresh:
+            self.copies[cid] = copy
+
+    def applied(self, chunk: Chunk, clock: int) -> bool:
+        """Whether a push of ``clock`` for ``chunk`` is one resent after a failover for
+        a round applied already (answered with the value, not applied again)."""
+        return clock < chunk.round
+
+    # -- failover ----------------------------------------------------------------------
+
+    def failover(self, msg: replica.FailoverHeader) -> list[int]:
+        """Take a FAILOVER (read): the new owners and backups under epoch ``e``. The
+        copies of chunks now owned here become the chunks; copies no longer backed up
+        here are dropped. Returns the chunks owned here whose backup changed: each must
+        be replicated to its new backup (:meth:`resync`)."""
+        store = self.store
+        owners = tuple(msg.get("owners", ()))
+        backups = list(msg.get("bk", ()))
+        old = list(self.backup_of)
+        store.owners = owners
+        store.servers = tuple(msg.get("servers", store.servers))
+        store.epoch = max(store.epoch, msg["e"])
+        self.fence = msg["e"]
+        self.backup_of = backups
+        for cid, owner in enumerate(owners):
+            if owner == store.index and cid not in store.chunks:
+                copy = self.copies.pop(cid, None)
+                if copy is None:
+                    log.error("server %d: given chunk %d with no copy of it", store.index, cid)
+                    continue
+                store.chunks[cid] = copy
+                self.promoted += 1
+        for cid in [c for c in self.copies if self.backup(c) != store.index]:
+            del self.copies[cid]
+        changed = [
+            cid
+            for cid in store.chunks
+            if self.backup(cid) != (old[cid] if cid < len(old) else -1)
+            or any(f.chunk == cid and f.backup == msg["dead"] for f in self.in_flight.values())
+        ]
+        log.info(
+            "server %d: failover to epoch %d (server %d lost): owns %d chunks, %d to "
+            "replicate afresh",
+            store.index,
+            store.epoch,
+            msg["dead"],
+            len(store.chunks),
+            len(changed),
+        )
+        return changed
+
+    def resync(self, cid: int) -> list[Release]:
+        """Take off the replications of chunk ``cid`` in flight (their backup changed):
+        their releases, to wait on the fresh REPLICATE to the new backup."""
+        releases: list[Release] = []
+        for rid in [r for r, f in self.in_flight.items() if f.chunk == cid]:
+            releases += self.in_flight.pop(rid).releases
+        return releases
+
+
+class ReplicaLink:
+    """The server loop's replication executor: it sends what :class:`Replicas`
+    decides and answers what replication brings (ACKs, REPLICATE, FAILOVER, a resent
+    push). Kept beside the loop so the loop stays one line per case.
+
+    Args:
+        replicas: the decisions.
+        loop: the server's :class:`~trimtab.runtime.loop.NodeLoop`.
+        connect: the transport's ``connect`` (address -> peer).
+        coordinator: the coordinator's peer.
+        send_value: the server's VALUE sender ``(peer, rid, chunk, round)``, for a
+            resent push of a round applied already.
+        stop: stops the server with a reason (a primary fenced off).
+
+    Not thread-safe: the server's loop owns it. Nothing blocks but sends.
+    """
+
+    def __init__(
+        self,
+        replicas: Replicas,
+        loop: NodeLoop,
+        connect: Callable[[str], Peer],
+        coordinator: Peer,
+        send_value: Callable[[Peer, int, Chunk, int], None],
+        stop: Callable[[str], None],
+    ) -> None:
+        self.replicas = replicas
+        self._loop = loop
+        self._connect = connect
+        self._coord = coordinator
+        self._send_value = send_value
+        self._stop = stop
+
+    def after(self, cid: int, releases: list[Release]) -> None:
+        """Run ``releases`` (send a round's replies) once chunk ``cid``'s backup holds
+        the chunk as it is now; at once if it has none."""
+        message = self.replicas.replicate(cid, releases)
+        if message is None:
+            for release in releases:
+                release()
+            return
+        address, header, frames = message
+        peer = self._connect(address)
+        self.replicas.sent(header["i"], peer)
+        self._loop.send(peer, header, frames)
+
+    def ack_after(self, cid: int, peer: Peer, rid: int) -> None:
+        """ACK request ``rid`` of ``peer`` (an INIT or STATE_SET of chunk ``cid``) once the
+        chunk's backup holds the chunk as it is now."""
+        self.after(cid, [lambda: self._loop.send(peer, headers.ack(rid=rid))])
+
+    def answer(self, peer: Peer, op: int, rid: int, header: Header) -> bool:
+        """An ACK or ERROR ``header`` from ``peer``: if it settles a REPLICATE, release
+        what waited for it (ACK) or stop this server (STALE_EPOCH: the job declared it
+        dead and its backups own its chunks). Whether it was one."""
+        releases = self.replicas.acked(rid, peer)
+        if releases is None:
+            return False
+        if op == Data.ERROR:
+            self._stop(f"replication refused by the backup: {header.get('msg')}")
+            return True
+        for release in releases:
+            release()
+        return True
+
+    def take(self, peer: Peer, frames: list[memoryview], header: Header, sender: int) -> None:
+        """A REPLICATE from server ``sender`` (credential checked): hold the copy, ACK.
+        Raises as :meth:`Replicas.take`."""
+        self.replicas.take(header, frames[1:], sender)
+        self._loop.send(peer, headers.ack(rid=header["i"]))
+
+    def resent(self, peer: Peer, header: Header, chunks: dict[int, Chunk]) -> bool:
+        """Whether a PUSH (``header`` decoded, credential checked) is one a worker
+        resent after a failover for a round applied already: then it is answered with
+        the chunk's value, and not applied again. Only after a failover (a peek of
+        ``c`` and ``k``; the push's reader judges the rest)."""
+        if not self.replicas.fence:
+            return False
+        chunk = chunks.get(header.get("c", -1))
+        clock = header.get("k")
+        if chunk is None or type(clock) is not int or not self.replicas.applied(chunk, clock):
+            return False
+        self._send_value(peer, header["i"], chunk, clock)
+        return True
+
+    def failover(self, header: Header) -> None:
+        """A FAILOVER from the coordinator: promote, replicate afresh where a backup
+        changed (what waited for the old one waits for the new), FAILOVER_ACK. Raises a
+        MALFORMED :class:`ProtocolError` for a bad FAILOVER."""
+        msg = replica.read_failover(header)
+        for cid in self.replicas.failover(msg):
+            self.after(cid, self.replicas.resync(cid))
+        self._loop.send(self._coord, replica.failover_ack(epoch=msg["e"]))
