@@ -30,7 +30,7 @@ from typing import cast
 
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers, replica
-from trimtab.protocol.messages import Data, ErrorCode, Header, payload_frames
+from trimtab.protocol.messages import Data, ErrorCode, Header, error_of, payload_frames
 from trimtab.roles.server.handover import decode_state, encode_state
 from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.credentials import Credentials
@@ -42,6 +42,10 @@ log = logging.getLogger("trimtab.server")
 
 #: What runs once a replication is acknowledged: sends the replies it held back.
 Release = Callable[[], None]
+
+#: REPLICATEs of a failover map not yet received, held at most (each is a chunk's
+#: value and state: the chunks a dead server's death gives new backups, at most).
+EARLY_MAX = 1 << 16
 
 #: REPLICATE request ids start here, apart from the handover's (both are answered by
 #: an ACK that the server's loop matches by request id and peer).
@@ -286,6 +290,8 @@ class ReplicaLink:
         self._coord = coordinator
         self._send_value = send_value
         self._stop = stop
+        # REPLICATEs of a failover map this server has not taken yet, held until it has.
+        self._early: list[tuple[Peer, list[memoryview], Header, int]] = []
 
     def after(self, cid: int, releases: list[Release]) -> None:
         """Run ``releases`` (send a round's replies) once chunk ``cid``'s backup holds
@@ -321,7 +327,17 @@ class ReplicaLink:
 
     def take(self, peer: Peer, frames: list[memoryview], header: Header, sender: int) -> None:
         """A REPLICATE from server ``sender`` (credential checked): hold the copy, ACK.
-        Raises as :meth:`Replicas.take`."""
+        One of a map newer than this server's (its sender took a FAILOVER first) waits
+        for this server's FAILOVER. Raises as :meth:`Replicas.take`, and a TOO_LARGE
+        :class:`ProtocolError` past :data:`EARLY_MAX` held."""
+        epoch = header.get("e")
+        if type(epoch) is int and epoch > self.replicas.store.epoch:
+            if len(self._early) >= EARLY_MAX:
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE.value, f"{EARLY_MAX} REPLICATEs of a newer map held"
+                )
+            self._early.append((peer, frames, header, sender))
+            return
         self.replicas.take(header, frames[1:], sender)
         self._loop.send(peer, headers.ack(rid=header["i"]))
 
@@ -347,3 +363,10 @@ class ReplicaLink:
         for cid in self.replicas.failover(msg):
             self.after(cid, self.replicas.resync(cid))
         self._loop.send(self._coord, replica.failover_ack(epoch=msg["e"]))
+        early, self._early = self._early, []
+        for peer, frames, held, sender in early:
+            try:
+                self.take(peer, frames, held, sender)
+            except ProtocolError as exc:
+                code, text = error_of(exc)
+                self._loop.refuse(peer, held["i"], code, text, data=True)

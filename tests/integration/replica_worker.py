@@ -1,0 +1,45 @@
+"""Worker script of the server-death test (run by ``trimtab run --replicas 1``).
+
+Usage: replica_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR KILL_AFTER
+
+After step KILL_AFTER, rank 0 writes OUT_DIR/kill and waits for OUT_DIR/killed: the
+test SIGKILLs a server meanwhile, while the other workers' pushes of the next step are
+in flight. Each worker saves its final parameters; rank 0 the servers' counters.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+
+import trimtab
+from tests.equivalence_job import Setup, settled_stats, train_worker
+
+optimizer, sizes, out, kill_after = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+trimtab.init()
+setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
+
+
+def on_step(step: int) -> None:
+    if trimtab.rank() != 0 or step != kill_after:
+        return
+    (out / "kill").write_text(str(step))
+    deadline = time.monotonic() + 60
+    while not (out / "killed").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("no server was killed")
+        time.sleep(0.01)
+
+
+params = train_worker(setup, trimtab.rank(), on_step=on_step)
+torch.save(params, out / f"rank{trimtab.rank()}.pt")
+trimtab.barrier()  # every worker's last step is applied everywhere
+if trimtab.rank() == 0:
+    (out / "stats.json").write_text(json.dumps(settled_stats()))
+trimtab.shutdown()
