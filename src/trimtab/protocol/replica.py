@@ -110,8 +110,8 @@ _REPLICATE_KEYS: KeySpec = (
 
 def read_replicate(header: Header) -> ReplicateHeader:
     """A REPLICATE, checked. Raises a MALFORMED :class:`ProtocolError` for a missing or
-    mistyped key, counters that are not three ints, or clocks not ``[rank, clock]``
-    pairs of ints."""
+    mistyped key, counters that are not three ints, clocks not ``[rank, clock]`` pairs
+    of ints, or a state entry that is not ``["t", ...]`` or ``["v", ...]``."""
     fields(header, _REPLICATE_KEYS, (("hp", dict), ("st", dict)))
     counts = int_list(header, "p")
     if len(counts) != 3:
@@ -124,6 +124,11 @@ def read_replicate(header: Header) -> ReplicateHeader:
         ):
             raise ProtocolError(
                 ErrorCode.MALFORMED.value, "REPLICATE: 'lc' must be [rank, clock] pairs"
+            )
+    for entry in header.get("st", {}).values():
+        if not (isinstance(entry, list) and entry and entry[0] in ("t", "v")):
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, "REPLICATE: each 'st' entry is ['t' | 'v', ...]"
             )
     return cast(ReplicateHeader, header)
 

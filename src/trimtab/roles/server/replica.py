@@ -182,6 +182,13 @@ class Replicas:
                 ErrorCode.BAD_STATE.value,
                 f"server {store.index} is not chunk {cid}'s backup (epoch {store.epoch})",
             )
+        tensors = sum(1 for entry in msg.get("st", {}).values() if entry[:1] == ["t"])
+        if len(frames) != 1 + tensors:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value,
+                f"REPLICATE of chunk {cid}: {len(frames)} frames for a value and "
+                f"{tensors} state tensors",
+            )
         spec = store.specs[cid]
         value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
         copy = self.copies.get(cid)
@@ -226,8 +233,11 @@ class Replicas:
             if owner == store.index and cid not in store.chunks:
                 copy = self.copies.pop(cid, None)
                 if copy is None:
-                    log.error("server %d: given chunk %d with no copy of it", store.index, cid)
-                    continue
+                    # Never replicated: nothing of it was ever acknowledged (an INIT's ACK
+                    # waits for the replication too), so it starts afresh and the
+                    # workers' resent requests seed it.
+                    log.warning("server %d: chunk %d had no copy: fresh", store.index, cid)
+                    copy = store.new_chunk(store.specs[cid])
                 store.chunks[cid] = copy
                 self.promoted += 1
         for cid in [c for c in self.copies if self.backup(c) != store.index]:
