@@ -35,8 +35,8 @@ copied in, its value copied out).
 
 ``--replicas 1`` runs only the 100 MiB trimtab job, without and with replicas,
 interleaved (:mod:`trimtab_tools.bench.replicas`). ``--auth compare`` runs only the
-trimtab jobs, with authentication on, off and encrypted (:mod:`trimtab_tools.bench.auth`). ``--profile DIR`` runs only the trimtab job, under
-:mod:`trimtab_tools.bench.profile`.
+trimtab jobs, with authentication on, off and encrypted (:mod:`trimtab_tools.bench.auth`).
+``--profile DIR`` runs only the trimtab job, under :mod:`trimtab_tools.bench.profile`.
 """
 
 from __future__ import annotations
