@@ -1,10 +1,11 @@
 """Worker script of the server-death test (run by ``trimtab run --replicas 1``).
 
-Usage: replica_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR KILL_AFTER
+Usage: replica_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR KILL_AFTER[,...]
 
-After step KILL_AFTER, rank 0 writes OUT_DIR/kill and waits for OUT_DIR/killed: the
-test SIGKILLs a server meanwhile, while the other workers' pushes of the next step are
-in flight. Each worker saves its final parameters; rank 0 the servers' counters.
+After each step of KILL_AFTER (the n-th, from 0), rank 0 writes OUT_DIR/kill<n> and
+waits for OUT_DIR/killed<n>: the test SIGKILLs a server meanwhile, while the other
+workers' pushes of the next step are in flight. Each worker saves its final
+parameters; rank 0 the servers' counters.
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ import torch
 import trimtab
 from tests.equivalence_job import Setup, settled_stats, train_worker
 
-optimizer, sizes, out, kill_after = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+kills = [int(k) for k in sys.argv[4].split(",")]
 trimtab.init()
 setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
 
 
 def on_step(step: int) -> None:
-    if trimtab.rank() != 0 or step != kill_after:
+    if trimtab.rank() != 0 or step not in kills:
         return
-    (out / "kill").write_text(str(step))
+    n = kills.index(step)
+    (out / f"kill{n}").write_text(str(step))
     deadline = time.monotonic() + 60
-    while not (out / "killed").exists():
+    while not (out / f"killed{n}").exists():
         if time.monotonic() > deadline:
             raise SystemExit("no server was killed")
         time.sleep(0.01)
