@@ -5,7 +5,7 @@ answer to a lost server with and without replicas."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -17,16 +17,17 @@ from trimtab.errors import ProtocolError
 from trimtab.policies import replicas as policy
 from trimtab.policies.placement import PLACEMENTS
 from trimtab.protocol import replica
-from trimtab.protocol.messages import Control, ErrorCode, decode, encode
+from trimtab.protocol.messages import Control, Data, ErrorCode, decode, encode
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Members, MemberState
 from trimtab.roles.coordinator.outbox import Send
 from trimtab.roles.coordinator.recovery import Recovery
 from trimtab.roles.server.meter import LoadMeter
-from trimtab.roles.server.replica import Replicas
+from trimtab.roles.server.replica import ReplicaLink, Replicas
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.store import ChunkStore
 from trimtab.runtime.credentials import Credentials
+from trimtab.runtime.loop import NodeLoop
 
 # -- where backups go ----------------------------------------------------------------
 
@@ -240,3 +241,88 @@ def test_with_replicas_a_lost_server_s_chunks_go_to_their_backups_under_a_new_ep
     assert maps.epoch == 2 and [m.header["epoch"] for m in more] == [2]
     with pytest.raises(ProtocolError):
         recovery.on_ack(members.servers[2], {"e": 2}, [], [])  # none in flight any more
+
+
+# -- the server loop's side: what ReplicaLink sends ------------------------------------
+
+
+class _Loop:
+    """A NodeLoop's send and refuse, recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, dict[str, Any]]] = []
+        self.refused: list[tuple[Any, str]] = []
+
+    def send(self, peer: Any, header: Any, frames: Any = ()) -> None:
+        self.sent.append((peer, dict(header)))
+
+    def refuse(self, peer: Any, rid: int, code: str, msg: str, *, data: bool) -> None:
+        self.refused.append((peer, code))
+
+
+def link(replicas: Replicas) -> tuple[ReplicaLink, _Loop, list[Any], list[str]]:
+    loop, values, stops = _Loop(), [], []
+    made = ReplicaLink(
+        replicas,
+        cast(NodeLoop, loop),
+        lambda address: address.encode(),
+        b"coordinator",
+        lambda peer, rid, chunk, k: values.append((peer, rid, chunk.spec.id, k)),
+        stops.append,
+    )
+    return made, loop, values, stops
+
+
+def test_replies_wait_for_the_backup_s_ack_and_a_refusal_stops_the_primary() -> None:
+    primary, loop, _, stops = link(server(0, [0, 1], [1, 0]))
+    released: list[int] = []
+    primary.after(0, [lambda: released.append(0)])
+    assert released == [] and loop.sent[0][0] == b"inproc://s1"
+    rid = loop.sent[0][1]["i"]
+    assert primary.answer(b"inproc://s1", int(Data.ACK), rid, {}) and released == [0]
+    assert not primary.answer(b"inproc://s1", int(Data.ACK), rid, {})  # settled once
+    primary.after(0, [lambda: released.append(1)])
+    rid = loop.sent[1][1]["i"]
+    refusal = {"code": ErrorCode.STALE_EPOCH.value, "msg": "fenced"}
+    assert primary.answer(b"inproc://s1", int(Data.ERROR), rid, refusal)
+    assert released == [0] and stops and "fenced" in stops[0]
+
+
+def test_without_a_backup_replies_go_at_once() -> None:
+    alone, loop, _, _ = link(server(0, [0, 0], [-1, -1]))
+    released: list[int] = []
+    alone.after(1, [lambda: released.append(1)])
+    assert released == [1] and loop.sent == []
+
+
+def test_a_resent_push_of_an_applied_round_is_answered_not_applied() -> None:
+    replicas = server(0, [0, 1], [1, 0])
+    push(replicas.store, 0, [1, 1, 1, 1])
+    push(replicas.store, 1, [1, 1, 1, 1])  # round 0 applied
+    owner, _, values, _ = link(replicas)
+    resent = {"o": int(Data.PUSH), "i": 7, "c": 0, "k": 0, "r": 1}
+    assert not owner.resent(b"w1", resent, replicas.store.chunks)  # no failover: as ever
+    replicas.fence = 2
+    assert owner.resent(b"w1", resent, replicas.store.chunks)
+    assert values == [(b"w1", 7, 0, 0)] and replicas.store.chunks[0].version == 1
+    assert not owner.resent(b"w1", {**resent, "k": 1}, replicas.store.chunks)  # a new round
+
+
+def test_a_replicate_of_a_failover_map_not_yet_taken_waits_for_it() -> None:
+    # Chunk 1's owner, server 2, died; its backup, server 0, owns it now and replicates
+    # it to its new backup, server 1, which has not taken the FAILOVER yet.
+    owners, backups = [1, 2], [0, 0]
+    new_owner = server(0, owners, backups)
+    servers = ["inproc://s0", "inproc://s1", "inproc://s2"]
+    failover = replica.failover(epoch=2, dead=2, owners=[1, 0], backups=[0, 1], servers=servers)
+    got = replica.read_failover(wire(failover, [])[0])
+    new_owner.failover(got)
+    message = new_owner.replicate(1, [])
+    assert message is not None
+    backup, loop, _, _ = link(server(1, owners, backups))
+    header, frames = wire(message[1], message[2])
+    backup.take(b"s0", [memoryview(b""), *frames], header, sender=0)
+    assert 1 not in backup.replicas.copies and loop.sent == []  # held
+    backup.failover(wire(failover, [])[0])
+    assert 1 in backup.replicas.copies  # taken once the failover map was
+    assert [h["o"] for _, h in loop.sent] == [int(Control.FAILOVER_ACK), int(Data.ACK)]
