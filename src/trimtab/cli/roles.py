@@ -39,6 +39,7 @@ from trimtab.transport.auth import (
     make_secret_file,
 )
 from trimtab.transport.limits import Limits
+from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 
@@ -226,6 +227,7 @@ def _server(args: argparse.Namespace) -> int:
     config = ServerConfig(
         coordinator=args.coordinator,
         job=args.job,
+        shared_memory=not shm_turned_off(os.environ),
         host=args.host,
         port=args.port,
         priority=not args.no_priority,

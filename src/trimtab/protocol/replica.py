@@ -52,6 +52,8 @@ class ReplicateHeader(WireHeader):
     lc: list[list[int]]  # [[worker rank, the last clock it pushed], ...]
     hp: NotRequired[dict[str, Any]]  # server mode: the optimizer's hyperparameters
     st: NotRequired[dict[str, list[Any]]]  # server mode: its state (as HANDOVER's)
+    sm: NotRequired[list[Any]]  # [arena, offset, bytes]: the frames' bytes, one after
+    # the other, in the sender's shared memory (no frame follows the header)
 
 
 def replicate(
@@ -112,7 +114,7 @@ def read_replicate(header: Header) -> ReplicateHeader:
     """A REPLICATE, checked. Raises a MALFORMED :class:`ProtocolError` for a missing or
     mistyped key, counters that are not three ints, clocks not ``[rank, clock]`` pairs
     of ints, or a state entry that is not ``["t", ...]`` or ``["v", ...]``."""
-    fields(header, _REPLICATE_KEYS, (("hp", dict), ("st", dict)))
+    fields(header, _REPLICATE_KEYS, (("hp", dict), ("st", dict), ("sm", list)))
     counts = int_list(header, "p")
     if len(counts) != 3:
         raise ProtocolError(ErrorCode.MALFORMED.value, "REPLICATE: 'p' must be 3 counters")

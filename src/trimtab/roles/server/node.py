@@ -103,7 +103,7 @@ class Server:
         self._credentials = Credentials(config.job)
         self._handover = Handover(self._store, self._credentials)
         self._replicas = ReplicaLink(
-            Replicas(self._store, self._credentials),
+            Replicas(self._store, self._credentials, config.shared_memory),
             self._loop,
             self._transport.connect,
             self._coord,

@@ -32,11 +32,13 @@ from trimtab.errors import ProtocolError
 from trimtab.protocol import headers, replica
 from trimtab.protocol.messages import Data, ErrorCode, Header, error_of, payload_frames
 from trimtab.roles.server.handover import decode_state, encode_state
+from trimtab.roles.server.replica_shm import ReplicaArenas
 from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.credentials import Credentials
 from trimtab.runtime.loop import NodeLoop
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes, check_tensor_frames
 from trimtab.transport import Frame, Peer
+from trimtab.transport.shm import is_local
 
 log = logging.getLogger("trimtab.server")
 
@@ -78,9 +80,11 @@ class Replicas:
         in_flight: REPLICATEs not yet acknowledged, by request id.
     """
 
-    def __init__(self, store: ChunkStore, credentials: Credentials) -> None:
+    def __init__(self, store: ChunkStore, credentials: Credentials, shared: bool = True) -> None:
         self.store = store
         self.credentials = credentials
+        self.arenas = ReplicaArenas(credentials.job, shared)
+        store.arenas.close_with(self.arenas.close)
         self.backup_of: list[int] = []
         self.copies: dict[int, Chunk] = {}
         self.fence = 0
@@ -133,8 +137,13 @@ class Replicas:
             hp=hp,
             state=state,
         )
+        address = self.store.servers[backup]
+        if is_local(address) and not any(f.chunk == cid for f in self.in_flight.values()):
+            shared = self.arenas.put(self.store.index, cid, frames)
+            if shared is not None:
+                header["sm"], frames = shared, []
         self.in_flight[rid] = _InFlight(cid, backup, releases)
-        return self.store.servers[backup], header, frames
+        return address, header, frames
 
     def sent(self, rid: int, peer: Peer) -> None:
         """REPLICATE ``rid`` went to ``peer``: only its ACK (or ERROR) settles it."""
@@ -162,6 +171,8 @@ class Replicas:
         chunk's backup, or as ``check_tensor_frames`` and :func:`decode_state`."""
         frames = payload_frames(header, frames)
         msg = replica.read_replicate(header)
+        if "sm" in msg:
+            frames = self.arenas.read(msg, msg["sm"], frames)
         cid = msg["c"]
         store = self.store
         if not 0 <= cid < len(store.specs):
