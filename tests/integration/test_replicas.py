@@ -100,6 +100,9 @@ def test_servers_killed_mid_training_lose_nothing_with_replicas(
     assert sorted(int(c) for s in stats["servers"] for c in s["versions"]) == list(
         range(len(stats["job"]["owners"]))
     )
+    # Kept in step through shared memory (one machine), and promoted on each death.
+    assert all(s["replicated_shared"] > 0 for s in stats["servers"])
+    assert sum(s["promoted"] for s in stats["servers"]) > 0
     live = {s["index"] for s in stats["servers"]}
     assert set(stats["job"]["owners"]) <= live  # the dead servers own nothing
     assert sum("its backups take over" in line for line in lines) == len(victims)

@@ -488,6 +488,7 @@ class Server:
             "index": self.index,
             "epoch": self._store.epoch,
             **self._store.stats(),
+            **self._replicas.replicas.stats(),
             "errors": self._loop.errors_sent,
             "moved_in": self._handover.moved_in,
             "moved_out": self._handover.moved_out,

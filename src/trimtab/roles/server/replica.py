@@ -91,6 +91,7 @@ class Replicas:
         self.in_flight: dict[int, _InFlight] = {}
         self._rids = itertools.count(FIRST_RID)
         self.replicated = 0  # REPLICATEs acknowledged
+        self.shared = 0  # REPLICATEs sent through shared memory
         self.promoted = 0  # copies promoted to owned chunks
 
     def learn(self, header: headers.JobMapHeader) -> None:
@@ -98,6 +99,17 @@ class Replicas:
         :class:`ProtocolError` for a table of another length than the chunks'."""
         if "bk" in header:
             self.backup_of = replica.read_backups(header, len(self.store.specs))
+
+    def stats(self) -> dict[str, int]:
+        """Counters for the server's STATS: REPLICATEs acknowledged and sent through
+        shared memory, copies held, copies promoted, the last failover's epoch."""
+        return {
+            "replicated": self.replicated,
+            "replicated_shared": self.shared,
+            "copies": len(self.copies),
+            "promoted": self.promoted,
+            "fence": self.fence,
+        }
 
     def backup(self, cid: int) -> int:
         """Chunk ``cid``'s backup server, -1 for none."""
@@ -142,6 +154,7 @@ class Replicas:
             shared = self.arenas.put(self.store.index, cid, frames)
             if shared is not None:
                 header["sm"], frames = shared, []
+                self.shared += 1
         self.in_flight[rid] = _InFlight(cid, backup, releases)
         return address, header, frames
 
