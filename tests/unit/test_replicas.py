@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_server_store import map_header, push
@@ -326,3 +326,27 @@ def test_a_replicate_of_a_failover_map_not_yet_taken_waits_for_it() -> None:
     backup.failover(wire(failover, [])[0])
     assert 1 in backup.replicas.copies  # taken once the failover map was
     assert [h["o"] for _, h in loop.sent] == [int(Control.FAILOVER_ACK), int(Data.ACK)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(["c", "v", "k", "e", "s", "dt", "n", "p", "ls", "lc", "hp", "st", "sm"]),
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers(-3, 300) | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner),
+        max_leaves=8,
+    ),
+    extra=st.lists(st.binary(max_size=40), max_size=2),
+)
+def test_any_replicate_is_taken_or_refused_never_a_crash(
+    key: str, value: Any, extra: list[bytes]
+) -> None:
+    a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    message = a.replicate(0, [])
+    assert message is not None
+    header, views = wire(message[1], message[2])
+    header[key] = value
+    try:
+        b.take(header, [*views, *map(memoryview, extra)], sender=0)
+    except ProtocolError:
+        assert 0 not in b.copies  # refused: nothing taken

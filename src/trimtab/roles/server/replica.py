@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers, replica
 from trimtab.protocol.messages import Data, ErrorCode, Header, error_of, payload_frames
@@ -36,7 +37,7 @@ from trimtab.roles.server.replica_shm import ReplicaArenas
 from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.credentials import Credentials
 from trimtab.runtime.loop import NodeLoop
-from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes, check_tensor_frames
+from trimtab.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES, as_bytes, check_tensor_frames
 from trimtab.transport import Frame, Peer
 from trimtab.transport.shm import is_local
 
@@ -213,6 +214,7 @@ class Replicas:
                 f"REPLICATE of chunk {cid}: {len(frames)} frames for a value and "
                 f"{tensors} state tensors",
             )
+        _check_state(msg, frames[1:])
         spec = store.specs[cid]
         value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
         copy = self.copies.get(cid)
@@ -290,6 +292,31 @@ class Replicas:
         for rid in [r for r, f in self.in_flight.items() if f.chunk == cid]:
             releases += self.in_flight.pop(rid).releases
         return releases
+
+
+def _check_state(msg: replica.ReplicateHeader, frames: Sequence[memoryview]) -> None:
+    """Raise a MALFORMED :class:`ProtocolError` unless each state tensor of ``msg``'s
+    ``st`` is ``["t", a wire dtype, a shape]`` whose bytes are its frame's (in order)."""
+    rest = iter(frames)
+    for key, entry in msg.get("st", {}).items():
+        if entry[0] != "t":
+            continue
+        shape = entry[2] if len(entry) == 3 and isinstance(entry[2], list) else None
+        size = DTYPE_SIZES.get(entry[1]) if len(entry) == 3 and isinstance(entry[1], str) else None
+        if (
+            shape is None
+            or size is None
+            or entry[1] not in TORCH_DTYPES
+            or not all(type(d) is int and d >= 0 for d in shape)
+        ):
+            raise ProtocolError(ErrorCode.MALFORMED.value, f"REPLICATE: state {key!r} is bad")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if next(rest).nbytes != numel * size:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"REPLICATE: state {key!r} has the wrong bytes"
+            )
 
 
 class ReplicaLink:
