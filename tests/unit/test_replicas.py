@@ -350,3 +350,26 @@ def test_any_replicate_is_taken_or_refused_never_a_crash(
         b.take(header, [*views, *map(memoryview, extra)], sender=0)
     except ProtocolError:
         assert 0 not in b.copies  # refused: nothing taken
+
+
+def test_replicas_need_bsp_two_servers_and_no_live_migration() -> None:
+    from trimtab.errors import ConfigError
+    from trimtab.settings import (
+        ConsistencySettings,
+        ElasticSettings,
+        JobSettings,
+        PlacementSettings,
+    )
+
+    one = ElasticSettings(replicas=1)
+    assert JobSettings(workers=2, servers=2, elastic=one).elastic.replicas == 1
+    for bad in (
+        {"servers": 1, "elastic": one},
+        {"servers": 2, "elastic": one, "consistency": ConsistencySettings("asp")},
+        {"servers": 2, "elastic": one, "placement": PlacementSettings("psld")},
+        {"servers": 2, "elastic": ElasticSettings(rebalance_every=3, replicas=1)},
+    ):
+        with pytest.raises(ConfigError):
+            JobSettings(workers=2, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="0 or 1"):
+        ElasticSettings(replicas=2)
