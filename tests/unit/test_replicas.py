@@ -373,3 +373,21 @@ def test_replicas_need_bsp_two_servers_and_no_live_migration() -> None:
             JobSettings(workers=2, **bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="0 or 1"):
         ElasticSettings(replicas=2)
+
+
+def test_replication_s_messages_are_handled_before_the_pushes_queued_with_them() -> None:
+    from trimtab.roles.server.priority import by_priority
+    from trimtab.transport import Envelope
+
+    def env(header: dict[str, Any]) -> Envelope:
+        return Envelope(b"peer", [memoryview(encode({**header, "j": "job"}))])
+
+    batch = [
+        env({"o": int(Data.PUSH), "i": 1, "c": 3}),
+        env({"o": int(Data.ACK), "i": 2}),  # a handover's: keeps its place
+        env({"o": int(Data.PUSH), "i": 3, "c": 1}),
+        env({"o": int(Data.REPLICATE), "i": replica.FIRST_RID, "c": 9}),
+        env({"o": int(Data.ACK), "i": replica.FIRST_RID + 5}),  # a replication's
+    ]
+    order = [(h or {}).get("i") for _, _, h in by_priority(batch, b"coordinator", "job")]
+    assert order == [replica.FIRST_RID, replica.FIRST_RID + 5, 1, 2, 3]

@@ -28,6 +28,10 @@ from trimtab.protocol.messages import (
 if TYPE_CHECKING:
     from typing import NotRequired  # see messages.py: never evaluated at run time
 
+#: REPLICATE request ids start here, apart from a HANDOVER's (both are answered by an
+#: ACK, matched by request id and peer); a server handles these ACKs first.
+FIRST_RID = 1 << 40
+
 _REPLICATE = int(Data.REPLICATE)
 _FAILOVER = int(Control.FAILOVER)
 _FAILOVER_ACK = int(Control.FAILOVER_ACK)

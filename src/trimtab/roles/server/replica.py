@@ -50,9 +50,8 @@ Release = Callable[[], None]
 #: value and state: the chunks a dead server's death gives new backups, at most).
 EARLY_MAX = 1 << 16
 
-#: REPLICATE request ids start here, apart from the handover's (both are answered by
-#: an ACK that the server's loop matches by request id and peer).
-FIRST_RID = 1 << 40
+#: REPLICATE request ids start here (see :data:`trimtab.protocol.replica.FIRST_RID`).
+FIRST_RID = replica.FIRST_RID
 
 
 class _InFlight:
