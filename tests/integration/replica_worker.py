@@ -4,13 +4,16 @@ Usage: replica_worker.py OPTIMIZER BATCH_SIZES(comma-separated) OUT_DIR KILL_AFT
 
 After each step of KILL_AFTER (the n-th, from 0), rank 0 writes OUT_DIR/kill<n> and
 waits for OUT_DIR/killed<n>: the test SIGKILLs a server meanwhile, while the other
-workers' pushes of the next step are in flight. Each worker saves its final
-parameters; rank 0 the servers' counters.
+workers' pushes of the next step are in flight. With REPLICA_NOWAIT=1 it goes on at
+once instead, every worker pausing 50 ms after each step, so that the kill lands while
+rounds and their replications are in flight. Each worker saves its final parameters;
+rank 0 the servers' counters.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,15 +27,20 @@ from tests.equivalence_job import Setup, settled_stats, train_worker
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 kills = [int(k) for k in sys.argv[4].split(",")]
+nowait = os.environ.get("REPLICA_NOWAIT") == "1"
 trimtab.init()
 setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
 
 
 def on_step(step: int) -> None:
+    if nowait:
+        time.sleep(0.05)
     if trimtab.rank() != 0 or step not in kills:
         return
     n = kills.index(step)
     (out / f"kill{n}").write_text(str(step))
+    if nowait:
+        return
     deadline = time.monotonic() + 60
     while not (out / f"killed{n}").exists():
         if time.monotonic() > deadline:

@@ -34,6 +34,7 @@ def _run_and_kill(
     out: Path,
     victims: dict[int, str],
     optimizer: str = "sgd",
+    env: dict[str, str] | None = None,
 ) -> tuple[int, list[str]]:
     """Run the replica job; after each step of ``victims`` (step: process, e.g.
     "server 1"), when rank 0 asks (OUT/kill<n>), SIGKILL that process and say so
@@ -46,7 +47,7 @@ def _run_and_kill(
         config,
         command,
         output=lambda src, line: lines.append(f"[{src}] {line}"),
-        extra_env={"TRIMTAB_DEAD_AFTER_S": DEAD_AFTER_S},
+        extra_env={"TRIMTAB_DEAD_AFTER_S": DEAD_AFTER_S, **(env or {})},
     )
     status: list[int] = []
     runner = threading.Thread(target=lambda: status.append(job.run()), daemon=True)
@@ -69,24 +70,26 @@ def _run_and_kill(
 
 
 KILLS = [
-    # (optimizer, servers, {after step: the server process killed})
-    ("sgd", 3, {7: "server 1"}),
-    ("adam", 3, {4: "server 2", 12: "server 0"}),  # the replicas re-created, then lost
+    # (optimizer, servers, {after step: the server process killed}, rank 0 waits for it)
+    ("sgd", 3, {7: "server 1"}, True),
+    ("adam", 3, {4: "server 2", 12: "server 0"}, True),  # replicas re-created, then lost
+    ("sgd", 3, {5: "server 0"}, False),  # killed while rounds and replications fly
 ]
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
-    ("optimizer", "servers", "victims"),
+    ("optimizer", "servers", "victims", "waits"),
     KILLS,
-    ids=[f"{o}-{s}s-{len(v)}kills" for o, s, v in KILLS],
+    ids=[f"{o}-{s}s-{len(v)}kills{'' if w else '-flying'}" for o, s, v, w in KILLS],
 )
 def test_servers_killed_mid_training_lose_nothing_with_replicas(
-    tmp_path: Path, optimizer: str, servers: int, victims: dict[int, str]
+    tmp_path: Path, optimizer: str, servers: int, victims: dict[int, str], waits: bool
 ) -> None:
     sizes = (5, 19)
     config = LaunchConfig(workers=2, servers=servers, chunk_bytes=512, replicas=1)
-    status, lines = _run_and_kill(config, sizes, tmp_path, victims, optimizer)
+    env = None if waits else {"REPLICA_NOWAIT": "1"}
+    status, lines = _run_and_kill(config, sizes, tmp_path, victims, optimizer, env)
     assert status == 0, "\n".join(lines[-60:])
     expected = reference(Setup(optimizer, sizes))
     for rank in range(len(sizes)):
