@@ -391,3 +391,21 @@ def test_replication_s_messages_are_handled_before_the_pushes_queued_with_them()
     ]
     order = [(h or {}).get("i") for _, _, h in by_priority(batch, b"coordinator", "job")]
     assert order == [replica.FIRST_RID, replica.FIRST_RID + 5, 1, 2, 3]
+
+
+def test_a_backup_that_cannot_map_shared_memory_gets_the_bytes_instead() -> None:
+    primary, loop, _, stops = link(server(0, [0, 1], [1, 0]))
+    primary.replicas.store.servers = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # local
+    released: list[int] = []
+    try:
+        primary.after(0, [lambda: released.append(0)])
+        first = loop.sent[-1][1]
+        assert "sm" in first  # through this server's arena
+        refusal = {"code": ErrorCode.NO_SHM.value, "msg": "cannot map"}
+        assert primary.answer(b"tcp://127.0.0.1:2", int(Data.ERROR), first["i"], refusal)
+        again = loop.sent[-1][1]
+        assert "sm" not in again and again["i"] != first["i"] and not stops  # the bytes
+        assert primary.answer(b"tcp://127.0.0.1:2", int(Data.ACK), again["i"], {})
+        assert released == [0]
+    finally:
+        primary.replicas.arenas.close()

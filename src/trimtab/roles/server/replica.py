@@ -165,12 +165,19 @@ class Replicas:
     def acked(self, rid: int, peer: Peer) -> list[Release] | None:
         """The releases of REPLICATE ``rid``, if ``peer`` is where it went (taken off:
         settled), else None (an answer to nothing of this server's replication)."""
+        flight = self.settle(rid, peer)
+        if flight is None:
+            return None
+        self.replicated += 1
+        return flight.releases
+
+    def settle(self, rid: int, peer: Peer) -> _InFlight | None:
+        """REPLICATE ``rid`` in flight to ``peer``, taken off (None: no such one)."""
         flight = self.in_flight.get(rid)
         if flight is None or flight.peer != peer:
             return None
         del self.in_flight[rid]
-        self.replicated += 1
-        return flight.releases
+        return flight
 
     # -- the backup's side -------------------------------------------------------------
 
@@ -373,14 +380,24 @@ class ReplicaLink:
 
     def answer(self, peer: Peer, op: int, rid: int, header: Header) -> bool:
         """An ACK or ERROR ``header`` from ``peer``: if it settles a REPLICATE, release
-        what waited for it (ACK) or stop this server (STALE_EPOCH: the job declared it
-        dead and its backups own its chunks). Whether it was one."""
+        what waited for it (ACK); send it again through the sockets (NO_SHM: the backup
+        cannot map this server's shared memory); or stop this server (any other refusal,
+        e.g. STALE_EPOCH: the job declared it dead and its backups own its chunks).
+        Whether it was one."""
+        if op == Data.ERROR:
+            flight = self.replicas.settle(rid, peer)
+            if flight is None:
+                return False
+            if header.get("code") == ErrorCode.NO_SHM.value:
+                log.info("server %d: replicating through the sockets", self.replicas.store.index)
+                self.replicas.arenas.enabled = False
+                self.after(flight.chunk, flight.releases)
+                return True
+            self._stop(f"replication refused by the backup: {header.get('msg')}")
+            return True
         releases = self.replicas.acked(rid, peer)
         if releases is None:
             return False
-        if op == Data.ERROR:
-            self._stop(f"replication refused by the backup: {header.get('msg')}")
-            return True
         for release in releases:
             release()
         return True
