@@ -32,7 +32,11 @@ trimtab.init()
 setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))
 
 
+done_at: list[float] = []  # when each step ended (time.time(): the test compares)
+
+
 def on_step(step: int) -> None:
+    done_at.append(time.time())
     if nowait:
         time.sleep(0.05)
     if trimtab.rank() != 0 or step not in kills:
@@ -50,6 +54,7 @@ def on_step(step: int) -> None:
 
 params = train_worker(setup, trimtab.rank(), on_step=on_step)
 torch.save(params, out / f"rank{trimtab.rank()}.pt")
+(out / f"steps{trimtab.rank()}.json").write_text(json.dumps(done_at))
 trimtab.barrier()  # every worker's last step is applied everywhere
 if trimtab.rank() == 0:
     (out / "stats.json").write_text(json.dumps(settled_stats()))
