@@ -208,6 +208,8 @@ class ElasticSettings:
             count, a lost worker is dropped and the others go on (elastic workers).
         max_workers: live workers the job may grow to (``trimtab scale --workers``, a
             worker started by hand with the job's address); 0 means the worker count.
+        replicas: backups of each chunk on other servers (0 or 1), kept in step after
+            aggregation, so that a server's death loses nothing (bsp, 2+ servers).
     """
 
     max_servers: int = dataclasses.field(
@@ -224,6 +226,15 @@ class ElasticSettings:
             "--rebalance-every",
             "force a live migration of every chunk every N steps (testing; bsp only)",
             metavar="N",
+        ),
+    )
+    replicas: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            "--replicas",
+            "backups of each chunk on other servers (0 or 1): a server's death loses "
+            "nothing (bsp, 2+ servers)",
+            metavar="R",
         ),
     )
 
@@ -256,6 +267,8 @@ class ElasticSettings:
             raise ConfigError(
                 f"rebalance_every must be >= 0, got {self.rebalance_every} (--rebalance-every)"
             )
+        if self.replicas not in (0, 1):
+            raise ConfigError(f"replicas must be 0 or 1, got {self.replicas} (--replicas)")
 
     def limit(self, servers: int) -> int:
         """The most active servers a job that starts with ``servers`` may have."""
@@ -305,6 +318,8 @@ class JobSettings:
                 f"--batching {self.batching.policy} balances synchronous steps: use it with "
                 f"--mode bsp, not {self.consistency.mode}"
             )
+        if self.elastic.replicas:
+            _check_replicas(self)
         if self.migrates and not self.consistency.synchronous:
             raise ConfigError(
                 "live migration (--placement psld, --max-servers, --rebalance-every) hands "
@@ -336,6 +351,20 @@ class JobSettings:
         rebalancing, or room to add servers."""
         return bool(
             self.placement.live or self.elastic.rebalance_every or self.max_servers > self.servers
+        )
+
+
+def _check_replicas(job: JobSettings) -> None:
+    """Raise :class:`ConfigError` unless a job with replicas can run: 2+ servers, bsp,
+    no live migration (a migration does not move backups yet)."""
+    if job.servers < 2:
+        raise ConfigError("--replicas 1 puts each chunk's backup on another server: --servers 2+")
+    if job.consistency.mode != "bsp":
+        raise ConfigError(f"--replicas needs --mode bsp, not {job.consistency.mode}")
+    if job.migrates:
+        raise ConfigError(
+            "--replicas does not combine with live migration yet (--placement psld, "
+            "--max-servers, --rebalance-every)"
         )
 
 

@@ -16,6 +16,7 @@ KEYS = [
     "addr", "rank", "epoch", "owners", "servers", "name", "meta", "servers", "why",
     "code", "msg", "tensors", "opt", "workers", "chunk_bytes", "cuts", "busy", "bytes",
     "step", "num_workers", "num_servers", "heartbeat_s", "status", "target", "x",
+    "ls", "lc", "bk", "dead",
 ]  # fmt: skip
 
 scalars = (

@@ -16,6 +16,7 @@ import pytest
 
 from trimtab import ProtocolError
 from trimtab.protocol import headers as h
+from trimtab.protocol import replica
 from trimtab.protocol.elastic import builders as elastic_builders
 from trimtab.protocol.messages import (
     Control,
@@ -764,6 +765,22 @@ def test_every_op_has_a_builder() -> None:
         h.state(rid=1, chunk=0, version=0, round=0, hp={}, state={}),
         h.state_set(chunk=0, epoch=1, state={}),
         *elastic_builders(),
+        replica.failover(epoch=2, dead=0, owners=[], backups=[], servers=[]),
+        replica.failover_ack(epoch=2),
+        replica.replicate(
+            rid=1,
+            chunk=0,
+            version=0,
+            round=0,
+            epoch=1,
+            sender=0,
+            token=b"t",
+            dtype="float32",
+            numel=1,
+            counts=[0, 0, 0],
+            last_sum=0.0,
+            last_clock={},
+        ),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 

@@ -39,6 +39,7 @@ from trimtab.transport.auth import (
     make_secret_file,
 )
 from trimtab.transport.limits import Limits
+from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
 
@@ -170,13 +171,10 @@ def _coordinator(args: argparse.Namespace) -> int:
         port=args.port,
         server_key=server_key(os.environ, key),
     )
-    # How fast a silent node is declared lost (tests of elastic jobs shorten it).
-    if "TRIMTAB_HEARTBEAT_S" in os.environ or "TRIMTAB_DEAD_AFTER_S" in os.environ:
-        config = dataclasses.replace(
-            config,
-            heartbeat_s=float(os.environ.get("TRIMTAB_HEARTBEAT_S", config.heartbeat_s)),
-            dead_after_s=float(os.environ.get("TRIMTAB_DEAD_AFTER_S", config.dead_after_s)),
-        )
+    # How fast a silent node is declared lost (tests shorten it).
+    heartbeat_s = float(os.environ.get("TRIMTAB_HEARTBEAT_S", config.heartbeat_s))
+    dead_after_s = envvars.dead_after_s(os.environ, config.dead_after_s)
+    config = dataclasses.replace(config, heartbeat_s=heartbeat_s, dead_after_s=dead_after_s)
     transport = ZmqTransport(
         bind=True,
         host=config.host,
@@ -237,6 +235,7 @@ def _server(args: argparse.Namespace) -> int:
     config = ServerConfig(
         coordinator=args.coordinator,
         job=args.job,
+        shared_memory=not shm_turned_off(os.environ),
         host=args.host,
         port=args.port,
         priority=not args.no_priority,

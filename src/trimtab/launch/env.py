@@ -53,6 +53,7 @@ __all__ = [
     "SPIN_US",
     "STRAGGLERS",
     "coordinator_address",
+    "dead_after_s",
     "env_int",
     "job_id",
     "priority",
@@ -80,6 +81,9 @@ NUM_WORKERS = "TRIMTAB_NUM_WORKERS"
 NUM_SERVERS = "TRIMTAB_NUM_SERVERS"
 #: ``0``: a server merges queued pushes in arrival order (``trimtab server --no-priority``).
 PRIORITY = "TRIMTAB_PRIORITY"
+#: Seconds of silence after which the coordinator takes a member for dead (30 by
+#: default; a job with ``--replicas 1`` fails over then).
+DEAD_AFTER_S = "TRIMTAB_DEAD_AFTER_S"
 
 DMLC_ROLE = "DMLC_ROLE"
 DMLC_PS_ROOT_URI = "DMLC_PS_ROOT_URI"
@@ -104,6 +108,21 @@ def env_int(environ: Mapping[str, str], *names: str, default: int) -> int:
             except ValueError:
                 raise ConfigError(f"{name}={raw!r} must be a whole number") from None
     return default
+
+
+def dead_after_s(environ: Mapping[str, str], default: float) -> float:
+    """``TRIMTAB_DEAD_AFTER_S`` as seconds, else ``default``. Raises
+    :class:`ConfigError` if it is not a positive number."""
+    raw = environ.get(DEAD_AFTER_S)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"{DEAD_AFTER_S}={raw!r} must be a positive number of seconds")
+    return value
 
 
 def coordinator_address(environ: Mapping[str, str]) -> str | None:

@@ -385,6 +385,10 @@ class Job:
                 return 0
             for p in others:
                 code = p.popen.poll()
+                if code is not None and code != 0 and self._survivable(p):
+                    self._say(f"{p.source} died ({_describe(code)}); its backups take over")
+                    self._procs.remove(p)
+                    continue
                 # Status 0 is a normal end: the coordinator and servers exit once every
                 # worker said it is done, which can be before the worker processes exit.
                 if code is not None and code != 0:
@@ -394,6 +398,11 @@ class Job:
                     )
                     return 1
             time.sleep(0.05)
+
+    def _survivable(self, proc: _Proc) -> bool:
+        """Whether the job goes on without ``proc``: a server, in a job with replicas
+        (its coordinator promotes the backups, or ends the job if it cannot)."""
+        return self.config.replicas > 0 and proc.source.startswith("server")
 
     def _dump_stacks(self) -> None:
         """Ask every live process for its threads' stacks (they print them and go on)."""

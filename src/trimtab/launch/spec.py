@@ -149,6 +149,8 @@ class LaunchConfig:
             worker ends the job).
         max_workers: live workers the job may grow to (``trimtab scale --workers``);
             the launcher starts them when the coordinator asks. 0 = ``workers``.
+        replicas: backups of each chunk (0 or 1); with one, a server that dies does
+            not stop the job (its coordinator promotes the backups).
         job: job id; a fresh random one by default.
         host: the interface every role binds (loopback).
         startup_timeout_s: how long the coordinator may take to come up.
@@ -200,6 +202,7 @@ class LaunchConfig:
     max_servers: int = _ELASTIC.max_servers
     min_workers: int = _ELASTIC.min_workers
     max_workers: int = _ELASTIC.max_workers
+    replicas: int = _ELASTIC.replicas
     startup_timeout_s: float = 60.0
     grace_s: float = 10.0
     deadline_s: float = dataclasses.field(
@@ -251,7 +254,11 @@ class LaunchConfig:
                 consistency=ConsistencySettings(self.consistency, self.staleness),
                 batching=BatchingSettings(self.batching),
                 elastic=ElasticSettings(
-                    self.max_servers, self.rebalance_every, self.min_workers, self.max_workers
+                    max_servers=self.max_servers,
+                    rebalance_every=self.rebalance_every,
+                    replicas=self.replicas,
+                    min_workers=self.min_workers,
+                    max_workers=self.max_workers,
                 ),
             ),
         )
@@ -288,6 +295,7 @@ class LaunchConfig:
             max_servers=settings.elastic.max_servers,
             min_workers=settings.elastic.min_workers,
             max_workers=settings.elastic.max_workers,
+            replicas=settings.elastic.replicas,
             **launcher,
         )
 

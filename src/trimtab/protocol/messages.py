@@ -117,6 +117,10 @@ class Control(enum.IntEnum):
     ADOPT = 36  # worker -> coord {root}: every worker adopts the root's values (a
     #             broadcast); reply OK {ad, g} once every worker asked: the grant that
     #             lets the root's INITs reset chunks the servers hold
+    FAILOVER = 40  # coord -> server {e, owners, bk, servers, dead}: a server died, its
+    #                chunks' backups own them from map e; reply FAILOVER_ACK. coord ->
+    #                worker {e, dead: address}: resend what that server left unanswered
+    FAILOVER_ACK = 41  # server -> coord {e}: it took failover map e
     WORKERS = 45  # coord -> server {g, ws}: the workers taking part from now on (a lost
     #               one dropped: rounds waiting for it complete); reply WORKERS_ACK {g}
     WORKERS_ACK = 46  # server -> coord {g}: it aggregates over generation g's workers
@@ -148,6 +152,8 @@ class Data(enum.IntEnum):
     STATE = 81  # server -> worker {c, v, k, hp, st} + state tensors, answering STATE_GET
     STATE_SET = 82  # worker -> server {c, e, hp?, st, dt?, n?} + value? + state tensors:
     #                 replace the chunk's optimizer state (and value, with dt); reply ACK
+    REPLICATE = 84  # primary -> backup server {c, v, k, e, s, t, dt, n, p, ls, lc, hp?,
+    #                 st?} + value + state tensors: the chunk as of round k; reply ACK
 
 
 class ErrorCode(str, enum.Enum):
@@ -164,6 +170,8 @@ class ErrorCode(str, enum.Enum):
     MISMATCH = "mismatch"  # workers declared different tensors
     NO_SHM = "no_shm"  # the server cannot map the push's shared memory: send bytes instead
     INTERNAL = "internal"  # the node failed on a well-formed request (a bug): it goes on
+    STALE_EPOCH = "stale_epoch"  # a write under a map older than a failover the
+    #                              receiver took, from a server no longer the owner
     FORBIDDEN = "forbidden"  # the sender has no credential for this, or its role may not
     #                          send it (a worker's data request without its 't', a server
     #                          joining that the coordinator did not ask for, ...)

@@ -96,6 +96,8 @@ class JobMapHeader(WireHeader):
     # boundary; and, to a worker that joined a running job, every rank's first sizes.
     elastic: NotRequired[bool]
     sizes: NotRequired[list[int]]
+    # With replicas: each chunk's backup server (-1: none); see protocol.replica.
+    bk: NotRequired[list[int]]
 
 
 def job_map(
@@ -159,6 +161,7 @@ _JOB_MAP_OPTIONAL: KeySpec = (
     ("k", int),
     ("elastic", bool),
     ("sizes", list),
+    ("bk", list),
 )
 
 

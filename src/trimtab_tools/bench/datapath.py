@@ -33,9 +33,10 @@ is that default path, ``step_no_lane_s`` the same job with ZeroMQ for the messag
 ``shm_floor_step_s`` = 4 x model bytes / one core's memcpy rate (each worker's gradient
 copied in, its value copied out).
 
-``--auth compare`` runs only the trimtab jobs, with authentication on, off and encrypted
-(:mod:`trimtab_tools.bench.auth`). ``--profile DIR`` runs only the trimtab job, under
-:mod:`trimtab_tools.bench.profile`.
+``--replicas 1`` runs only the 100 MiB trimtab job, without and with replicas,
+interleaved (:mod:`trimtab_tools.bench.replicas`). ``--auth compare`` runs only the
+trimtab jobs, with authentication on, off and encrypted (:mod:`trimtab_tools.bench.auth`).
+``--profile DIR`` runs only the trimtab job, under :mod:`trimtab_tools.bench.profile`.
 """
 
 from __future__ import annotations
@@ -293,7 +294,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="on: the job authenticated, as every job is (default); compare: only the "
         "trimtab jobs, with authentication on, off and --encrypt, interleaved, and ratios",
     )
-    p.add_argument("--rounds", type=int, default=3, help="with --auth compare: rounds (3)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: only the 100 MiB job, without and with --replicas 1, interleaved, and the ratio",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="with --auth compare or --replicas: rounds (3)"
+    )
     p.add_argument(
         "--profile",
         type=Path,
@@ -328,6 +338,14 @@ def main(args: argparse.Namespace) -> int:
             args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
         )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
+        return 0
+    if args.replicas:
+        from trimtab_tools.bench.replicas import measure_replicas
+
+        result = measure_replicas(
+            model_sizes(args.model_mib), args.steps, args.chunk_bytes, args.replicas, args.rounds
+        )
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
         return 0
     if args.auth == "compare":
         from trimtab_tools.bench.auth import measure_auth

@@ -34,6 +34,7 @@ def run_trimtab(
     spin: bool = True,
     info: dict[str, Any] | None = None,
     auth: str = "on",
+    replicas: int = 0,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
@@ -45,6 +46,7 @@ def run_trimtab(
     decides, or the caller's environment); ``info`` receives the job's other figures
     (``shared_pushes``, ``spin_us``). ``auth``: ``on`` (the job's secret, the default),
     ``off`` (``--no-auth``, insecure, to measure its cost) or ``encrypt`` (``--encrypt``).
+    ``replicas``: each chunk's backups (``--replicas``).
     Blocks for the job; raises RuntimeError on failure.
     """
     command = [
@@ -68,6 +70,7 @@ def run_trimtab(
         compression=compression,
         no_auth=auth == "off",
         encrypt=auth == "encrypt",
+        replicas=replicas,
     )
     env = {}
     if not shm:

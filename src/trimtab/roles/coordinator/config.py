@@ -53,6 +53,9 @@ class CoordinatorConfig:
         min_workers: below this many workers the job ends (0: ``num_workers``, a lost
             worker ends the job); below ``num_workers``, a lost worker is dropped.
         max_workers: live workers the job may grow to (0: ``num_workers``).
+        replicas: backups of each chunk on other servers (0 or 1): with one, a
+            server's death promotes the backups (:mod:`.recovery`); without, it ends
+            the job naming the chunks lost.
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
             a server joining a running job must show the join ticket made from it.
             Empty: only the servers the job starts with may join, before it is placed.
@@ -72,6 +75,7 @@ class CoordinatorConfig:
     dead_after_s: float = 30.0
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
+    replicas: int = _ELASTIC.replicas
     server_key: bytes = dataclasses.field(default=b"", repr=False)
     min_workers: int = _ELASTIC.min_workers
     max_workers: int = _ELASTIC.max_workers
@@ -91,7 +95,11 @@ class CoordinatorConfig:
             consistency=ConsistencySettings(self.consistency, self.staleness),
             batching=BatchingSettings(self.batching),
             elastic=ElasticSettings(
-                self.max_servers, self.rebalance_every, self.min_workers, self.max_workers
+                max_servers=self.max_servers,
+                rebalance_every=self.rebalance_every,
+                replicas=self.replicas,
+                min_workers=self.min_workers,
+                max_workers=self.max_workers,
             ),
         )
 
@@ -119,6 +127,7 @@ class CoordinatorConfig:
             batching=settings.batching.policy,
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
+            replicas=settings.elastic.replicas,
             server_key=server_key,
             min_workers=settings.elastic.min_workers,
             max_workers=settings.elastic.max_workers,

@@ -2,7 +2,8 @@
 :class:`~trimtab.roles.coordinator.node.Coordinator` (a mixin: the loop's module stays
 short). :meth:`MemberLoss.member_lost` is the single entry point for a lost member,
 whatever noticed it (today the heartbeat silence); the worker case goes to
-:mod:`.elastic` in an elastic job, anything else ends the job.
+:mod:`.elastic` in an elastic job, the server case to :mod:`.recovery` (a failover
+under ``--replicas``), anything else ends the job.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trimtab.roles.coordinator.elastic import Elastic
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Send
+from trimtab.roles.coordinator.recovery import Recovery
 from trimtab.roles.coordinator.steps import Steps
 from trimtab.transport import Peer
 
@@ -36,6 +38,7 @@ class MemberLoss:
     _maps: Maps
     _collectives: Collectives
     _elastic: Elastic | None
+    _recovery: Recovery
     _abort: str | None
     _stop: bool
 
@@ -72,9 +75,17 @@ class MemberLoss:
         ignored. Never blocks; loop thread only."""
         if member.finished or self._abort is not None:
             return
-        if member.role is not Role.WORKER or self._elastic is None:
-            self._abort = f"{member.role.value} {member.rank} {why}; stopping the job"
-            log.error(self._abort)
+        if member.role is Role.SERVER or self._elastic is None:
+            # A server's backups take over (:mod:`.recovery`), or the job ends naming
+            # the chunks lost; a worker of a job that is not elastic ends it.
+            out: Outbox = []
+            try:
+                abort = self._recovery.member_lost(member, why, out)
+            finally:
+                self._send(out)
+            if abort is not None:
+                self._abort = abort
+                log.error(abort)
             return
         out, fatal = self._elastic.lost(member, why)
         # If it lives after all (silent, not dead), it must not push again.

@@ -21,6 +21,7 @@ from typing import Any
 
 from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ProtocolError
+from trimtab.policies import replicas
 from trimtab.policies.placement import PlacementPolicy
 from trimtab.protocol import headers
 from trimtab.protocol.headers import JobMapHeader, MapReplyHeader
@@ -79,6 +80,10 @@ class Maps:
         self._declared: dict[int, tuple[Peer, int, list[Any], dict[str, Any]]] = {}
         self._awaiting_acks: set[int] = set()
         self._waiters: list[tuple[Peer, int, int]] = []
+        #: Backups of each chunk (0 or 1: ``--replicas``), set by the coordinator.
+        self.replicas = 0
+        #: Each chunk's backup server (-1: none); empty without replicas.
+        self.backups: list[int] = []
 
     @property
     def epoch(self) -> int:
@@ -199,6 +204,8 @@ class Maps:
         self.sizes = [c.nbytes for c in chunks]
         owners = self._placement.place(specs, chunks, len(members.servers))
         self.map = PlacementMap(1, tuple(owners), tuple(m.addr for m in members.servers))
+        if self.replicas:
+            self.backups = replicas.backups(owners, self.sizes, range(len(members.servers)))
         members.placed(range(len(members.servers)))
         self.header = self._job_map(members)
         log.info(
@@ -235,6 +242,9 @@ class Maps:
         self.map = PlacementMap(current.epoch + 1, owners, servers)
         self.tables.append((tensors, opt))
         self.sizes = self.sizes + [c.nbytes for c in chunks]
+        if self.replicas:
+            ranks = [m.rank for m in active]
+            self.backups = replicas.backups(owners, self.sizes, ranks, self.backups)
         members.placed(added)
         self.header = self._job_map(members)
         if self.published is not None:
@@ -268,7 +278,7 @@ class Maps:
         """The job map of the current map and every table (MAP's header, without ``i``)."""
         assert self.map is not None
         tables = self.tables
-        return headers.job_map(
+        header = headers.job_map(
             epoch=self.map.epoch,
             tensors=[t for tensors, _ in tables for t in tensors],
             chunk_bytes=self._chunk_bytes,
@@ -279,6 +289,9 @@ class Maps:
             **self._terms,
             tables=[[len(t), o] for t, o in tables] if len(tables) > 1 else None,
         )
+        if self.backups:
+            header["bk"] = list(self.backups)
+        return header
 
     def ack(self, rank: int, members: Members) -> Outbox:
         """Server ``rank`` holds its chunks of the map (the first, or a new table's);

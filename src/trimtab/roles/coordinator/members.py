@@ -32,6 +32,9 @@ class MemberState(enum.Enum):
                  DRAINING -> EMPTY       it owns nothing as of map ``empty_at``
                  EMPTY -> RETIRED        every worker's routing floor passed ``empty_at``:
                                          told to exit
+                 JOINED, ACTIVE, DRAINING, EMPTY -> LOST
+                                         it died (:meth:`Coordinator.member_lost`): its
+                                         chunks' backups own them (``--replicas``)
         worker:  ACTIVE -> LEFT          it called shutdown() (LEAVE): out of the job for
                                          now, its rank kept, still heartbeating
                  LEFT -> ACTIVE          it registered again under its rank (init()
@@ -47,7 +50,7 @@ class MemberState(enum.Enum):
     member is *finished* (no longer watched for silence) once RETIRED, DONE or LOST. A
     LEFT worker is watched (its process keeps a connection open): if it dies, the job
     ends (or, elastic, goes on without it); the job ends normally once every worker is
-    DONE or LOST.
+    DONE or LOST. A LOST server's chunks went to their backups (``--replicas``).
     """
 
     JOINED = "joined"
@@ -55,16 +58,18 @@ class MemberState(enum.Enum):
     DRAINING = "draining"
     EMPTY = "empty"
     RETIRED = "retired"
+    LOST = "lost"
     LEFT = "left"
     DONE = "done"
-    LOST = "lost"
 
 
 _MOVES: dict[tuple[Role, MemberState], frozenset[MemberState]] = {
-    (Role.SERVER, MemberState.JOINED): frozenset({MemberState.ACTIVE, MemberState.DRAINING}),
-    (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING}),
-    (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY}),
-    (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED}),
+    (Role.SERVER, MemberState.JOINED): frozenset(
+        {MemberState.ACTIVE, MemberState.DRAINING, MemberState.LOST}
+    ),
+    (Role.SERVER, MemberState.ACTIVE): frozenset({MemberState.DRAINING, MemberState.LOST}),
+    (Role.SERVER, MemberState.DRAINING): frozenset({MemberState.EMPTY, MemberState.LOST}),
+    (Role.SERVER, MemberState.EMPTY): frozenset({MemberState.RETIRED, MemberState.LOST}),
     (Role.WORKER, MemberState.ACTIVE): frozenset(
         {MemberState.LEFT, MemberState.DONE, MemberState.LOST}
     ),
@@ -321,12 +326,8 @@ class Members:
         return len(self.workers) + lacking
 
     def shutdown(self) -> Outbox:
-        """SHUTDOWN for every server not retired: the job ended."""
-        return [
-            Send(m.peer, headers.shutdown())
-            for m in self.servers
-            if m.state is not MemberState.RETIRED
-        ]
+        """SHUTDOWN for every server not retired or lost: the job ended."""
+        return [Send(m.peer, headers.shutdown()) for m in self.servers if not m.finished]
 
     def silent(self, now: float, dead_after_s: float) -> Member | None:
         """A member not finished and silent for more than ``dead_after_s``, or None."""

@@ -27,11 +27,13 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
+from trimtab.roles.coordinator.dump import describe
 from trimtab.roles.coordinator.lost import MemberLoss
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
+from trimtab.roles.coordinator.recovery import Recovery
 from trimtab.roles.coordinator.steps import Steps, report_interval_s
 from trimtab.runtime import credentials
 from trimtab.runtime.diagnostics import add_state_dump
@@ -107,6 +109,7 @@ class Coordinator(MemberLoss):
         )
         self._collectives = Collectives(config.num_workers)
         self._elastic = self._make_elastic(batching, consistency.synchronous)
+        self._recovery = Recovery(self._members, self._maps, config.replicas)
         #: The member key: every member's credential is made from it (REGISTERED).
         self._key = credentials.new_key()
         self._ticket = (
@@ -140,6 +143,7 @@ class Coordinator(MemberLoss):
             Control.MAP_GET: (self._on_map_get, worker),
             Control.LOAD: (self._on_load, server),
             Control.WORKERS_ACK: (self._on_workers_ack, server),
+            Control.FAILOVER_ACK: (self._recovery.on_ack, server),
         }
 
     @property
@@ -223,29 +227,9 @@ class Coordinator(MemberLoss):
             raise JobAborted(self._abort)
 
     def describe(self) -> str:
-        """Its protocol state, for a hung job's dump (:data:`STACK_SIGNAL`): the map, the
-        migration in flight, each worker's clock and map, each server's state. Only
-        reads; never blocks."""
-        mig = self._rebalancer.migrating
-        current = self._maps.map
-        workers = self._members.workers
-        lines = [
-            f"coordinator: map epoch {self._maps.epoch}, published "
-            f"{self._maps.published_epoch or '-'}, {self._maps.waiting()} map requests "
-            f"waiting, workers' clocks {dict(sorted(self._steps.clocks.items()))}, workers' "
-            f"oldest maps { {r: w.floor for r, w in sorted(workers.items())} }"
-        ]
-        if mig is not None:
-            lines.append(
-                f"  migration to epoch {mig.epoch}: acks awaited from servers "
-                f"{sorted(mig.acks)}, chunks not yet handed over {sorted(mig.moving)}, "
-                f"cuts {dict(sorted(mig.cuts.items()))}"
-            )
-        lines += self._members.describe(lambda r: current.owners.count(r) if current else 0)
-        gathers = self._collectives.pending()
-        if gathers:
-            lines.append(f"  collectives waiting (key: ranks arrived): {gathers}")
-        return "\n".join(lines)
+        """Its protocol state, for a hung job's dump (:data:`STACK_SIGNAL`): see
+        :func:`.dump.describe`. Only reads; never blocks."""
+        return describe(self._maps, self._rebalancer, self._members, self._steps, self._collectives)
 
     def _check_liveness(self) -> None:
         now = time.monotonic()

@@ -25,6 +25,8 @@ class ServerConfig:
             return first and the next forward can start (P3); off only to compare.
         spin_s: seconds a server waiting for its next message polls before it sleeps
             (``TRIMTAB_SPIN_US`` for ``trimtab server``; 0: it sleeps at once).
+        shared_memory: whether a chunk's replica may go to a backup on this machine
+            through shared memory (``TRIMTAB_SHM=0`` for ``trimtab server``: no).
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``): its join ticket lets
             this server join a running job (:mod:`trimtab.runtime.credentials`).
     """
@@ -38,6 +40,7 @@ class ServerConfig:
     max_frame_bytes: int = 64 << 20
     priority: bool = True
     spin_s: float = 0.0
+    shared_memory: bool = True
     server_key: bytes = dataclasses.field(default=b"", repr=False)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,14 +30,15 @@ from trimtab.protocol.messages import (
     read_error,
 )
 from trimtab.roles.server.config import ServerConfig
+from trimtab.roles.server.dump import describe
 from trimtab.roles.server.handover import Handover
-from trimtab.roles.server.lifecycle import ChunkPhase
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
+from trimtab.roles.server.replica import ReplicaLink, Replicas
 from trimtab.roles.server.slots import SharedArenas, Slot
 from trimtab.roles.server.state import load_state, state_reply
-from trimtab.roles.server.store import Chunk, ChunkStore
+from trimtab.roles.server.store import Chunk, ChunkStore, Reply
 from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import Heartbeat, NodeLoop
@@ -100,6 +102,14 @@ class Server:
         self._store = ChunkStore(self.meter, self._arenas)
         self._credentials = Credentials(config.job)
         self._handover = Handover(self._store, self._credentials)
+        self._replicas = ReplicaLink(
+            Replicas(self._store, self._credentials, config.shared_memory),
+            self._loop,
+            self._transport.connect,
+            self._coord,
+            lambda peer, rid, chunk, k: self._send_value(peer, rid, chunk, chunk.value, k, None),
+            self._halt,
+        )
         self._stop = False
         self._abort: str | None = None
         self._load_due = 0.0
@@ -116,8 +126,7 @@ class Server:
 
     @property
     def step(self) -> int:
-        """The highest clock this server has completed on a chunk (or the job's, if
-        higher). Never blocks."""
+        """The highest clock it completed on a chunk (or the job's, if higher). Never blocks."""
         return self.meter.step
 
     @property
@@ -131,9 +140,8 @@ class Server:
         return self._handover.moved_out
 
     def stalled(self, seconds: float) -> None:
-        """Count ``seconds`` that this server's transport spent pacing its traffic (a
-        throttled link, :mod:`trimtab.faults.throttle`) as busy, so the load report sees
-        a slow link as a slow server. Loop thread only; never blocks."""
+        """Count ``seconds`` its transport spent pacing traffic (a throttled link) as busy,
+        so the load report sees a slow link as a slow server. Loop thread; never blocks."""
         self.meter.stalled(seconds)
 
     def start(self) -> threading.Thread:
@@ -158,12 +166,10 @@ class Server:
         torch.set_grad_enabled(False)  # (this thread's setting) nothing here needs autograd
         warm_up()
         forget_state_dump = add_state_dump(self.describe)
-        ticket = join_ticket(self.config.server_key, self.config.job)
+        key = self.config.server_key
+        ticket = join_ticket(key, self.config.job) if key else None
         self._loop.send(
-            self._coord,
-            headers.register_server(
-                rid=1, addr=self.address, ticket=ticket if self.config.server_key else None
-            ),
+            self._coord, headers.register_server(rid=1, addr=self.address, ticket=ticket)
         )
         try:
             while not self._stop:
@@ -247,6 +253,7 @@ class Server:
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
         elif op == Control.EXTEND:
             added = self._store.extend(headers.read_extend(header))
+            self._replicas.replicas.learn(headers.read_extend(header))
             log.info("server %d: the job has %d chunks now (epoch %d); %d new ones are mine",
                      self.index, len(self._store.specs), self._store.epoch, len(added))  # fmt: skip
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
@@ -260,9 +267,7 @@ class Server:
         elif op == Control.WORKERS:  # a worker was lost or joined: answer what waited
             ws = elastic.read_workers(header)
             self._credentials.admit(ws["ws"])
-            for r in self._store.set_workers(ws["ws"]):
-                self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
-                self._hand_over(r.chunk.spec.id)  # (if its round made a leaving one ready)
+            self._replicas.after_rounds(self._store.set_workers(ws["ws"]), self._answer)
             self._loop.send(self._coord, elastic.workers_ack(generation=ws["g"]))
         elif op == Control.OK and "k" in header:
             # The job's clock (answering LOAD), for a server with little to do.
@@ -270,6 +275,8 @@ class Server:
         elif op == Control.SHUTDOWN:
             log.info("server %d: job finished, shutting down", self.index)
             self._stop = True
+        elif op == Control.FAILOVER:
+            self._replicas.failover(header)
         elif op == Control.ABORT:
             self._abort = headers.read_abort(header)["why"]
             self._stop = True
@@ -280,6 +287,7 @@ class Server:
     def _apply_map(self, header: headers.JobMapHeader) -> None:
         store = self._store
         store.apply_map(header)
+        self._replicas.replicas.learn(header)
         log.info(
             "server %d owns %d of %d chunks (epoch %d, %s mode)",
             self.index,
@@ -318,6 +326,8 @@ class Server:
             rid = header["i"]
             op = header["o"]
             if op in (Data.ACK, Data.ERROR):
+                if self._replicas.answer(peer, op, rid, header):
+                    return
                 handed = self._handover.handed(rid, peer)
                 if handed is not None:
                     if op == Data.ERROR:  # the new owner refused: nothing can fix that here
@@ -333,6 +343,9 @@ class Server:
                 return  # (an answer to it could start an exchange of errors)
             if op == Data.HANDOVER:
                 self._take_handover(peer, frames, header)
+                return
+            if op == Data.REPLICATE:
+                self._replicas.take(peer, frames, header, self._credentials.server(header))
                 return
             if op not in _WORKER_OPS:
                 raise ProtocolError(
@@ -359,28 +372,26 @@ class Server:
                 self._handover.queue(cid, peer, frames)
                 return
             if op == Data.PUSH:
+                if self._replicas.resent(peer, header, self._store.chunks):
+                    return
                 replies = self._store.push(
                     peer, header, frames[1:], self._transport.through_lane(peer)
                 )
-                for r in replies:
-                    self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
-                if replies and self._store.moves:
-                    # A leaving chunk goes once its last round is answered: only a push
-                    # that got replies out (its own among them) can have made it ready.
-                    self._hand_over(replies[0].chunk.spec.id)
+                if replies:  # sent once the chunk's backup (if any) holds the round
+                    self._replicas.after(replies[0].chunk.spec.id, [lambda: self._answer(replies)])
             elif op == Data.PULL:
                 chunk = self._store.owned(headers.read_pull(header)["c"])
                 self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
                 adoption = self._credentials.adoption(header, rank) if "ad" in header else None
                 self._store.init(header, frames[1:], rank, adoption)
-                self._loop.send(peer, headers.ack(rid=rid))
+                self._replicas.ack_after(header["c"], peer, rid)
             elif op == Data.STATE_GET:
                 reply, state_frames = state_reply(self._store, header)
                 self._loop.send(peer, reply, state_frames)
             elif op == Data.STATE_SET:
                 load_state(self._store, header, frames[1:])
-                self._loop.send(peer, headers.ack(rid=rid))
+                self._replicas.ack_after(header["c"], peer, rid)
             else:  # STATS
                 self._loop.send(peer, headers.stats_reply(rid=rid, stats=self.stats()))
         except ChunkMoved as gone:
@@ -395,6 +406,20 @@ class Server:
             self._loop.refuse(
                 peer, rid, ErrorCode.INTERNAL.value, f"{type(exc).__name__}: {exc}", data=True
             )
+
+    def _answer(self, replies: Sequence[Reply]) -> None:
+        """Send a completed round's replies (VALUEs); hand the chunk over if it leaves."""
+        for r in replies:
+            self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
+        if replies and self._store.moves:
+            # A leaving chunk goes once its last round is answered: only a push that got
+            # replies out (its own among them) can have made it ready.
+            self._hand_over(replies[0].chunk.spec.id)
+
+    def _halt(self, why: str) -> None:
+        """Stop serving and end :meth:`run` with :class:`JobAborted` saying ``why``."""
+        self._abort = why
+        self._stop = True
 
     def _take_handover(self, peer: Peer, frames: list[memoryview], header: Header) -> None:
         """A HANDOVER from another server (its credential checked first). Raises
@@ -449,39 +474,9 @@ class Server:
         self._loop.send(peer, header, inline(header, frame))
 
     def describe(self) -> str:
-        """Its protocol state for a hung job's dump (:data:`STACK_SIGNAL`): the chunks
-        with a round in progress or on their way out or in, handovers not yet acked.
-        Only reads; never blocks."""
-        store, moves = self._store, self._handover.moves
-        rounds = [ch.round for ch in store.chunks.values()]
-        lines = [
-            f"server {self.index} ({self.state.value}): map epoch {store.epoch}, step "
-            f"{self.meter.step}, owns {len(store.chunks)} chunks, rounds "
-            f"{min(rounds, default=0)}..{max(rounds, default=0)}"
-        ]
-        for cid, ch in sorted(store.chunks.items()):
-            move = moves.get(cid)
-            if ch.arrived or ch.waiting or ch.held or move is not None:
-                lines.append(
-                    f"  chunk {cid}: round {ch.round}, pushed by workers {sorted(ch.arrived)}, "
-                    f"{len(ch.waiting)} waiting, {len(ch.held)} held"
-                    + (
-                        f", leaving for server {move.owner} from clock {move.cut}"
-                        if move is not None
-                        else ""
-                    )
-                )
-        handed = []
-        for cid, move in sorted(moves.items()):
-            if move.phase is ChunkPhase.ARRIVING:
-                lines.append(f"  chunk {cid}: arriving, {len(move.queued)} requests wait for it")
-            elif move.phase is ChunkPhase.HANDED:
-                handed.append(cid)
-        if handed:
-            lines.append(f"  handed over, not yet acked: chunks {handed}")
-        if self._handover.early:
-            lines.append(f"  {len(self._handover.early)} handovers of a map not yet received")
-        return "\n".join(lines)
+        """Its protocol state for a hung job's dump (:data:`STACK_SIGNAL`): see
+        :func:`~trimtab.roles.server.dump.describe`. Only reads; never blocks."""
+        return describe(self.index, self.state.value, self.meter.step, self._store, self._handover)
 
     def stats(self) -> dict[str, Any]:
         """Counters and versions, for tests and the coordinator. Loop thread only."""
@@ -489,6 +484,7 @@ class Server:
             "index": self.index,
             "epoch": self._store.epoch,
             **self._store.stats(),
+            **self._replicas.replicas.stats(),
             "errors": self._loop.errors_sent,
             "moved_in": self._handover.moved_in,
             "moved_out": self._handover.moved_out,

@@ -3,7 +3,7 @@ slot, and the reply's value written back into it (see :mod:`trimtab.transport.sh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
@@ -35,6 +35,12 @@ class SharedArenas:
     def __init__(self, job: str) -> None:
         self._prefix = job_prefix(job)
         self._arenas: dict[str, Arena] = {}
+        self._also: list[Callable[[], None]] = []
+
+    def close_with(self, close: Callable[[], None]) -> None:
+        """Call ``close`` too when these arenas close (the server's other shared
+        memory: its replicas', :mod:`.replica_shm`)."""
+        self._also.append(close)
 
     def read(
         self, header: PushHeader, frames: Sequence[memoryview], server: int
@@ -107,3 +113,5 @@ class SharedArenas:
         for arena in self._arenas.values():
             arena.close()
         self._arenas.clear()
+        for close in self._also:
+            close()

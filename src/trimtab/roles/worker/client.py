@@ -45,6 +45,7 @@ from trimtab.protocol.messages import (
     encode,
     payload_frames,
 )
+from trimtab.protocol.replica import read_failover_notice
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 from trimtab.transport.zmq import check_spin
@@ -114,12 +115,15 @@ class Reply(NamedTuple):
 class _DataFuture(concurrent.futures.Future[Reply]):
     """The future of a data request: waiting for it receives on the data sockets.
     ``epoch`` is the placement epoch the request was routed by (its header's ``e``: an
-    int in a PUSH, PULL or INIT, absent from a STATS)."""
+    int in a PUSH, PULL or INIT, absent from a STATS); ``address`` the server's, and
+    ``chunk`` the request's ``c`` (-1 for none), for a failover to fail it as moved."""
 
-    def __init__(self, client: WorkerClient, epoch: object) -> None:
+    def __init__(self, client: WorkerClient, epoch: object, address: str, chunk: object) -> None:
         super().__init__()
         self.client = client
         self.epoch = epoch
+        self.address = address
+        self.chunk = chunk if isinstance(chunk, int) else -1
 
 
 def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
@@ -160,6 +164,8 @@ class WorkerClient:
         self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
         self._running = False
         self._dead: str | None = None
+        # Servers the job lost (FAILOVER): address -> the failover map's epoch.
+        self._lost: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self.rank = -1
         #: What proves to servers that a data request is this worker's (REGISTERED's
@@ -251,12 +257,16 @@ class WorkerClient:
         ``header`` is a builder's typed header (:mod:`trimtab.protocol.headers`) or a
         plain dict; this sets its ``i`` (the request id) and ``j``, and for a data
         request this worker's rank ``r`` and credential ``t``."""
-        data = isinstance(to, str)
         fut: concurrent.futures.Future[Reply] = (
-            _DataFuture(self, header.get("e")) if data else concurrent.futures.Future()
+            _DataFuture(self, header.get("e"), to, header.get("c"))
+            if isinstance(to, str)
+            else concurrent.futures.Future()
         )
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
+            return fut
+        if isinstance(fut, _DataFuture) and fut.address in self._lost:
+            fut.set_exception(ChunkMoved(fut.chunk, -1, self._lost[fut.address]))
             return fut
         rid = next(self._rids)
         header["i"] = rid
@@ -368,6 +378,9 @@ class WorkerClient:
             return
         if op == Control.HEARTBEAT:
             return
+        if peer == self._coord and op == Control.FAILOVER:
+            self._server_lost(header)
+            return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
         if fut is None:
@@ -393,6 +406,35 @@ class WorkerClient:
                 fut.set_exception(exc)
                 return
             fut.set_result(Reply(header, payload, time.perf_counter()))
+
+    def _server_lost(self, header: Header) -> None:
+        """A FAILOVER: a server died. Every request it left unanswered fails as moved
+        (its chunk's owner is in the failover map), so that its waiter fetches that map
+        and resends it to the new owner; so does any request routed to it from now on.
+        Never blocks (beyond a short lock)."""
+        try:
+            notice = read_failover_notice(header)
+        except ProtocolError as exc:
+            log.error("dropped a malformed FAILOVER: %s", exc)
+            return
+        address, epoch = str(notice["dead"]), notice["e"]
+        with self._lock:
+            self._lost[address] = epoch
+            lost = [
+                rid
+                for rid, f in self._pending.items()
+                if isinstance(f, _DataFuture) and f.address == address
+            ]
+            futures = [cast(_DataFuture, self._pending.pop(rid)) for rid in lost]
+        log.warning(
+            "server %s is lost: %d requests go to the new owners (map %d)",
+            address,
+            len(futures),
+            epoch,
+        )
+        for f in futures:
+            if not f.done():
+                f.set_exception(ChunkMoved(f.chunk, -1, epoch))
 
     def _fail(self, why: str) -> None:
         if self._dead is None:

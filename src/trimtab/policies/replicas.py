@@ -1,0 +1,71 @@
+"""Where each chunk's backup lives (``--replicas 1``): a pure function of the owners.
+
+Whatever placement policy chose the owners (hash, mxnet, greedy, psld), the backups
+are chosen here, after it, so no policy can put a chunk and its backup on one server:
+:func:`backups` never gives a chunk's backup to its owner, and balances the bytes each
+server backs up. :func:`failover` is the map after a server's death: its chunks go to
+their backups, and every chunk left without a backup (its backup died, or was just
+promoted) gets a new one on another live server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+#: A backup table's entry for a chunk without a backup.
+NONE = -1
+
+
+def backups(
+    owners: Sequence[int],
+    sizes: Sequence[int],
+    live: Collection[int],
+    keep: Sequence[int] = (),
+) -> list[int]:
+    """Each chunk's backup server: another of ``live`` than its owner, the one backing
+    up the fewest bytes so far (ties: the lowest index), or :data:`NONE` where no other
+    live server exists. ``keep``: a backup table to keep where its entry is still
+    valid (live, not the owner); the others are chosen anew. Pure; never blocks."""
+    servers = sorted(live)
+    load = dict.fromkeys(servers, 0)
+    out = [NONE] * len(owners)
+    for cid, backup in enumerate(keep[: len(owners)]):
+        if backup in load and backup != owners[cid]:
+            out[cid] = backup
+            load[backup] += sizes[cid]
+    # The biggest chunks first: a greedy balance of bytes.
+    for cid in sorted(range(len(owners)), key=lambda c: -sizes[c]):
+        if out[cid] != NONE:
+            continue
+        candidates = [s for s in servers if s != owners[cid]]
+        if candidates:
+            best = min(candidates, key=lambda s: (load[s], s))
+            out[cid] = best
+            load[best] += sizes[cid]
+    return out
+
+
+def failover(
+    owners: Sequence[int],
+    backup_of: Sequence[int],
+    sizes: Sequence[int],
+    dead: int,
+    live: Collection[int],
+) -> tuple[list[int], list[int], list[int]]:
+    """The map after server ``dead`` died: (owners, backups, lost chunks). Each of its
+    chunks goes to its backup; a chunk whose backup is missing or dead too is lost (it
+    keeps its dead owner in the owners returned). Every chunk then without a valid
+    backup gets one among ``live`` (not ``dead``). Pure; never blocks."""
+    alive = set(live) - {dead}
+    new_owners = list(owners)
+    lost = []
+    for cid, owner in enumerate(owners):
+        if owner != dead:
+            continue
+        backup = backup_of[cid] if cid < len(backup_of) else NONE
+        if backup in alive:
+            new_owners[cid] = backup
+        else:
+            lost.append(cid)
+    kept = [NONE if b == dead else b for b in backup_of]
+    return new_owners, backups(new_owners, sizes, alive, kept), lost

@@ -1,0 +1,147 @@
+"""A member lost: what the coordinator does when a server or a worker dies. Pure: each
+operation returns the messages to send (and why the job must end, if it must).
+
+- A worker lost ends the job (elastic workers are not built yet).
+- A server lost, in a job without replicas, ends the job with a message naming the
+  chunks that died with it.
+- A server lost, in a job with replicas (``--replicas 1``), is a *failover*: its
+  chunks go to their backups and every chunk left without a backup gets a new one
+  (:func:`trimtab.policies.replicas.failover`) under a new map epoch. Every live server
+  gets FAILOVER (the new owners and backups) and answers FAILOVER_ACK; every worker gets
+  FAILOVER (the dead server's address, the new epoch), fails what the dead server left
+  unanswered as *moved*, and asks for the map of that epoch, which is published once
+  every live server acknowledged: the workers resend to the new owners only then, so
+  a promoted backup already holds the chunk. The epoch fences the dead server off: a
+  backup refuses its writes (STALE_EPOCH) if it was only slow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from trimtab.errors import ProtocolError
+from trimtab.policies import replicas
+from trimtab.protocol import replica
+from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.coordinator.maps import Maps
+from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
+from trimtab.roles.coordinator.outbox import Outbox, Send
+
+log = logging.getLogger("trimtab.coordinator")
+
+
+@dataclasses.dataclass
+class Failover:
+    """A failover in flight: its map (``epoch``, ``owners``) and the live servers yet to
+    acknowledge it."""
+
+    epoch: int
+    owners: tuple[int, ...]
+    acks: set[int]
+
+
+class Recovery:
+    """The coordinator's answer to a lost member. Not thread-safe: the coordinator's
+    loop owns it.
+
+    Args:
+        members: the job's members.
+        maps: the placement map (its backup table is set up here: ``maps.replicas``).
+        replicas: backups per chunk (0 or 1).
+    """
+
+    def __init__(self, members: Members, maps: Maps, replicas: int) -> None:
+        self._members = members
+        self._maps = maps
+        self.replicas = replicas
+        maps.replicas = replicas
+        #: The failover in flight, if any.
+        self.failing: Failover | None = None
+        #: Failovers completed (published).
+        self.failovers = 0
+
+    def member_lost(self, member: Member, why: str, out: Outbox) -> str | None:
+        """``member`` died (``why``: how it was noticed, e.g. "has been silent for
+        3s"). Appends to ``out`` what must be sent; returns why the job must end, or
+        None if it goes on (a failover started). A member lost twice, or one that had
+        finished, changes nothing."""
+        if member.finished:
+            return None
+        who = f"{member.role.value} {member.rank}"
+        if member.role is Role.WORKER:
+            return f"{who} {why}; stopping the job"
+        current = self._maps.map
+        if current is None:
+            return f"{who} {why} before the job was placed; stopping the job"
+        owned = [c for c, o in enumerate(current.owners) if o == member.rank]
+        if not self.replicas:
+            return (
+                f"{who} {why}; its chunks {_ranges(owned)} had no replica and are lost "
+                "(run with --replicas 1 to survive a server's death); stopping the job"
+            )
+        if self.failing is not None:
+            return f"{who} {why} during the failover to map {self.failing.epoch}; stopping the job"
+        live = [m.rank for m in self._members.servers if not m.finished and m is not member]
+        owners, backups, lost = replicas.failover(
+            current.owners, self._maps.backups, self._maps.sizes, member.rank, live
+        )
+        if lost:
+            return (
+                f"{who} {why}; chunks {_ranges(lost)} lost their owner and backup at "
+                "once; stopping the job"
+            )
+        member.move(MemberState.LOST)
+        epoch = self._maps.epoch + 1
+        self._maps.backups = backups
+        self.failing = Failover(epoch, tuple(owners), set(live))
+        log.error(
+            "%s %s: its %d chunks go to their backups under map epoch %d",
+            who,
+            why,
+            len(owned),
+            epoch,
+        )
+        servers = [m.addr for m in self._members.servers]
+        to_servers = replica.failover(
+            epoch=epoch, dead=member.rank, owners=owners, backups=backups, servers=servers
+        )
+        out += [Send(self._members.servers[r].peer, to_servers) for r in live]
+        notice = replica.failover_notice(epoch=epoch, dead=member.addr)
+        out += [Send(w.peer, notice) for w in self._members.workers.values() if not w.finished]
+        if not live:
+            out += self._publish()
+        return None
+
+    def on_ack(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        """A server's FAILOVER_ACK: once every live server took the failover map, it is
+        published (the workers' MAP_GETs for it are answered). Raises a BAD_STATE
+        :class:`ProtocolError` if no failover to its epoch is in flight."""
+        epoch = replica.read_failover_ack(header)["e"]
+        failing = self.failing
+        if failing is None or failing.epoch != epoch:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"no failover to map {epoch} in flight")
+        failing.acks.discard(member.rank)
+        if not failing.acks:
+            out += self._publish()
+
+    def _publish(self) -> Outbox:
+        failing = self.failing
+        assert failing is not None
+        self.failing = None
+        self.failovers += 1
+        current = self._maps.map
+        servers = current.servers if current else ()
+        log.info("failover map epoch %d published", failing.epoch)
+        return self._maps.publish(failing.epoch, failing.owners, servers, {})
+
+
+def _ranges(chunks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[str] = []
+    for c in sorted(chunks):
+        if spans and int(spans[-1].split("-")[-1]) == c - 1:
+            spans[-1] = f"{spans[-1].split('-')[0]}-{c}"
+        else:
+            spans.append(str(c))
+    return ", ".join(spans) or "none"

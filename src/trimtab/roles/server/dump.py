@@ -1,0 +1,43 @@
+"""A server's protocol state in words, for a hung job's dump (:data:`STACK_SIGNAL`)."""
+
+from __future__ import annotations
+
+from trimtab.roles.server.handover import Handover
+from trimtab.roles.server.lifecycle import ChunkPhase
+from trimtab.roles.server.store import ChunkStore
+
+
+def describe(index: int, state: str, step: int, store: ChunkStore, handover: Handover) -> str:
+    """Server ``index`` (in lifecycle ``state``, at ``step``): the chunks with a round in
+    progress or on their way out or in, handovers not yet acked. Only reads; never
+    blocks."""
+    moves = handover.moves
+    rounds = [ch.round for ch in store.chunks.values()]
+    lines = [
+        f"server {index} ({state}): map epoch {store.epoch}, step "
+        f"{step}, owns {len(store.chunks)} chunks, rounds "
+        f"{min(rounds, default=0)}..{max(rounds, default=0)}"
+    ]
+    for cid, ch in sorted(store.chunks.items()):
+        move = moves.get(cid)
+        if ch.arrived or ch.waiting or ch.held or move is not None:
+            lines.append(
+                f"  chunk {cid}: round {ch.round}, pushed by workers {sorted(ch.arrived)}, "
+                f"{len(ch.waiting)} waiting, {len(ch.held)} held"
+                + (
+                    f", leaving for server {move.owner} from clock {move.cut}"
+                    if move is not None
+                    else ""
+                )
+            )
+    handed = []
+    for cid, move in sorted(moves.items()):
+        if move.phase is ChunkPhase.ARRIVING:
+            lines.append(f"  chunk {cid}: arriving, {len(move.queued)} requests wait for it")
+        elif move.phase is ChunkPhase.HANDED:
+            handed.append(cid)
+    if handed:
+        lines.append(f"  handed over, not yet acked: chunks {handed}")
+    if handover.early:
+        lines.append(f"  {len(handover.early)} handovers of a map not yet received")
+    return "\n".join(lines)

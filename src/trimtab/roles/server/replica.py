@@ -1,0 +1,462 @@
+"""Server replicas (``--replicas 1``): each chunk's primary keeps a backup server in
+step after aggregation, and the backups take over when a server dies.
+
+The scheme is *state forwarding*: once a round of a chunk is applied, its primary
+sends the backup the chunk as of that round (REPLICATE: value, optimizer state,
+version, round, counters, each worker's last clock), and releases the round's values
+to the workers only when the backup acknowledged it. So a value a worker saw is never
+lost, and a push is answered only once two servers hold its effect. Chunks are
+replicated independently (many in flight at once, each chunk's acknowledgement
+releasing only its own replies): the step does not serialise on them.
+
+On a server's death the coordinator sends FAILOVER (a new map epoch): each backup of a
+dead server's chunk promotes its copy to the chunk itself; every chunk whose backup
+changed is replicated afresh to its new one (what waited for the dead backup's
+acknowledgement waits for the new one's). The epoch is a fencing token: a REPLICATE
+from a server that is not the chunk's owner under a newer failover map is refused
+(STALE_EPOCH), and its sender, a primary the job declared dead, stops.
+
+Workers resend the pushes the dead server left unanswered; a push for a clock the
+promoted copy has applied already is answered with the value, not applied again
+(:meth:`Replicas.applied`). Nothing here sends: the server's loop does.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import cast
+
+from trimtab.core.dtypes import DTYPE_SIZES
+from trimtab.errors import ProtocolError
+from trimtab.protocol import headers, replica
+from trimtab.protocol.messages import Data, ErrorCode, Header, error_of, payload_frames
+from trimtab.roles.server.handover import decode_state, encode_state
+from trimtab.roles.server.replica_shm import ReplicaArenas
+from trimtab.roles.server.store import Chunk, ChunkStore, Reply
+from trimtab.runtime.credentials import Credentials
+from trimtab.runtime.loop import NodeLoop
+from trimtab.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES, as_bytes, check_tensor_frames
+from trimtab.transport import Frame, Peer
+from trimtab.transport.shm import is_local
+
+log = logging.getLogger("trimtab.server")
+
+#: What runs once a replication is acknowledged: sends the replies it held back.
+Release = Callable[[], None]
+
+#: REPLICATEs of a failover map not yet received, held at most (each is a chunk's
+#: value and state: the chunks a dead server's death gives new backups, at most).
+EARLY_MAX = 1 << 16
+
+#: REPLICATE request ids start here (see :data:`trimtab.protocol.replica.FIRST_RID`).
+FIRST_RID = replica.FIRST_RID
+
+
+class _InFlight:
+    """A REPLICATE awaiting its ACK: its chunk, the backup it went to, its peer, and
+    what its acknowledgement releases."""
+
+    __slots__ = ("backup", "chunk", "peer", "releases")
+
+    def __init__(self, chunk: int, backup: int, releases: list[Release]) -> None:
+        self.chunk = chunk
+        self.backup = backup
+        self.peer: Peer | None = None
+        self.releases = releases
+
+
+class Replicas:
+    """One server's side of replication: the backup table, the copies it holds for
+    other servers' chunks, and its replications in flight.
+
+    Not thread-safe: the server's loop owns it. Nothing here blocks.
+
+    Attributes:
+        backup_of: each chunk's backup server (-1: none); empty without replicas.
+        copies: the chunks this server backs up, by id (as of their last REPLICATE).
+        fence: the epoch of the last failover map taken (0: none yet).
+        in_flight: REPLICATEs not yet acknowledged, by request id.
+    """
+
+    def __init__(self, store: ChunkStore, credentials: Credentials, shared: bool = True) -> None:
+        self.store = store
+        self.credentials = credentials
+        self.arenas = ReplicaArenas(credentials.job, shared)
+        store.arenas.close_with(self.arenas.close)
+        self.backup_of: list[int] = []
+        self.copies: dict[int, Chunk] = {}
+        self.fence = 0
+        self.in_flight: dict[int, _InFlight] = {}
+        self._rids = itertools.count(FIRST_RID)
+        self.replicated = 0  # REPLICATEs acknowledged
+        self.shared = 0  # REPLICATEs sent through shared memory
+        self.promoted = 0  # copies promoted to owned chunks
+
+    def learn(self, header: headers.JobMapHeader) -> None:
+        """Take the backup table of a job map (MAP or EXTEND, read). Raises a MALFORMED
+        :class:`ProtocolError` for a table of another length than the chunks'."""
+        if "bk" in header:
+            self.backup_of = replica.read_backups(header, len(self.store.specs))
+
+    def stats(self) -> dict[str, int]:
+        """Counters for the server's STATS: REPLICATEs acknowledged and sent through
+        shared memory, copies held, copies promoted, the last failover's epoch."""
+        return {
+            "replicated": self.replicated,
+            "replicated_shared": self.shared,
+            "copies": len(self.copies),
+            "promoted": self.promoted,
+            "fence": self.fence,
+        }
+
+    def backup(self, cid: int) -> int:
+        """Chunk ``cid``'s backup server, -1 for none."""
+        return self.backup_of[cid] if cid < len(self.backup_of) else -1
+
+    # -- the primary's side ------------------------------------------------------------
+
+    def replicate(
+        self, cid: int, releases: list[Release]
+    ) -> tuple[str, replica.ReplicateHeader, list[Frame]] | None:
+        """Chunk ``cid`` (held here) as of its last applied round, for its backup:
+        the backup's address, the REPLICATE and its frames; ``releases`` run once the
+        backup acknowledged it (:meth:`acked`). None if the chunk has no backup: the
+        caller runs ``releases`` now."""
+        backup = self.backup(cid)
+        if backup < 0 or backup == self.store.index:
+            return None
+        chunk = self.store.chunks[cid]
+        frames: list[Frame] = [as_bytes(chunk.value)]
+        hp = state = None
+        if chunk.optimizer is not None:
+            hp, state = encode_state(chunk.optimizer, frames)
+        rid = next(self._rids)
+        header = replica.replicate(
+            rid=rid,
+            chunk=cid,
+            version=chunk.version,
+            round=chunk.round,
+            epoch=self.store.epoch,
+            sender=self.store.index,
+            token=self.credentials.own or b"",
+            dtype=WIRE_DTYPES[chunk.value.dtype],
+            numel=chunk.spec.numel,
+            counts=[chunk.pushes, chunk.dropped, chunk.discounted],
+            last_sum=chunk.last_sum,
+            last_clock=chunk.last_clock,
+            hp=hp,
+            state=state,
+        )
+        address = self.store.servers[backup]
+        if is_local(address) and not any(f.chunk == cid for f in self.in_flight.values()):
+            shared = self.arenas.put(self.store.index, cid, frames)
+            if shared is not None:
+                header["sm"], frames = shared, []
+                self.shared += 1
+        self.in_flight[rid] = _InFlight(cid, backup, releases)
+        return address, header, frames
+
+    def sent(self, rid: int, peer: Peer) -> None:
+        """REPLICATE ``rid`` went to ``peer``: only its ACK (or ERROR) settles it."""
+        self.in_flight[rid].peer = peer
+
+    def acked(self, rid: int, peer: Peer) -> list[Release] | None:
+        """The releases of REPLICATE ``rid``, if ``peer`` is where it went (taken off:
+        settled), else None (an answer to nothing of this server's replication)."""
+        flight = self.settle(rid, peer)
+        if flight is None:
+            return None
+        self.replicated += 1
+        return flight.releases
+
+    def settle(self, rid: int, peer: Peer) -> _InFlight | None:
+        """REPLICATE ``rid`` in flight to ``peer``, taken off (None: no such one)."""
+        flight = self.in_flight.get(rid)
+        if flight is None or flight.peer != peer:
+            return None
+        del self.in_flight[rid]
+        return flight
+
+    # -- the backup's side -------------------------------------------------------------
+
+    def take(self, header: Header, frames: Sequence[memoryview], sender: int) -> None:
+        """Take a REPLICATE (``header`` as decoded, ``frames``: those after the header)
+        from server ``sender`` (whose credential the caller checked). Raises
+        :class:`ProtocolError` (and then nothing changed): MALFORMED for a mistyped key,
+        UNKNOWN_CHUNK, STALE_EPOCH from a server that is not the chunk's owner under a
+        failover map newer than its epoch (a primary declared dead), FORBIDDEN from a
+        server that is not the chunk's owner, BAD_STATE if this server is not the
+        chunk's backup, or as ``check_tensor_frames`` and :func:`decode_state`."""
+        frames = payload_frames(header, frames)
+        msg = replica.read_replicate(header)
+        if "sm" in msg:
+            frames = self.arenas.read(msg, msg["sm"], frames)
+        cid = msg["c"]
+        store = self.store
+        if not 0 <= cid < len(store.specs):
+            raise ProtocolError(ErrorCode.UNKNOWN_CHUNK.value, f"no chunk {cid} in this job")
+        owner = store.owners[cid] if cid < len(store.owners) else -1
+        if sender != owner:
+            if msg["e"] < self.fence:
+                raise ProtocolError(
+                    ErrorCode.STALE_EPOCH.value,
+                    f"chunk {cid}: a write of map epoch {msg['e']} from server {sender}, "
+                    f"which is not its owner since failover epoch {self.fence}",
+                )
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN.value, f"chunk {cid} is server {owner}'s, not {sender}'s"
+            )
+        if self.backup(cid) != store.index:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value,
+                f"server {store.index} is not chunk {cid}'s backup (epoch {store.epoch})",
+            )
+        tensors = sum(1 for entry in msg.get("st", {}).values() if entry[:1] == ["t"])
+        if len(frames) != 1 + tensors:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value,
+                f"REPLICATE of chunk {cid}: {len(frames)} frames for a value and "
+                f"{tensors} state tensors",
+            )
+        _check_state(msg, frames[1:])
+        spec = store.specs[cid]
+        value = check_tensor_frames(header, frames[:1], spec.dtype, spec.numel)
+        copy = self.copies.get(cid)
+        fresh = copy is None
+        if copy is None:
+            copy = store.new_chunk(spec)
+        if copy.optimizer is not None:
+            decode_state(copy.optimizer, cast(headers.HandoverHeader, msg), frames[1:])
+        # Everything is checked: from here on the copy changes.
+        copy.value.copy_(value)
+        copy.version = msg["v"]
+        copy.round = msg["k"]
+        copy.pushes, copy.dropped, copy.discounted = msg["p"]
+        copy.last_sum = float(msg["ls"])
+        copy.last_clock = {r: k for r, k in msg["lc"]}
+        copy.seeded = True
+        if fresh:
+            self.copies[cid] = copy
+
+    def applied(self, chunk: Chunk, clock: int) -> bool:
+        """Whether a push of ``clock`` for ``chunk`` is one resent after a failover for
+        a round applied already (answered with the value, not applied again)."""
+        return clock < chunk.round
+
+    # -- failover ----------------------------------------------------------------------
+
+    def failover(self, msg: replica.FailoverHeader) -> list[int]:
+        """Take a FAILOVER (read): the new owners and backups under epoch ``e``. The
+        copies of chunks now owned here become the chunks; copies no longer backed up
+        here are dropped. Returns the chunks owned here whose backup changed: each must
+        be replicated to its new backup (:meth:`resync`)."""
+        store = self.store
+        owners = tuple(msg.get("owners", ()))
+        backups = list(msg.get("bk", ()))
+        old = list(self.backup_of)
+        store.owners = owners
+        store.servers = tuple(msg.get("servers", store.servers))
+        store.epoch = max(store.epoch, msg["e"])
+        self.fence = msg["e"]
+        self.backup_of = backups
+        for cid, owner in enumerate(owners):
+            if owner == store.index and cid not in store.chunks:
+                copy = self.copies.pop(cid, None)
+                if copy is None:
+                    # Never replicated: nothing of it was ever acknowledged (an INIT's ACK
+                    # waits for the replication too), so it starts afresh and the
+                    # workers' resent requests seed it.
+                    log.warning("server %d: chunk %d had no copy: fresh", store.index, cid)
+                    copy = store.new_chunk(store.specs[cid])
+                store.chunks[cid] = copy
+                self.promoted += 1
+        for cid in [c for c in self.copies if self.backup(c) != store.index]:
+            del self.copies[cid]
+        changed = [
+            cid
+            for cid in store.chunks
+            if self.backup(cid) != (old[cid] if cid < len(old) else -1)
+            or any(f.chunk == cid and f.backup == msg["dead"] for f in self.in_flight.values())
+        ]
+        log.info(
+            "server %d: failover to epoch %d (server %d lost): owns %d chunks, %d to "
+            "replicate afresh",
+            store.index,
+            store.epoch,
+            msg["dead"],
+            len(store.chunks),
+            len(changed),
+        )
+        return changed
+
+    def resync(self, cid: int) -> list[Release]:
+        """Take off the replications of chunk ``cid`` in flight (their backup changed):
+        their releases, to wait on the fresh REPLICATE to the new backup."""
+        releases: list[Release] = []
+        for rid in [r for r, f in self.in_flight.items() if f.chunk == cid]:
+            releases += self.in_flight.pop(rid).releases
+        return releases
+
+
+def _check_state(msg: replica.ReplicateHeader, frames: Sequence[memoryview]) -> None:
+    """Raise a MALFORMED :class:`ProtocolError` unless each state tensor of ``msg``'s
+    ``st`` is ``["t", a wire dtype, a shape]`` whose bytes are its frame's (in order)."""
+    rest = iter(frames)
+    for key, entry in msg.get("st", {}).items():
+        if entry[0] != "t":
+            continue
+        shape = entry[2] if len(entry) == 3 and isinstance(entry[2], list) else None
+        size = DTYPE_SIZES.get(entry[1]) if len(entry) == 3 and isinstance(entry[1], str) else None
+        if (
+            shape is None
+            or size is None
+            or entry[1] not in TORCH_DTYPES
+            or not all(type(d) is int and d >= 0 for d in shape)
+        ):
+            raise ProtocolError(ErrorCode.MALFORMED.value, f"REPLICATE: state {key!r} is bad")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if next(rest).nbytes != numel * size:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"REPLICATE: state {key!r} has the wrong bytes"
+            )
+
+
+class ReplicaLink:
+    """The server loop's replication executor: it sends what :class:`Replicas`
+    decides and answers what replication brings (ACKs, REPLICATE, FAILOVER, a resent
+    push). Kept beside the loop so the loop stays one line per case.
+
+    Args:
+        replicas: the decisions.
+        loop: the server's :class:`~trimtab.runtime.loop.NodeLoop`.
+        connect: the transport's ``connect`` (address -> peer).
+        coordinator: the coordinator's peer.
+        send_value: the server's VALUE sender ``(peer, rid, chunk, round)``, for a
+            resent push of a round applied already.
+        stop: stops the server with a reason (a primary fenced off).
+
+    Not thread-safe: the server's loop owns it. Nothing blocks but sends.
+    """
+
+    def __init__(
+        self,
+        replicas: Replicas,
+        loop: NodeLoop,
+        connect: Callable[[str], Peer],
+        coordinator: Peer,
+        send_value: Callable[[Peer, int, Chunk, int], None],
+        stop: Callable[[str], None],
+    ) -> None:
+        self.replicas = replicas
+        self._loop = loop
+        self._connect = connect
+        self._coord = coordinator
+        self._send_value = send_value
+        self._stop = stop
+        # REPLICATEs of a failover map this server has not taken yet, held until it has.
+        self._early: list[tuple[Peer, list[memoryview], Header, int]] = []
+
+    def after(self, cid: int, releases: list[Release]) -> None:
+        """Run ``releases`` (send a round's replies) once chunk ``cid``'s backup holds
+        the chunk as it is now; at once if it has none."""
+        message = self.replicas.replicate(cid, releases)
+        if message is None:
+            for release in releases:
+                release()
+            return
+        address, header, frames = message
+        peer = self._connect(address)
+        self.replicas.sent(header["i"], peer)
+        self._loop.send(peer, header, frames)
+
+    def after_rounds(
+        self, replies: Sequence[Reply], answer: Callable[[Sequence[Reply]], None]
+    ) -> None:
+        """Answer ``replies`` (rounds of several chunks completed at once, e.g. by a lost
+        worker: see :meth:`ChunkStore.set_workers`) chunk by chunk, each once its backup
+        holds it. Never blocks."""
+        by_chunk: dict[int, list[Reply]] = {}
+        for r in replies:
+            by_chunk.setdefault(r.chunk.spec.id, []).append(r)
+        for cid, rs in by_chunk.items():
+            self.after(cid, [functools.partial(answer, rs)])
+
+    def ack_after(self, cid: int, peer: Peer, rid: int) -> None:
+        """ACK request ``rid`` of ``peer`` (an INIT or STATE_SET of chunk ``cid``) once the
+        chunk's backup holds the chunk as it is now."""
+        self.after(cid, [lambda: self._loop.send(peer, headers.ack(rid=rid))])
+
+    def answer(self, peer: Peer, op: int, rid: int, header: Header) -> bool:
+        """An ACK or ERROR ``header`` from ``peer``: if it settles a REPLICATE, release
+        what waited for it (ACK); send it again through the sockets (NO_SHM: the backup
+        cannot map this server's shared memory); or stop this server (any other refusal,
+        e.g. STALE_EPOCH: the job declared it dead and its backups own its chunks).
+        Whether it was one."""
+        if op == Data.ERROR:
+            flight = self.replicas.settle(rid, peer)
+            if flight is None:
+                return False
+            if header.get("code") == ErrorCode.NO_SHM.value:
+                log.info("server %d: replicating through the sockets", self.replicas.store.index)
+                self.replicas.arenas.enabled = False
+                self.after(flight.chunk, flight.releases)
+                return True
+            self._stop(f"replication refused by the backup: {header.get('msg')}")
+            return True
+        releases = self.replicas.acked(rid, peer)
+        if releases is None:
+            return False
+        for release in releases:
+            release()
+        return True
+
+    def take(self, peer: Peer, frames: list[memoryview], header: Header, sender: int) -> None:
+        """A REPLICATE from server ``sender`` (credential checked): hold the copy, ACK.
+        One of a map newer than this server's (its sender took a FAILOVER first) waits
+        for this server's FAILOVER. Raises as :meth:`Replicas.take`, and a TOO_LARGE
+        :class:`ProtocolError` past :data:`EARLY_MAX` held."""
+        epoch = header.get("e")
+        if type(epoch) is int and epoch > self.replicas.store.epoch:
+            if len(self._early) >= EARLY_MAX:
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE.value, f"{EARLY_MAX} REPLICATEs of a newer map held"
+                )
+            self._early.append((peer, frames, header, sender))
+            return
+        self.replicas.take(header, frames[1:], sender)
+        self._loop.send(peer, headers.ack(rid=header["i"]))
+
+    def resent(self, peer: Peer, header: Header, chunks: dict[int, Chunk]) -> bool:
+        """Whether a PUSH (``header`` decoded, credential checked) is one a worker
+        resent after a failover for a round applied already: then it is answered with
+        the chunk's value, and not applied again. Only after a failover (a peek of
+        ``c`` and ``k``; the push's reader judges the rest)."""
+        if not self.replicas.fence:
+            return False
+        chunk = chunks.get(header.get("c", -1))
+        clock = header.get("k")
+        if chunk is None or type(clock) is not int or not self.replicas.applied(chunk, clock):
+            return False
+        self._send_value(peer, header["i"], chunk, clock)
+        return True
+
+    def failover(self, header: Header) -> None:
+        """A FAILOVER from the coordinator: promote, replicate afresh where a backup
+        changed (what waited for the old one waits for the new), FAILOVER_ACK. Raises a
+        MALFORMED :class:`ProtocolError` for a bad FAILOVER."""
+        msg = replica.read_failover(header)
+        for cid in self.replicas.failover(msg):
+            self.after(cid, self.replicas.resync(cid))
+        self._loop.send(self._coord, replica.failover_ack(epoch=msg["e"]))
+        early, self._early = self._early, []
+        for peer, frames, held, sender in early:
+            try:
+                self.take(peer, frames, held, sender)
+            except ProtocolError as exc:
+                code, text = error_of(exc)
+                self._loop.refuse(peer, held["i"], code, text, data=True)

@@ -1,0 +1,129 @@
+"""Server replicas over real processes: a server SIGKILLed mid-training under
+``--replicas 1`` loses nothing (its chunks' backups take over, the workers resend what
+it left unanswered, applied once), and the job ends with one process's parameters.
+Without replicas, the job ends with a message naming the chunks lost."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import processes_of
+from tests.equivalence_job import STEPS, Setup, max_difference, reference
+from trimtab.launch.job import Job, LaunchConfig
+
+SCRIPT = Path(__file__).with_name("replica_worker.py")
+
+#: Silence after which the coordinator takes a member for dead (servers report their
+#: load every 0.25 s, workers heartbeat every second): short, so the test is.
+DEAD_AFTER_S = "3"
+
+
+def _run_and_kill(
+    config: LaunchConfig,
+    sizes: tuple[int, ...],
+    out: Path,
+    victims: dict[int, str],
+    optimizer: str = "sgd",
+    env: dict[str, str] | None = None,
+) -> tuple[int, list[str]]:
+    """Run the replica job; after each step of ``victims`` (step: process, e.g.
+    "server 1"), when rank 0 asks (OUT/kill<n>), SIGKILL that process and say so
+    (OUT/killed<n>). Returns the job's status and output."""
+    lines: list[str] = []
+    config = dataclasses.replace(config, deadline_s=100.0)
+    steps = ",".join(map(str, victims))
+    command = [sys.executable, str(SCRIPT), optimizer, ",".join(map(str, sizes)), str(out), steps]
+    job = Job(
+        config,
+        command,
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+        extra_env={"TRIMTAB_DEAD_AFTER_S": DEAD_AFTER_S, **(env or {})},
+    )
+    status: list[int] = []
+    runner = threading.Thread(target=lambda: status.append(job.run()), daemon=True)
+    runner.start()
+    for n, victim in enumerate(victims.values()):
+        deadline = time.monotonic() + 60
+        while not (out / f"kill{n}").exists() and runner.is_alive():
+            assert time.monotonic() < deadline, "\n".join(lines[-60:])
+            time.sleep(0.02)
+        if not runner.is_alive():
+            break
+        procs = [p for p in job._procs if p.source == victim]
+        assert procs, f"no {victim} among {[p.source for p in job._procs]}"
+        os.kill(procs[0].popen.pid, signal.SIGKILL)
+        (out / f"killed_at{n}").write_text(str(time.time()))
+        procs[0].popen.wait()
+        (out / f"killed{n}").write_text(victim)
+    runner.join(110)
+    assert status, "the job did not end"
+    return status[0], lines
+
+
+KILLS = [
+    # (optimizer, servers, {after step: the server process killed}, rank 0 waits for it)
+    ("sgd", 3, {7: "server 1"}, True),
+    ("adam", 3, {4: "server 2", 12: "server 0"}, True),  # replicas re-created, then lost
+    ("sgd", 3, {5: "server 0"}, False),  # killed while rounds and replications fly
+]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("optimizer", "servers", "victims", "waits"),
+    KILLS,
+    ids=[f"{o}-{s}s-{len(v)}kills{'' if w else '-flying'}" for o, s, v, w in KILLS],
+)
+def test_servers_killed_mid_training_lose_nothing_with_replicas(
+    tmp_path: Path, optimizer: str, servers: int, victims: dict[int, str], waits: bool
+) -> None:
+    sizes = (5, 19)
+    config = LaunchConfig(workers=2, servers=servers, chunk_bytes=512, replicas=1)
+    env = None if waits else {"REPLICA_NOWAIT": "1"}
+    status, lines = _run_and_kill(config, sizes, tmp_path, victims, optimizer, env)
+    assert status == 0, "\n".join(lines[-60:])
+    expected = reference(Setup(optimizer, sizes))
+    for rank in range(len(sizes)):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert len(stats["servers"]) == servers - len(victims)  # the live ones
+    versions = [v for s in stats["servers"] for v in s["versions"].values()]
+    # Every chunk took every step's update exactly once: none lost, none twice.
+    assert versions and all(v == STEPS for v in versions), versions
+    assert sorted(int(c) for s in stats["servers"] for c in s["versions"]) == list(
+        range(len(stats["job"]["owners"]))
+    )
+    # Kept in step through shared memory (one machine), and promoted on each death.
+    assert all(s["replicated_shared"] > 0 for s in stats["servers"])
+    assert sum(s["promoted"] for s in stats["servers"]) > 0
+    live = {s["index"] for s in stats["servers"]}
+    assert set(stats["job"]["owners"]) <= live  # the dead servers own nothing
+    assert sum("its backups take over" in line for line in lines) == len(victims)
+    # From each kill to the next step either worker completed (reported, not asserted:
+    # it is TRIMTAB_DEAD_AFTER_S, the silence that declares a server dead, and more).
+    ends = sorted(t for r in (0, 1) for t in json.loads((tmp_path / f"steps{r}.json").read_text()))
+    for n in range(len(victims)):
+        killed = float((tmp_path / f"killed_at{n}").read_text())
+        print(f"recovery after kill {n}: {min(t for t in ends if t > killed) - killed:.2f} s")
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(150)
+def test_without_replicas_a_dead_server_ends_the_job_naming_its_chunks(tmp_path: Path) -> None:
+    config = LaunchConfig(workers=2, servers=2, chunk_bytes=512)
+    status, lines = _run_and_kill(config, (12, 12), tmp_path, {7: "server 1"})
+    assert status != 0
+    text = "\n".join(lines)
+    assert "server 1 exited with status" in text, text[-3000:]
+    assert processes_of(config.job) == []

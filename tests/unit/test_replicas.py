@@ -1,0 +1,411 @@
+"""Server replicas without sockets: where backups go (never with their chunk), a
+primary's REPLICATE taken by its backup, a failover promoting the copy, a resent push
+of an applied round recognised, a stale-epoch write refused, and the coordinator's
+answer to a lost server with and without replicas."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.test_server_store import map_header, push
+from trimtab.errors import ProtocolError
+from trimtab.policies import replicas as policy
+from trimtab.policies.placement import PLACEMENTS
+from trimtab.protocol import replica
+from trimtab.protocol.messages import Control, Data, ErrorCode, decode, encode
+from trimtab.roles.coordinator.maps import Maps
+from trimtab.roles.coordinator.members import Members, MemberState
+from trimtab.roles.coordinator.outbox import Send
+from trimtab.roles.coordinator.recovery import Recovery
+from trimtab.roles.server.meter import LoadMeter
+from trimtab.roles.server.replica import ReplicaLink, Replicas
+from trimtab.roles.server.slots import SharedArenas
+from trimtab.roles.server.store import ChunkStore
+from trimtab.runtime.credentials import Credentials
+from trimtab.runtime.loop import NodeLoop
+
+# -- where backups go ----------------------------------------------------------------
+
+
+@given(
+    servers=st.integers(2, 6),
+    data=st.data(),
+)
+def test_a_backup_is_never_on_its_chunk_s_server(servers: int, data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 40))
+    owners = data.draw(st.lists(st.integers(0, servers - 1), min_size=n, max_size=n))
+    sizes = data.draw(st.lists(st.integers(1, 1 << 20), min_size=n, max_size=n))
+    backups = policy.backups(owners, sizes, range(servers))
+    assert all(b != o and 0 <= b < servers for o, b in zip(owners, backups, strict=True))
+    dead = data.draw(st.integers(0, servers - 1))
+    live = [s for s in range(servers) if s != dead]
+    new_owners, new_backups, lost = policy.failover(owners, backups, sizes, dead, live)
+    assert lost == []  # one death never takes a chunk and its backup
+    for cid, (o, b) in enumerate(zip(new_owners, new_backups, strict=True)):
+        assert o != dead and o in live
+        if owners[cid] != dead:
+            assert o == owners[cid]  # only the dead server's chunks move
+        else:
+            assert o == backups[cid]  # ... to their backups, which hold them
+        assert b != o and (b in live or (b == policy.NONE and len(live) == 1))
+
+
+@pytest.mark.parametrize("name", ["hash", "mxnet", "greedy", "psld"])
+def test_no_placement_policy_s_map_co_locates_a_chunk_and_its_backup(name: str) -> None:
+    from trimtab.core.chunks import TensorSpec, make_chunks
+
+    tensors = [TensorSpec(f"t{i}", (100 * (i + 1),), "float32", 0) for i in range(12)]
+    chunks = make_chunks(tensors, 512)
+    for servers in (2, 3, 5):
+        owners = PLACEMENTS.create(name).place(tensors, chunks, servers)
+        backups = policy.backups(owners, [c.nbytes for c in chunks], range(servers))
+        assert all(o != b for o, b in zip(owners, backups, strict=True)), name
+
+
+def test_backups_balance_bytes_and_keep_what_is_still_valid() -> None:
+    backups = policy.backups([0, 0, 0, 0], [4, 4, 4, 4], range(3))
+    assert sorted(backups) == [1, 1, 2, 2]
+    assert policy.backups([0, 1], [4, 4], range(3), keep=[2, 0]) == [2, 0]
+    assert policy.backups([0, 1], [4, 4], range(3), keep=[0, 1])[0] != 0  # invalid: redone
+
+
+# -- a primary and its backup ----------------------------------------------------------
+
+KEY = b"k" * 32
+
+
+def server(index: int, owners: list[int], backups: list[int]) -> Replicas:
+    store = ChunkStore(LoadMeter(), SharedArenas("job"))
+    store.index = index
+    store.apply_map(map_header(owners, mode="server", bk=backups))  # type: ignore[arg-type]
+    creds = Credentials("job")
+    from trimtab.runtime.credentials import credential
+
+    creds.learn(KEY, 2, credential(KEY, "job", "server", index))
+    replicas = Replicas(store, creds)
+    replicas.learn(map_header(owners, mode="server", bk=backups))  # type: ignore[arg-type]
+    return replicas
+
+
+def wire(header: Any, frames: list[Any]) -> tuple[dict[str, Any], list[memoryview]]:
+    """What the receiver decodes: the header through msgpack, the frames as views."""
+    header["j"] = "job"
+    return decode(encode(header), "job"), [memoryview(bytes(f)) for f in frames]
+
+
+def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover() -> None:
+    primary, backup = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    push(primary.store, 0, [1, 2, 3, 4])
+    replies = push(primary.store, 1, [3, 2, 1, 0])
+    assert len(replies) == 2  # round 0 complete: to be released once replicated
+    released: list[str] = []
+    message = primary.replicate(0, [lambda: released.append("values")])
+    assert message is not None
+    address, header, frames = message
+    assert address == "inproc://s1"
+    assert released == []  # nothing leaves before the backup holds it
+    got, views = wire(header, frames)
+    backup.take(got, views, sender=0)
+    primary.sent(header["i"], b"backup")
+    assert primary.acked(header["i"], b"someone else") is None  # only its ACK settles it
+    for release in primary.acked(header["i"], b"backup") or []:
+        release()
+    assert released == ["values"] and not primary.in_flight
+    copy = backup.copies[0]
+    chunk = primary.store.chunks[0]
+    assert torch.equal(copy.value, chunk.value)
+    assert (copy.version, copy.round, copy.last_clock) == (1, 1, {0: 0, 1: 0})
+    assert copy.optimizer is not None and chunk.optimizer is not None
+    # The failover: server 0 is dead, its chunk 0 goes to its backup, server 1.
+    failover = replica.failover(epoch=2, dead=0, owners=[1, 1], backups=[-1, -1], servers=[])
+    got_failover, _ = wire(failover, [])
+    changed = backup.failover(replica.read_failover(got_failover))
+    assert backup.store.chunks[0] is copy and backup.fence == 2 and backup.store.epoch == 2
+    assert sorted(changed) == [0, 1]  # both lost their backup (no other server is live)
+    # A worker resends its push of clock 0, answered already by no one: applied once.
+    assert backup.applied(copy, 0) and not backup.applied(copy, 1)
+    push(backup.store, 0, [1, 1, 1, 1], clock=1)
+    assert push(backup.store, 1, [1, 1, 1, 1], clock=1)  # round 1 goes on at the backup
+    assert backup.store.chunks[0].version == 2
+
+
+def test_a_write_of_a_stale_epoch_from_a_fenced_off_primary_is_refused() -> None:
+    old_primary, backup = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    first = old_primary.replicate(0, [])
+    assert first is not None
+    backup.take(*wire(first[1], first[2]), sender=0)
+    failover = replica.failover(epoch=2, dead=0, owners=[1, 1], backups=[-1, -1], servers=[])
+    backup.failover(replica.read_failover(wire(failover, [])[0]))
+    message = old_primary.replicate(0, [])  # it was only slow: it still thinks it owns 0
+    assert message is not None
+    got, views = wire(message[1], message[2])
+    before = backup.store.chunks[0].value.clone()
+    with pytest.raises(ProtocolError) as refused:
+        backup.take(got, views, sender=0)
+    assert refused.value.args[0] == ErrorCode.STALE_EPOCH.value
+    assert torch.equal(backup.store.chunks[0].value, before)  # nothing changed
+
+
+def test_only_the_chunk_s_owner_may_write_its_backup() -> None:
+    a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    message = a.replicate(0, [])
+    assert message is not None
+    got, views = wire(message[1], message[2])
+    with pytest.raises(ProtocolError) as refused:
+        b.take(got, views, sender=2)
+    assert refused.value.args[0] == ErrorCode.FORBIDDEN.value
+    assert 0 not in b.copies
+
+
+def test_a_malformed_replicate_is_refused_before_anything_changes() -> None:
+    a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    message = a.replicate(0, [])
+    assert message is not None
+    got, views = wire(message[1], message[2])
+    got["lc"] = [[0, "x"]]
+    with pytest.raises(ProtocolError, match="lc"):
+        b.take(got, views, sender=0)
+    got, views = wire(message[1], message[2])
+    with pytest.raises(ProtocolError):
+        b.take(got, [*views[:1], memoryview(b"extra")], sender=0)  # a frame too many
+    got, views = wire(message[1], message[2])
+    with pytest.raises(ProtocolError):
+        b.take(got, [memoryview(b"short")], sender=0)  # a value of the wrong size
+    assert 0 not in b.copies
+
+
+# -- the coordinator -------------------------------------------------------------------
+
+
+def coordinator(replicas: int) -> tuple[Members, Maps, Recovery]:
+    members = Members(num_workers=1, num_servers=3, max_servers=3)
+    for i in range(3):
+        members.register(
+            f"s{i}".encode(),
+            {"o": int(Control.REGISTER), "role": "server", "addr": f"tcp://s{i}"},
+            running=False,
+        )
+    members.register(
+        b"w0", {"o": int(Control.REGISTER), "role": "worker", "rank": 0}, running=False
+    )
+    maps = Maps(PLACEMENTS.create("greedy"), 16, {})
+    recovery = Recovery(members, maps, replicas)
+    opt = {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.1}]}
+    maps.declare(
+        members.workers[0], {"o": 4, "i": 1, "tensors": [["w", [24], "float32", 0]], "opt": opt}
+    )
+    out = maps.place(members)
+    assert out
+    return members, maps, recovery
+
+
+def test_without_replicas_a_lost_server_ends_the_job_naming_its_chunks() -> None:
+    members, maps, recovery = coordinator(0)
+    assert maps.map is not None
+    owned = [c for c, o in enumerate(maps.map.owners) if o == 1]
+    out: list[Any] = []
+    why = recovery.member_lost(members.servers[1], "has been silent for 3s", out)
+    assert why is not None and "had no replica and are lost" in why
+    assert str(owned[0]) in why and "--replicas 1" in why
+    assert out == []
+
+
+def test_with_replicas_a_lost_server_s_chunks_go_to_their_backups_under_a_new_epoch() -> None:
+    members, maps, recovery = coordinator(1)
+    assert maps.map is not None and maps.backups
+    owners = maps.map.owners
+    out: list[Any] = []
+    assert recovery.member_lost(members.servers[1], "has been silent for 3s", out) is None
+    assert members.servers[1].state is MemberState.LOST
+    to_servers = [m for m in out if isinstance(m, Send) and m.peer in (b"s0", b"s2")]
+    assert len(to_servers) == 2
+    failover = to_servers[0].header
+    assert failover["e"] == 2 and 1 not in failover["owners"]
+    for cid, owner in enumerate(owners):
+        if owner == 1:
+            assert failover["owners"][cid] == maps.backups[cid] or failover["bk"][cid] != 1
+    assert all(b not in (1, o) for o, b in zip(failover["owners"], failover["bk"], strict=True))
+    notice = [m for m in out if isinstance(m, Send) and m.peer == b"w0"]
+    assert notice and notice[0].header["dead"] == "tcp://s1"
+    # Published once both live servers took it; a worker waiting for epoch 2 is answered.
+    assert maps.want(b"w0", 9, 2) == []
+    more: list[Any] = []
+    recovery.on_ack(members.servers[0], {"e": 2}, [], more)
+    assert more == []
+    recovery.on_ack(members.servers[2], {"e": 2}, [], more)
+    assert maps.epoch == 2 and [m.header["epoch"] for m in more] == [2]
+    with pytest.raises(ProtocolError):
+        recovery.on_ack(members.servers[2], {"e": 2}, [], [])  # none in flight any more
+
+
+# -- the server loop's side: what ReplicaLink sends ------------------------------------
+
+
+class _Loop:
+    """A NodeLoop's send and refuse, recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, dict[str, Any]]] = []
+        self.refused: list[tuple[Any, str]] = []
+
+    def send(self, peer: Any, header: Any, frames: Any = ()) -> None:
+        self.sent.append((peer, dict(header)))
+
+    def refuse(self, peer: Any, rid: int, code: str, msg: str, *, data: bool) -> None:
+        self.refused.append((peer, code))
+
+
+def link(replicas: Replicas) -> tuple[ReplicaLink, _Loop, list[Any], list[str]]:
+    loop, values, stops = _Loop(), [], []
+    made = ReplicaLink(
+        replicas,
+        cast(NodeLoop, loop),
+        lambda address: address.encode(),
+        b"coordinator",
+        lambda peer, rid, chunk, k: values.append((peer, rid, chunk.spec.id, k)),
+        stops.append,
+    )
+    return made, loop, values, stops
+
+
+def test_replies_wait_for_the_backup_s_ack_and_a_refusal_stops_the_primary() -> None:
+    primary, loop, _, stops = link(server(0, [0, 1], [1, 0]))
+    released: list[int] = []
+    primary.after(0, [lambda: released.append(0)])
+    assert released == [] and loop.sent[0][0] == b"inproc://s1"
+    rid = loop.sent[0][1]["i"]
+    assert primary.answer(b"inproc://s1", int(Data.ACK), rid, {}) and released == [0]
+    assert not primary.answer(b"inproc://s1", int(Data.ACK), rid, {})  # settled once
+    primary.after(0, [lambda: released.append(1)])
+    rid = loop.sent[1][1]["i"]
+    refusal = {"code": ErrorCode.STALE_EPOCH.value, "msg": "fenced"}
+    assert primary.answer(b"inproc://s1", int(Data.ERROR), rid, refusal)
+    assert released == [0] and stops and "fenced" in stops[0]
+
+
+def test_without_a_backup_replies_go_at_once() -> None:
+    alone, loop, _, _ = link(server(0, [0, 0], [-1, -1]))
+    released: list[int] = []
+    alone.after(1, [lambda: released.append(1)])
+    assert released == [1] and loop.sent == []
+
+
+def test_a_resent_push_of_an_applied_round_is_answered_not_applied() -> None:
+    replicas = server(0, [0, 1], [1, 0])
+    push(replicas.store, 0, [1, 1, 1, 1])
+    push(replicas.store, 1, [1, 1, 1, 1])  # round 0 applied
+    owner, _, values, _ = link(replicas)
+    resent = {"o": int(Data.PUSH), "i": 7, "c": 0, "k": 0, "r": 1}
+    assert not owner.resent(b"w1", resent, replicas.store.chunks)  # no failover: as ever
+    replicas.fence = 2
+    assert owner.resent(b"w1", resent, replicas.store.chunks)
+    assert values == [(b"w1", 7, 0, 0)] and replicas.store.chunks[0].version == 1
+    assert not owner.resent(b"w1", {**resent, "k": 1}, replicas.store.chunks)  # a new round
+
+
+def test_a_replicate_of_a_failover_map_not_yet_taken_waits_for_it() -> None:
+    # Chunk 1's owner, server 2, died; its backup, server 0, owns it now and replicates
+    # it to its new backup, server 1, which has not taken the FAILOVER yet.
+    owners, backups = [1, 2], [0, 0]
+    new_owner = server(0, owners, backups)
+    servers = ["inproc://s0", "inproc://s1", "inproc://s2"]
+    failover = replica.failover(epoch=2, dead=2, owners=[1, 0], backups=[0, 1], servers=servers)
+    got = replica.read_failover(wire(failover, [])[0])
+    new_owner.failover(got)
+    message = new_owner.replicate(1, [])
+    assert message is not None
+    backup, loop, _, _ = link(server(1, owners, backups))
+    header, frames = wire(message[1], message[2])
+    backup.take(b"s0", [memoryview(b""), *frames], header, sender=0)
+    assert 1 not in backup.replicas.copies and loop.sent == []  # held
+    backup.failover(wire(failover, [])[0])
+    assert 1 in backup.replicas.copies  # taken once the failover map was
+    assert [h["o"] for _, h in loop.sent] == [int(Control.FAILOVER_ACK), int(Data.ACK)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(["c", "v", "k", "e", "s", "dt", "n", "p", "ls", "lc", "hp", "st", "sm"]),
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers(-3, 300) | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner),
+        max_leaves=8,
+    ),
+    extra=st.lists(st.binary(max_size=40), max_size=2),
+)
+def test_any_replicate_is_taken_or_refused_never_a_crash(
+    key: str, value: Any, extra: list[bytes]
+) -> None:
+    a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    message = a.replicate(0, [])
+    assert message is not None
+    header, views = wire(message[1], message[2])
+    header[key] = value
+    try:
+        b.take(header, [*views, *map(memoryview, extra)], sender=0)
+    except ProtocolError:
+        assert 0 not in b.copies  # refused: nothing taken
+
+
+def test_replicas_need_bsp_two_servers_and_no_live_migration() -> None:
+    from trimtab.errors import ConfigError
+    from trimtab.settings import (
+        ConsistencySettings,
+        ElasticSettings,
+        JobSettings,
+        PlacementSettings,
+    )
+
+    one = ElasticSettings(replicas=1)
+    assert JobSettings(workers=2, servers=2, elastic=one).elastic.replicas == 1
+    for bad in (
+        {"servers": 1, "elastic": one},
+        {"servers": 2, "elastic": one, "consistency": ConsistencySettings("asp")},
+        {"servers": 2, "elastic": one, "placement": PlacementSettings("psld")},
+        {"servers": 2, "elastic": ElasticSettings(rebalance_every=3, replicas=1)},
+    ):
+        with pytest.raises(ConfigError):
+            JobSettings(workers=2, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="0 or 1"):
+        ElasticSettings(replicas=2)
+
+
+def test_replication_s_messages_are_handled_before_the_pushes_queued_with_them() -> None:
+    from trimtab.roles.server.priority import by_priority
+    from trimtab.transport import Envelope
+
+    def env(header: dict[str, Any]) -> Envelope:
+        return Envelope(b"peer", [memoryview(encode({**header, "j": "job"}))])
+
+    batch = [
+        env({"o": int(Data.PUSH), "i": 1, "c": 3}),
+        env({"o": int(Data.ACK), "i": 2}),  # a handover's: keeps its place
+        env({"o": int(Data.PUSH), "i": 3, "c": 1}),
+        env({"o": int(Data.REPLICATE), "i": replica.FIRST_RID, "c": 9}),
+        env({"o": int(Data.ACK), "i": replica.FIRST_RID + 5}),  # a replication's
+    ]
+    order = [(h or {}).get("i") for _, _, h in by_priority(batch, b"coordinator", "job")]
+    assert order == [replica.FIRST_RID, replica.FIRST_RID + 5, 1, 2, 3]
+
+
+def test_a_backup_that_cannot_map_shared_memory_gets_the_bytes_instead() -> None:
+    primary, loop, _, stops = link(server(0, [0, 1], [1, 0]))
+    primary.replicas.store.servers = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # local
+    released: list[int] = []
+    try:
+        primary.after(0, [lambda: released.append(0)])
+        first = loop.sent[-1][1]
+        assert "sm" in first  # through this server's arena
+        refusal = {"code": ErrorCode.NO_SHM.value, "msg": "cannot map"}
+        assert primary.answer(b"tcp://127.0.0.1:2", int(Data.ERROR), first["i"], refusal)
+        again = loop.sent[-1][1]
+        assert "sm" not in again and again["i"] != first["i"] and not stops  # the bytes
+        assert primary.answer(b"tcp://127.0.0.1:2", int(Data.ACK), again["i"], {})
+        assert released == [0]
+    finally:
+        primary.replicas.arenas.close()
