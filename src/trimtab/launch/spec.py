@@ -24,6 +24,7 @@ from trimtab.faults.stragglers import parse_stragglers
 from trimtab.frontend.compression import compressor
 from trimtab.settings import (
     BatchingSettings,
+    CheckpointSettings,
     ConsistencySettings,
     ElasticSettings,
     Flag,
@@ -158,6 +159,7 @@ class LaunchConfig:
             the job's secret): for hosts whose network others can read or modify.
         no_auth: run without the job's secret: INSECURE (any local user can corrupt or
             stop the job); only to measure what authentication costs.
+        checkpoint: checkpoints of the job, and the checkpoint it resumes from.
         settings: the job's policies as checked components (derived; not an argument).
     """
 
@@ -220,6 +222,7 @@ class LaunchConfig:
             "(only to measure what authentication costs)",
         ),
     )
+    checkpoint: CheckpointSettings = dataclasses.field(default_factory=CheckpointSettings)
     settings: JobSettings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -270,7 +273,7 @@ class LaunchConfig:
         own = _values(cls, args)
         for name in ("workers", "servers"):
             own.pop(name, None)
-        return cls.of(settings, **own)
+        return cls.of(settings, checkpoint=from_args(CheckpointSettings, args), **own)
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -281,4 +284,5 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, BatchingSettings)
     add_flags(parser, LaunchConfig, ("compression", "stragglers"))
     add_flags(parser, ElasticSettings)
+    add_flags(parser, CheckpointSettings)
     add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth"))

@@ -7,7 +7,8 @@ for what a node receives, a reader that checks the header with
 :func:`~trimtab.protocol.messages.field` and returns it typed, raising
 ``ProtocolError(ErrorCode.MALFORMED.value, ...)`` for a missing or mistyped key. The
 definitions live by plane: :mod:`.control` (membership, teardown, tools, barriers,
-broadcast), :mod:`.collective` (GATHER and GATHERED: Horovod's collectives),
+broadcast), :mod:`.checkpoint` (checkpoints and resuming), :mod:`.collective` (GATHER
+and GATHERED: Horovod's collectives),
 :mod:`.placement` (maps, migration, step and load reports), :mod:`.data` (chunks between
 workers and servers) and :mod:`.state` (a chunk's optimizer state); import them from
 here. ERROR is
@@ -59,6 +60,25 @@ Short keys, and what each carries in which message:
 
 from __future__ import annotations
 
+from trimtab.protocol.checkpoint import (
+    CheckpointHeader,
+    CheckpointReplyHeader,
+    RestoredHeader,
+    RestoreHeader,
+    SnapshotDoneHeader,
+    SnapshotHeader,
+    checkpoint,
+    checkpoint_reply,
+    read_checkpoint_reply,
+    read_restore,
+    read_restored,
+    read_snapshot,
+    read_snapshot_done,
+    restore,
+    restored,
+    snapshot,
+    snapshot_done,
+)
 from trimtab.protocol.collective import (
     GatheredHeader,
     GatherHeader,
@@ -218,6 +238,8 @@ __all__ = [
     "BcastGetHeader",
     "BcastPutHeader",
     "BcastValueHeader",
+    "CheckpointHeader",
+    "CheckpointReplyHeader",
     "DeclareHeader",
     "DoneHeader",
     "ExtendHeader",
@@ -244,9 +266,13 @@ __all__ = [
     "RegisteredHeader",
     "ReportHeader",
     "ReportReplyHeader",
+    "RestoreHeader",
+    "RestoredHeader",
     "ScaleHeader",
     "ScaleReplyHeader",
     "ShutdownHeader",
+    "SnapshotDoneHeader",
+    "SnapshotHeader",
     "StateGetHeader",
     "StateHeader",
     "StateMeta",
@@ -265,6 +291,8 @@ __all__ = [
     "bcast_get",
     "bcast_put",
     "bcast_value",
+    "checkpoint",
+    "checkpoint_reply",
     "declare",
     "declared_again",
     "done",
@@ -295,6 +323,7 @@ __all__ = [
     "read_bcast_get",
     "read_bcast_put",
     "read_bcast_value",
+    "read_checkpoint_reply",
     "read_declare",
     "read_extend",
     "read_floor",
@@ -319,8 +348,12 @@ __all__ = [
     "read_registered",
     "read_report",
     "read_report_reply",
+    "read_restore",
+    "read_restored",
     "read_scale",
     "read_scale_reply",
+    "read_snapshot",
+    "read_snapshot_done",
     "read_state",
     "read_state_get",
     "read_state_set",
@@ -333,9 +366,13 @@ __all__ = [
     "registered",
     "report",
     "report_reply",
+    "restore",
+    "restored",
     "scale",
     "scale_reply",
     "shutdown",
+    "snapshot",
+    "snapshot_done",
     "state",
     "state_get",
     "state_set",

@@ -117,6 +117,13 @@ class Control(enum.IntEnum):
     ADOPT = 36  # worker -> coord {root}: every worker adopts the root's values (a
     #             broadcast); reply OK {ad, g} once every worker asked: the grant that
     #             lets the root's INITs reset chunks the servers hold
+    CHECKPOINT = 50  # tool -> coord: take a checkpoint now; reply OK {path} once complete
+    SNAPSHOT = 51  # coord -> server {n, k, dir}: write your chunks as of clock k into dir
+    SNAPSHOT_DONE = 52  # server -> coord {n, k, file? | late? | err?}: written, or too late
+    #                     (a chunk is past clock k: late is its round), or failed
+    RESTORE = 53  # coord -> server {dir, files}: load the chunks of the MAP that follows
+    #               from these checkpoint files
+    RESTORED = 54  # server -> coord {n | err}: chunks loaded (after that MAP), or why not
 
 
 class Data(enum.IntEnum):

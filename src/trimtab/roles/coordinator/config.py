@@ -12,6 +12,7 @@ import dataclasses
 from trimtab.errors import ConfigError
 from trimtab.settings import (
     BatchingSettings,
+    CheckpointSettings,
     ConsistencySettings,
     ElasticSettings,
     JobSettings,
@@ -50,6 +51,8 @@ class CoordinatorConfig:
             server straggles; ``trimtab scale`` asks for a count); retired servers do
             not count, so a job that gave one back may start another. Defaults to
             ``num_servers``.
+        checkpoint: checkpoints (``--checkpoint-every``, ``--checkpoint-dir``) and
+            the checkpoint to resume from (``--resume``).
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
             a server joining a running job must show the join ticket made from it.
             Empty: only the servers the job starts with may join, before it is placed.
@@ -69,6 +72,7 @@ class CoordinatorConfig:
     dead_after_s: float = 30.0
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
+    checkpoint: CheckpointSettings = dataclasses.field(default_factory=CheckpointSettings)
     server_key: bytes = dataclasses.field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,7 @@ class CoordinatorConfig:
         host: str = "127.0.0.1",
         port: int = 0,
         server_key: bytes = b"",
+        checkpoint: CheckpointSettings | None = None,
     ) -> CoordinatorConfig:
         """The coordinator of the job ``settings`` describe. Never blocks."""
         return cls(
@@ -113,4 +118,5 @@ class CoordinatorConfig:
             rebalance_every=settings.elastic.rebalance_every,
             max_servers=settings.elastic.max_servers,
             server_key=server_key,
+            checkpoint=checkpoint or CheckpointSettings(),
         )

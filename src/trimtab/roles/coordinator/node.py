@@ -25,6 +25,7 @@ from trimtab.policies.psld import PsldController, SpeedEstimator
 from trimtab.policies.scaling import DEFAULT_SCALING, SCALING
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
+from trimtab.roles.coordinator.checkpoint import Checkpoints
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.maps import Maps
@@ -135,6 +136,8 @@ class Coordinator:
             Control.MAP_GET: (self._on_map_get, worker),
             Control.LOAD: (self._on_load, server),
         }
+        self.checkpoints = Checkpoints(config, self._members, self._maps, self._steps)
+        self.checkpoints.register(self._open, self._handlers, self._rebalancer, self.abort)
 
     @property
     def address(self) -> str:

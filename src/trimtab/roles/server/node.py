@@ -8,7 +8,6 @@ handover (:mod:`.handover`) return. Load is counted in one :class:`LoadMeter`.""
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -28,9 +27,10 @@ from trimtab.protocol.messages import (
     inline,
     read_error,
 )
+from trimtab.roles.server import checkpoint
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.handover import Handover
-from trimtab.roles.server.lifecycle import ChunkPhase
+from trimtab.roles.server.lifecycle import ChunkPhase, ServerState
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
@@ -55,15 +55,6 @@ PRIORITY_WINDOW = 256
 _WORKER_OPS = frozenset(
     {Data.PUSH, Data.PULL, Data.INIT, Data.STATS, Data.STATE_GET, Data.STATE_SET}
 )
-
-
-class ServerState(enum.Enum):
-    """A server's lifecycle. Legal transitions:
-    JOINING -> SERVING (registered) -> STOPPED (shutdown or abort)."""
-
-    JOINING = "joining"
-    SERVING = "serving"
-    STOPPED = "stopped"
 
 
 def server_transport(config: ServerConfig) -> Transport:
@@ -100,6 +91,7 @@ class Server:
         self._store = ChunkStore(self.meter, self._arenas)
         self._credentials = Credentials(config.job)
         self._handover = Handover(self._store, self._credentials)
+        self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
         self._stop = False
         self._abort: str | None = None
         self._load_due = 0.0
@@ -245,6 +237,9 @@ class Server:
         elif op == Control.MAP:
             self._apply_map(headers.read_job_map(header))
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
+            self._checkpoints.mapped()  # a resumed job's chunks, loaded (RESTORE came first)
+        elif op in checkpoint.OPS:
+            self._checkpoints.control(header)
         elif op == Control.EXTEND:
             added = self._store.extend(headers.read_extend(header))
             log.info(
