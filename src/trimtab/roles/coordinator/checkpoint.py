@@ -7,10 +7,13 @@ coordinator picks a clock ``k`` a little ahead of the furthest step any worker r
 Each writes the chunks it holds as of ``k`` (see :mod:`trimtab.roles.server.checkpoint`)
 into the checkpoint's directory, one file each, in parallel, and answers SNAPSHOT_DONE.
 A server that already had a chunk past ``k`` says so (``late``), and the checkpoint is
-asked again at a later clock, under a new number. Once every server wrote its file and
-the files hold every chunk once, the coordinator writes :data:`MANIFEST` last,
-atomically: only a directory with a manifest is a checkpoint. Training never pauses
-for it; a server's write holds that server's replies for as long as the write takes.
+asked again at a later clock (further ahead at each try: control messages can lag the
+data path by several steps on a busy machine), under a new number; the directory of an
+attempt given up is removed, as is that of one the job's end overtook. Once every
+server wrote its file and the files hold every chunk once, the coordinator writes
+:data:`MANIFEST` last, atomically: only a directory with a manifest is a checkpoint.
+Training never pauses for it (step-boundary migrations wait); a server's write holds
+that server's replies for as long as the write takes.
 
 The manifest (JSON) holds the clock, the files, the tables (tensors and optimizer of
 each DistributedOptimizer), the placement map (``PlacementMap.to_dict``) and the step
@@ -34,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, error_of
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.maps import Maps
-from trimtab.roles.coordinator.members import Member, Members, Role
+from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.steps import Steps
@@ -60,7 +64,8 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 
 #: A checkpoint is asked at this many clocks past the furthest step reported: far enough
-#: that no chunk is past it yet, near enough that it comes within a few steps.
+#: that no chunk is past it yet, near enough that it comes within a few steps. Each
+#: try asks twice as far ahead as the one before.
 MARGIN = 2
 
 #: Times a checkpoint is asked again at a later clock before it is given up.
@@ -106,6 +111,13 @@ def find_checkpoint(path: str | Path) -> Path:
         f"cannot resume from {path}: it holds no checkpoint (a directory with {MANIFEST}, "
         "as --checkpoint-every or `trimtab checkpoint` write)"
     )
+
+
+def _discard(directory: Path) -> None:
+    """Remove the directory of a checkpoint attempt given up, unless it is complete
+    (a manifest there: an earlier checkpoint at the same clock). Blocks; never raises."""
+    if not (directory / MANIFEST).exists():
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -210,6 +222,7 @@ class Checkpoints:
         while ``rebalancer`` migrates; ``abort`` ends the job (a server that cannot load
         its chunks)."""
         self._rebalancer, self._abort = rebalancer, abort
+        rebalancer.paused = lambda: self._taking is not None
         servers = frozenset({Role.SERVER})
         open_ops[Control.CHECKPOINT] = self._on_checkpoint
         handlers[Control.SNAPSHOT_DONE] = (self._on_snapshot_done, servers)
@@ -221,6 +234,15 @@ class Checkpoints:
             self._everyone_joined(out)
 
         open_ops[Control.REGISTER] = on_register
+        done, roles = handlers[Control.DONE]
+
+        def on_done(m: Member, header: Header, frames: list[memoryview], out: Outbox) -> None:
+            done(m, header, frames, out)
+            ended = all(w.state is MemberState.DONE for w in self._members.workers.values())
+            if ended and self._taking is not None:
+                self._fail("the job ended before every chunk reached its clock", out)
+
+        handlers[Control.DONE] = (on_done, roles)
         declare, roles = handlers[Control.DECLARE]
         self._declare = declare
 
@@ -335,6 +357,7 @@ class Checkpoints:
         log.info("checkpoint %d: at clock %d into %s", self._number, clock, directory)
 
     def _retry(self, taking: _Taking, clock: int, why: str, out: Outbox) -> None:
+        _discard(taking.directory)
         if taking.tries >= RETRIES:
             self._fail(f"{why}, {RETRIES} times", out)
             return
@@ -351,6 +374,7 @@ class Checkpoints:
         taking = self._taking
         assert taking is not None
         self._taking = None
+        _discard(taking.directory)
         self._due = max(self._due, taking.clock) + self._every
         log.error("checkpoint at clock %d failed: %s", taking.clock, why)
         for peer, rid in taking.askers:
@@ -364,7 +388,8 @@ class Checkpoints:
         if taking is None or done["n"] != taking.number or member.rank not in taking.waiting:
             return  # an answer to a checkpoint asked again since: moot
         if "late" in done:
-            self._retry(taking, done["late"] + MARGIN, f"server {member.rank} was past it", out)
+            ahead = MARGIN << (taking.tries + 1)
+            self._retry(taking, done["late"] + ahead, f"server {member.rank} was past it", out)
             return
         if "err" in done:
             self._fail(done["err"], out)
