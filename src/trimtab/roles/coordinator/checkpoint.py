@@ -342,12 +342,11 @@ class Checkpoints:
         directory = checkpoint_dir(self.root, clock)
         askers = self._taking.askers if self._taking else []
         servers = [m for m in self._members.servers if not m.finished]
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
+        try:  # (the servers make the directory)
             (directory / MANIFEST).unlink(missing_ok=True)  # incomplete while rewritten
         except OSError as exc:
             self._taking = _Taking(self._number, clock, directory, set(), askers=askers)
-            self._fail(f"cannot make {directory}: {exc}", out)
+            self._fail(f"cannot write into {directory}: {exc}", out)
             return
         self._taking = _Taking(
             self._number, clock, directory, {m.rank for m in servers}, tries=tries, askers=askers

@@ -270,6 +270,7 @@ class ServerCheckpoints:
         self._pending = None
         name = file_name(self._store.index)
         try:
+            Path(p.directory).mkdir(parents=True, exist_ok=True)
             write_file(Path(p.directory) / name, p.clock, self._store.index, p.taken)
         except OSError as exc:
             err = f"server {self._store.index} cannot write {p.directory}/{name}: {exc}"
