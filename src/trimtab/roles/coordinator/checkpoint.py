@@ -75,6 +75,9 @@ RETRIES = 10
 #: that moved meanwhile is waited for nowhere).
 STALL_STEPS = 10
 
+#: Tools' CHECKPOINT requests waiting at most (more are refused).
+MAX_WAITING = 64
+
 #: A member op handler, as the coordinator's: (member, header, frames, outbox).
 Handler = Callable[[Member, Header, list[memoryview], Outbox], None]
 #: An op anyone may send, as the coordinator's: (peer, header, outbox).
@@ -191,6 +194,7 @@ class Checkpoints:
         self._held: list[tuple[Member, Header]] | None = None
         self._loading: set[int] | None = None
         self._declare: Handler | None = None
+        self._wanted: list[tuple[Peer, int]] = []  # tools waiting for one to start
         root = settings.directory
         if settings.resume:
             found = find_checkpoint(settings.resume)
@@ -309,14 +313,16 @@ class Checkpoints:
     # -- taking -----------------------------------------------------------------------
 
     def _on_checkpoint(self, peer: Peer, header: Header, out: Outbox) -> None:
-        if self._maps.map is None or self._held is not None:
-            raise ProtocolError(
-                ErrorCode.BAD_STATE.value, "the job has not started training yet: nothing to save"
-            )
-        if self._taking is None:
+        """A tool's CHECKPOINT: answered once the checkpoint in progress, or one started
+        now (at the first step report, before training started), is complete."""
+        if len(self._wanted) >= MAX_WAITING:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "too many checkpoints asked at once")
+        self._wanted.append((peer, header["i"]))
+        if self._taking is not None:
+            self._taking.askers += self._wanted
+            self._wanted = []
+        elif self._maps.map is not None and self._held is None:
             self._start(self._next_clock(), out)
-        assert self._taking is not None
-        self._taking.askers.append((peer, header["i"]))
 
     def _next_clock(self) -> int:
         return max(self._steps.clocks.values(), default=0) + MARGIN
@@ -328,7 +334,9 @@ class Checkpoints:
             if self._steps.job_clock > taking.clock + STALL_STEPS:
                 self._retry(taking, self._next_clock(), "it stalled", out)
             return
-        if (
+        if self._wanted and self._maps.map is not None and self._held is None:
+            self._start(self._next_clock(), out)
+        elif (
             self._every
             and self._maps.map is not None
             and self._next_clock() >= self._due
@@ -340,7 +348,8 @@ class Checkpoints:
         """Ask every live server for its chunks as of ``clock``."""
         self._number += 1
         directory = checkpoint_dir(self.root, clock)
-        askers = self._taking.askers if self._taking else []
+        askers = (self._taking.askers if self._taking else []) + self._wanted
+        self._wanted = []
         servers = [m for m in self._members.servers if not m.finished]
         try:  # (the servers make the directory)
             (directory / MANIFEST).unlink(missing_ok=True)  # incomplete while rewritten
