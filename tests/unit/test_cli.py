@@ -23,6 +23,7 @@ def test_every_subcommand_is_there_in_its_order() -> None:
         "coordinator",
         "server",
         "scale",
+        "checkpoint",
         "experiment",
         "bench",
     ]
@@ -36,6 +37,7 @@ def test_every_subcommand_says_who_carries_it_out() -> None:
         ["coordinator"],
         ["server"],
         ["scale", "--servers", "3"],
+        ["checkpoint"],
         ["bench", "overlap"],
         ["bench", "collectives"],
         ["experiment", "psld"],
