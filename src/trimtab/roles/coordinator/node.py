@@ -325,6 +325,7 @@ class Coordinator:
             "live_servers": [m.rank for m in servers if not m.finished],
             "wanted_servers": self._members.wanted_servers(),
             "migrating": self._rebalancer.migrating is not None,
+            "last_checkpoint": self.checkpoints.last_checkpoint,  # the newest complete one
             "speeds": [self._speeds.speed(m.rank) for m in servers],
             # The workers' bounds (lower, upper or None for no bound) per server.
             "worker_speeds": [
