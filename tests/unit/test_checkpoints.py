@@ -22,13 +22,24 @@ SGD = {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5, "momentum": 0.9}]}
 
 
 class Loop:
-    """What a server's loop sends the coordinator, kept."""
+    """What a server's loop sends the coordinator, kept; wakes counted."""
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
+        self.woken = 0
+        self.transport = self
 
     def send(self, peer: Any, header: Any, frames: Any = ()) -> None:
         self.sent.append(dict(header))
+
+    def wake(self) -> None:
+        self.woken += 1
+
+
+def settle(ckpt: ServerCheckpoints) -> None:
+    """Let the writing thread finish, then the loop's turn: its answer goes out."""
+    ckpt.close()
+    ckpt.poll()
 
 
 def server(owners: tuple[int, int] = (0, 0)) -> tuple[Any, ServerCheckpoints, Loop]:
@@ -51,6 +62,8 @@ def test_chunks_are_taken_at_the_clock_and_load_back_into_a_fresh_server(tmp_pat
     step(store, 1, chunks=(0,))
     assert loop.sent == [] and not list(tmp_path.iterdir())
     step(store, 1, chunks=(1,))  # the last chunk reaches clock 2: the file is written
+    settle(ckpt)
+    assert loop.woken == 1  # the writing thread woke the loop to say so
     assert loop.sent == [headers.snapshot_done(number=1, clock=2, file=file_name(0), chunks=2)]
     assert [p.name for p in tmp_path.iterdir()] == [file_name(0)]  # no temporary left
     at_2 = {c: ch.value.clone() for c, ch in store.chunks.items()}
@@ -80,6 +93,7 @@ def test_a_server_already_past_the_clock_says_so_and_writes_nothing(tmp_path: Pa
 def test_a_damaged_file_or_a_missing_chunk_is_refused_on_restore(tmp_path: Path) -> None:
     _, ckpt, _ = server()
     ckpt.control(headers.snapshot(number=1, clock=0, directory=str(tmp_path)))  # type: ignore[arg-type]
+    settle(ckpt)
     path = tmp_path / file_name(0)
     assert path.read_bytes().startswith(MAGIC) and len(read_file(path)) == 2
     data = path.read_bytes()
@@ -95,6 +109,7 @@ def test_a_damaged_file_or_a_missing_chunk_is_refused_on_restore(tmp_path: Path)
     path.write_bytes(data)
     _, only0, _ = server(owners=(0, 1))
     only0.control(headers.snapshot(number=1, clock=0, directory=str(tmp_path / "a")))  # type: ignore[arg-type]
+    settle(only0)
     _, loading, said = server()
     loading.control(headers.restore(directory=str(tmp_path / "a"), files=[file_name(0)]))  # type: ignore[arg-type]
     loading.mapped()

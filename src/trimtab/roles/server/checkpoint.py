@@ -6,9 +6,10 @@ before round ``k``'s update: what every worker reads at the start of its step ``
 Under BSP that is a consistent cut, the same for every chunk, taken without pausing: a
 chunk at round ``k`` is taken at once (pushes of round ``k`` touch only its merge
 buffer), one behind is taken the moment its round ``k - 1`` completes
-(:attr:`ChunkStore.on_round`). Once every chunk held is taken, the server writes them to
-one file of the checkpoint's directory, atomically (a temporary file, then a rename),
-and says SNAPSHOT_DONE.
+(:attr:`ChunkStore.on_round`): taking is a copy, in the server's loop. Once every chunk
+held is taken, a thread of its own writes them to one file of the checkpoint's
+directory, atomically (a temporary file, then a rename), while the server goes on
+serving; the loop says SNAPSHOT_DONE once it is written (:meth:`ServerCheckpoints.poll`).
 
 A chunk's entry in the file is a STATE_SET header (value and optimizer state, the layout
 :func:`~trimtab.roles.server.handover.encode_state` makes and
@@ -17,8 +18,8 @@ and consistency state; the frames follow the header, in order. File layout:
 :data:`MAGIC`, the header's length (8 bytes, big-endian), the msgpack header
 (``{"k": clock, "s": server, "chunks": [entry, ...]}``), the frames.
 
-Not thread-safe: the server's loop owns it. Writing a file blocks the loop for as long
-as the write takes (once per checkpoint).
+Not thread-safe: the server's loop owns it (the writing thread only writes the file
+and hands its outcome back).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -187,11 +189,17 @@ def restore_chunk(store: ChunkStore, entry: Header, frames: list[memoryview]) ->
 class ServerCheckpoints:
     """One server's SNAPSHOTs and its RESTORE over its ``store``; what it says to the
     coordinator (``coordinator`` of ``loop``) it sends itself. Not thread-safe: the
-    server's loop owns it; nothing here blocks but writing or reading a checkpoint file."""
+    server's loop owns it and calls :meth:`poll` every turn; nothing here blocks but
+    reading a checkpoint file (RESTORE)."""
 
     def __init__(self, store: ChunkStore, loop: NodeLoop, coordinator: Peer) -> None:
         self._store = store
         self._send: Callable[[Any], None] = lambda header: loop.send(coordinator, header)
+        self._wake = loop.transport.wake
+        # What writing threads hand back (appended there, taken here: a list's append
+        # and pop are atomic), and those threads, for :meth:`close`.
+        self._written: list[headers.SnapshotDoneHeader] = []
+        self._writers: list[threading.Thread] = []
         self._pending: _Pending | None = None
         self._restoring: dict[int, tuple[Header, list[memoryview]]] | None = None
         self._restore_error: str | None = None
@@ -264,21 +272,42 @@ class ServerCheckpoints:
         if not p.left:
             self._write()
 
+    def poll(self) -> None:
+        """Say SNAPSHOT_DONE for each file written since the last call. Never blocks."""
+        while self._written:
+            self._send(self._written.pop(0))
+        self._writers = [t for t in self._writers if t.is_alive()]
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Wait up to ``timeout_s`` for files still being written (the server stops).
+        Blocks."""
+        for thread in self._writers:
+            thread.join(timeout_s)
+
     def _write(self) -> None:
         p = self._pending
         assert p is not None
         self._pending = None
-        name = file_name(self._store.index)
+        thread = threading.Thread(
+            target=self._write_file, args=(p, self._store.index), name="trimtab-checkpoint"
+        )
+        thread.daemon = True
+        self._writers.append(thread)
+        thread.start()
+
+    def _write_file(self, p: _Pending, index: int) -> None:
+        """(In a thread of its own.) Write ``p``'s chunks, then hand back the answer."""
+        name = file_name(index)
         try:
             Path(p.directory).mkdir(parents=True, exist_ok=True)
-            write_file(Path(p.directory) / name, p.clock, self._store.index, p.taken)
+            write_file(Path(p.directory) / name, p.clock, index, p.taken)
         except OSError as exc:
-            err = f"server {self._store.index} cannot write {p.directory}/{name}: {exc}"
-            self._send(headers.snapshot_done(number=p.number, clock=p.clock, err=err))
-            return
-        log.info(
-            "server %d: %d chunks written for clock %d", self._store.index, len(p.taken), p.clock
-        )
-        self._send(
-            headers.snapshot_done(number=p.number, clock=p.clock, file=name, chunks=len(p.taken))
-        )
+            err = f"server {index} cannot write {p.directory}/{name}: {exc}"
+            self._written.append(headers.snapshot_done(number=p.number, clock=p.clock, err=err))
+        else:
+            log.info("server %d: %d chunks written for clock %d", index, len(p.taken), p.clock)
+            done = headers.snapshot_done(
+                number=p.number, clock=p.clock, file=name, chunks=len(p.taken)
+            )
+            self._written.append(done)
+        self._wake()

@@ -164,6 +164,7 @@ class Server:
                     self._loop.send(self._coord, self._heartbeat.header())
                 if self.state is ServerState.SERVING and time.monotonic() >= self._load_due:
                     self._report_load()
+                self._checkpoints.poll()  # files written by its thread: say so
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
                         self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
@@ -175,6 +176,7 @@ class Server:
                     self._serve(peer, frames, header)
         finally:
             forget_state_dump()
+            self._checkpoints.close()
             self.state = ServerState.STOPPED
             self._arenas.close()
             self._transport.close()
