@@ -12,8 +12,8 @@ data path by several steps on a busy machine), under a new number; the directory
 attempt given up is removed, as is that of one the job's end overtook. Once every
 server wrote its file and the files hold every chunk once, the coordinator writes
 :data:`MANIFEST` last, atomically: only a directory with a manifest is a checkpoint.
-Training never pauses for it (step-boundary migrations wait); a server's write holds
-that server's replies for as long as the write takes.
+Training never pauses for it (step-boundary migrations wait); a server copies its
+chunks in its loop and writes them in a thread of its own.
 
 The manifest (JSON) holds the clock, the files, the tables (tensors and optimizer of
 each DistributedOptimizer), the placement map (``PlacementMap.to_dict``) and the step
