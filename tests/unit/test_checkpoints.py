@@ -164,6 +164,11 @@ def test_resuming_takes_the_newest_complete_checkpoint_and_refuses_a_half_writte
     five = _checkpoint(tmp_path, 5, complete=True)
     assert find_checkpoint(tmp_path) == five.resolve()  # 10 is not complete
     assert read_manifest(five)["clock"] == 5
+    manifest = json.loads((five / MANIFEST).read_text())
+    (five / MANIFEST).write_text(json.dumps({**manifest, "chunk_bytes": 512}))
+    assert read_manifest(five, 512)["chunk_bytes"] == 512
+    with pytest.raises(ConfigError, match=r"chunks of 512 bytes.*--chunk-bytes 512"):
+        read_manifest(five, 1024)
     (five / "server-0.chunks").unlink()
     with pytest.raises(ConfigError, match="lacks its files"):
         read_manifest(five)

@@ -204,7 +204,7 @@ class Job:
                     *to_argv(c.settings.consistency),
                     *to_argv(c.settings.batching),
                     *to_argv(c.settings.elastic),
-                    *to_argv(resolved(c.checkpoint)),
+                    *to_argv(resolved(c.checkpoint, c.chunk_bytes)),
                     "--job",
                     c.job,
                     "--host",

@@ -11,14 +11,15 @@ from trimtab.roles.coordinator.checkpoint import find_checkpoint, read_manifest
 from trimtab.settings import CheckpointSettings
 
 
-def resolved(settings: CheckpointSettings) -> CheckpointSettings:
+def resolved(settings: CheckpointSettings, chunk_bytes: int) -> CheckpointSettings:
     """``settings`` with absolute directories. Blocks to read the resumed checkpoint's
     manifest. Raises :class:`ConfigError` if ``settings.resume`` names no complete
-    checkpoint (saying why: none there, or one never completed)."""
+    checkpoint (saying why: none there, or one never completed) or one cut into chunks
+    of another size than ``chunk_bytes``."""
     resume = ""
     if settings.resume:
         found = find_checkpoint(settings.resume)
-        read_manifest(found)
+        read_manifest(found, chunk_bytes)
         resume = str(found)
     directory = str(Path(settings.directory).resolve()) if settings.directory else ""
     if resume and not directory:

@@ -33,7 +33,8 @@ Words (one each, everywhere: code, logs, docs):
 Short keys, and what each carries in which message:
     ``k``       clock: PUSH, REPORT, MAP answering a DECLARE of a table the job has (the
                 worker's, to go on from); per table: LEAVE. round: VALUE, HANDOVER. job
-                clock: OK answering LOAD.
+                clock: OK answering LOAD. A checkpoint's: SNAPSHOT, SNAPSHOT_DONE, OK
+                answering CHECKPOINT.
     ``v``       version: VALUE, HANDOVER; in PUSH, the version the worker last read.
     ``e``       epoch: INIT, PUSH, PULL (the sender's map), MOVED, HANDOVER (the
                 server's), MAP_GET (the one wanted). Spelt ``epoch`` in MAP, MIGRATE,
@@ -41,8 +42,13 @@ Short keys, and what each carries in which message:
                 the ACK answering STATS.
     ``lo``      floor: HEARTBEAT, MAP_GET, REPORT.
     ``cuts``    chunk id (a decimal string) -> cut: MIGRATE_ACK, MAP answering MAP_GET.
+    ``dir``     a checkpoint's directory: SNAPSHOT, RESTORE; ``file``/``files`` a
+                server's file(s) in it: SNAPSHOT_DONE, RESTORE; ``late`` the round of a
+                chunk already past the clock, ``err`` why not: SNAPSHOT_DONE, RESTORED;
+                ``path`` a complete checkpoint: OK answering CHECKPOINT.
     ``c``       chunk id: INIT, PUSH, PULL, VALUE, MOVED, HANDOVER; chunk ids: HANDED.
-    ``n``       element count: INIT, PUSH, VALUE, HANDOVER; requests served: LOAD.
+    ``n``       element count: INIT, PUSH, VALUE, HANDOVER; requests served: LOAD; a
+                checkpoint's number: SNAPSHOT, SNAPSHOT_DONE; chunks loaded: RESTORED.
     ``b``       the inline tensor bytes: PUSH, VALUE; batch size: REPORT.
     ``sm``      [arena, offset, capacity] of a shared-memory slot: PUSH; IN_SLOT (1),
                 the value is in that slot: VALUE.

@@ -123,9 +123,10 @@ def _discard(directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """A checkpoint's manifest, checked: format, the keys resuming reads, and every
-    file it names present. Blocks for the reads. Raises :class:`ConfigError`."""
+def read_manifest(directory: Path, chunk_bytes: int | None = None) -> dict[str, Any]:
+    """A checkpoint's manifest, checked: format, the keys resuming reads, every file it
+    names present, and (if given) its chunks of ``chunk_bytes``, as the job resuming it
+    cuts them. Blocks for the reads. Raises :class:`ConfigError`."""
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -140,6 +141,12 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     missing = [f for f in manifest["files"] if not (directory / str(f)).is_file()]
     if missing:
         raise ConfigError(f"the checkpoint {directory} lacks its files {missing}")
+    saved = manifest.get("chunk_bytes", chunk_bytes)
+    if chunk_bytes is not None and saved != chunk_bytes:
+        raise ConfigError(
+            f"the checkpoint {directory} cut the tensors into chunks of {saved} bytes, this "
+            f"job into {chunk_bytes}: resume it with --chunk-bytes {saved}"
+        )
     return dict(manifest)
 
 
@@ -181,6 +188,7 @@ class Checkpoints:
     ) -> None:
         settings = config.checkpoint
         self._job = config.job
+        self._chunk_bytes = config.chunk_bytes
         self._every = settings.every
         self._members, self._maps, self._steps = members, maps, steps
         self._rebalancer: Rebalancer | None = None
@@ -198,7 +206,7 @@ class Checkpoints:
         root = settings.directory
         if settings.resume:
             found = find_checkpoint(settings.resume)
-            self._manifest = read_manifest(found)
+            self._manifest = read_manifest(found, config.chunk_bytes)
             self.last_checkpoint = str(found)
             self._held = []
             steps.restore(self._manifest.get("steps", {}), self._manifest["clock"])
@@ -436,6 +444,7 @@ class Checkpoints:
             "files": sorted(taking.files),
             "chunks": taking.chunks,
             "tables": self._maps.tables,
+            "chunk_bytes": self._chunk_bytes,
             "map": current.to_dict(),
             "steps": self._steps.to_dict(),
             "workers": self._members.num_workers,
