@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import mmap
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -123,10 +125,15 @@ def write_file(
 
 
 def read_file(path: Path) -> dict[int, tuple[Header, list[memoryview]]]:
-    """The chunks of a checkpoint file, by id: each entry and its frames. Blocks for the
-    read. Raises ``OSError``, and a MALFORMED :class:`ProtocolError` for a file that is
-    not one, truncated, or whose entries do not match its bytes."""
-    data = memoryview(path.read_bytes())
+    """The chunks of a checkpoint file, by id: each entry and its frames, views of the
+    file mapped into memory (privately: writing to them changes nothing on disk), so
+    that only the chunks a server takes are read. Blocks for the header's read. Raises
+    ``OSError``, and a MALFORMED :class:`ProtocolError` for a file that is not one,
+    truncated, or whose entries do not match its bytes."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
+    data = memoryview(mapped)
 
     def bad(why: str) -> ProtocolError:
         return ProtocolError(ErrorCode.MALFORMED.value, f"checkpoint file {path}: {why}")
