@@ -14,9 +14,16 @@ import torch
 from tests.unit.test_server_store import map_header, push, store_of
 from trimtab.errors import ConfigError, ProtocolError
 from trimtab.protocol import headers
-from trimtab.roles.coordinator.checkpoint import MANIFEST, find_checkpoint, read_manifest
+from trimtab.roles.coordinator import CoordinatorConfig
+from trimtab.roles.coordinator.checkpoint import (
+    MANIFEST,
+    Checkpoints,
+    find_checkpoint,
+    read_manifest,
+)
 from trimtab.roles.server.checkpoint import MAGIC, ServerCheckpoints, file_name, read_file
 from trimtab.runtime.files import write_atomic
+from trimtab.settings import CheckpointSettings
 
 SGD = {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5, "momentum": 0.9}]}
 
@@ -172,3 +179,11 @@ def test_resuming_takes_the_newest_complete_checkpoint_and_refuses_a_half_writte
     (five / "server-0.chunks").unlink()
     with pytest.raises(ConfigError, match="lacks its files"):
         read_manifest(five)
+
+
+def test_checkpoint_settings_are_refused_outside_bsp() -> None:
+    config = CoordinatorConfig(
+        num_workers=1, num_servers=1, job="j", consistency="asp", checkpoint=CheckpointSettings(5)
+    )
+    with pytest.raises(ConfigError, match="only under --mode bsp, not asp"):
+        Checkpoints(config, None, None, None)  # type: ignore[arg-type]

@@ -170,7 +170,8 @@ class Checkpoints:
     """A job's checkpoints, and its resumption from one, over the coordinator's pieces.
 
     Construction reads the checkpoint to resume from, if ``config.checkpoint.resume``
-    names one (blocks for the read; raises :class:`ConfigError` if it is not complete).
+    names one (blocks for the read; raises :class:`ConfigError` if it is not complete,
+    or for checkpoint settings in a job that is not bsp).
     :meth:`register` installs its ops in the coordinator's tables.
 
     Attributes:
@@ -187,6 +188,12 @@ class Checkpoints:
         steps: Steps,
     ) -> None:
         settings = config.checkpoint
+        self._synchronous = config.settings().consistency.synchronous
+        if (settings.every or settings.resume) and not self._synchronous:
+            raise ConfigError(
+                f"checkpoints are a consistent cut (one clock for every chunk) only under "
+                f"--mode bsp, not {config.consistency}: drop --checkpoint-every and --resume"
+            )
         self._job = config.job
         self._chunk_bytes = config.chunk_bytes
         self._every = settings.every
@@ -323,6 +330,10 @@ class Checkpoints:
     def _on_checkpoint(self, peer: Peer, header: Header, out: Outbox) -> None:
         """A tool's CHECKPOINT: answered once the checkpoint in progress, or one started
         now (at the first step report, before training started), is complete."""
+        if not self._synchronous:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE.value, "checkpoints are taken only under --mode bsp"
+            )
         if len(self._wanted) >= MAX_WAITING:
             raise ProtocolError(ErrorCode.BAD_STATE.value, "too many checkpoints asked at once")
         self._wanted.append((peer, header["i"]))
