@@ -348,8 +348,3 @@ class CheckpointSettings:
             raise ConfigError(
                 f"checkpoint every must be >= 0, got {self.every} (--checkpoint-every)"
             )
-
-    @property
-    def root(self) -> str:
-        """The directory new checkpoints go into."""
-        return self.directory or self.resume or DEFAULT_CHECKPOINT_DIR

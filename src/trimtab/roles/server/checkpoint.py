@@ -283,7 +283,8 @@ class ServerCheckpoints:
         """Say SNAPSHOT_DONE for each file written since the last call. Never blocks."""
         while self._written:
             self._send(self._written.pop(0))
-        self._writers = [t for t in self._writers if t.is_alive()]
+        if self._writers:  # (the loop calls this every turn: nothing else, mostly)
+            self._writers = [t for t in self._writers if t.is_alive()]
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Wait up to ``timeout_s`` for files still being written (the server stops).
