@@ -116,7 +116,10 @@ def train_worker(
     """Train as worker ``rank`` (the job is the default one unless ``context``).
 
     Each step's slice follows ``opt.batch_sizes`` when the job sets them (LB-BSP),
-    else ``setup.batch_sizes``; the sizes used are appended to ``sizes_out``."""
+    else ``setup.batch_sizes``; the sizes used are appended to ``sizes_out``. A job
+    resumed from a checkpoint starts at the optimizer's clock: the steps before it are
+    skipped (the learning-rate change among them still made, as a scheduler's state
+    would be restored)."""
     import trimtab
 
     # Workers other than the root start from other values: the root's must win.
@@ -129,16 +132,19 @@ def train_worker(
         model=model if setup.overlap else None,
         mode="summation" if setup.optimizer == "sgd-sum" else "auto",
     )
+    first = opt.clock  # 0, or a resumed job's checkpoint's clock
     for step, (x, y) in enumerate(global_batches(setup.steps)):
+        if step == setup.lr_drop_at:
+            for group in inner.param_groups:
+                group["lr"] *= 0.3
+        if step < first:
+            continue
         sizes = opt.batch_sizes or list(setup.batch_sizes)
         if sizes_out is not None:
             sizes_out.append(tuple(sizes))
         start = sum(sizes[:rank])
         end = start + sizes[rank]
         opt.batch_size = sizes[rank]
-        if step == setup.lr_drop_at:
-            for group in inner.param_groups:
-                group["lr"] *= 0.3
         opt.zero_grad()
         loss_of(model, x[start:end], y[start:end]).backward()
         opt.step()

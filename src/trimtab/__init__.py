@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the names below load lazily (PEP 562): see __getattr__
         server_stats,
         shutdown,
         size,
+        start_step,
     )
     from trimtab.frontend.backends import (
         ccl_built,
@@ -167,6 +168,7 @@ __all__ = [
     "server_stats",
     "shutdown",
     "size",
+    "start_step",
     "synchronize",
 ]
 
@@ -191,6 +193,7 @@ _LAZY = {
             "server_stats",
             "shutdown",
             "size",
+            "start_step",
         ),
         "trimtab.frontend.api",
     ),

@@ -375,3 +375,53 @@ COMPONENTS: Sequence[type] = (
     BatchingSettings,
     ElasticSettings,
 )
+
+
+#: Where checkpoints go when no directory is given (relative to the coordinator's).
+DEFAULT_CHECKPOINT_DIR = "trimtab-checkpoints"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """Checkpoints of a running job, and resuming one from them.
+
+    Attributes:
+        every: write a checkpoint every this many steps (0: only when ``trimtab
+            checkpoint`` asks).
+        directory: where the checkpoints go, one subdirectory each; default the
+            ``resume`` directory when resuming, else :data:`DEFAULT_CHECKPOINT_DIR`.
+        resume: continue the job of a checkpoint: a checkpoint's directory, or one
+            holding several (the newest complete one is taken). Empty: a fresh job.
+    """
+
+    every: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            "--checkpoint-every",
+            "write a checkpoint every N steps (values, optimizer state, clocks, map)",
+            metavar="N",
+        ),
+    )
+    directory: str = dataclasses.field(
+        default="",
+        metadata=flag(
+            "--checkpoint-dir",
+            f"where checkpoints go (default: the --resume directory, else "
+            f"{DEFAULT_CHECKPOINT_DIR})",
+            metavar="DIR",
+        ),
+    )
+    resume: str = dataclasses.field(
+        default="",
+        metadata=flag(
+            "--resume",
+            "continue from the newest complete checkpoint in DIR (or the checkpoint DIR)",
+            metavar="DIR",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(
+                f"checkpoint every must be >= 0, got {self.every} (--checkpoint-every)"
+            )

@@ -24,6 +24,7 @@ def test_every_subcommand_is_there_in_its_order() -> None:
         "server",
         "scale",
         "testbed",
+        "checkpoint",
         "experiment",
         "bench",
     ]
@@ -37,6 +38,7 @@ def test_every_subcommand_says_who_carries_it_out() -> None:
         ["coordinator"],
         ["server"],
         ["scale", "--servers", "3"],
+        ["checkpoint"],
         ["bench", "overlap"],
         ["bench", "collectives"],
         ["experiment", "psld"],

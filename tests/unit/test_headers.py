@@ -781,6 +781,11 @@ def test_every_op_has_a_builder() -> None:
             last_sum=0.0,
             last_clock={},
         ),
+        h.checkpoint(),
+        h.snapshot(number=1, clock=5, directory="d"),
+        h.snapshot_done(number=1, clock=5, file="f", chunks=2),
+        h.restore(directory="d", files=["f"]),
+        h.restored(chunks=2),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 
@@ -817,3 +822,29 @@ def test_state_messages_read_what_they_built_and_refuse_a_bad_state_entry() -> N
     assert h.read_push(dict(pushed))["g"] is True
     with pytest.raises(ProtocolError, match="'g'"):
         h.read_push({**pushed, "g": 1})
+
+
+def test_checkpoint_messages_read_what_they_built_and_refuse_what_says_two_things() -> None:
+    """SNAPSHOT_DONE says exactly one of written (file, with its chunk count), late or
+    failed; RESTORED one of loaded or failed; a negative SNAPSHOT clock is MALFORMED."""
+    assert h.read_snapshot(received(h.snapshot(number=1, clock=5, directory="d")))["k"] == 5
+    for done in (
+        h.snapshot_done(number=1, clock=5, file="f", chunks=2),
+        h.snapshot_done(number=1, clock=5, late=7),
+        h.snapshot_done(number=1, clock=5, err="disk full"),
+    ):
+        h.read_snapshot_done(received(done))
+    for bad in (
+        {**h.snapshot_done(number=1, clock=5, late=7), "err": "x"},
+        h.snapshot_done(number=1, clock=5),
+        {**h.snapshot_done(number=1, clock=5, file="f"), "c": "2"},
+        {"o": int(Control.SNAPSHOT_DONE), "n": 1, "k": 5, "file": "f"},
+    ):
+        assert refused(h.read_snapshot_done, received(bad)) == ErrorCode.MALFORMED.value, bad
+    assert refused(h.read_snapshot, received(h.snapshot(number=1, clock=-1, directory="d")))
+    assert h.read_restored(received(h.restored(chunks=3)))["n"] == 3
+    assert "err" in h.read_restored(received(h.restored(err="gone")))
+    assert refused(h.read_restored, received({"o": int(Control.RESTORED)}))
+    assert refused(h.read_restore, received({**h.restore(directory="d", files=[]), "files": [1]}))
+    reply = h.checkpoint_reply(rid=3, path="/x/ckpt-00000005", clock=5)
+    assert h.read_checkpoint_reply(received(reply))["k"] == 5

@@ -1,6 +1,7 @@
-"""``trimtab coordinator``, ``trimtab server`` and ``trimtab scale``: the roles of a job
-started by hand (one per machine, or under Kubernetes or Slurm), with ps-lite's
-``DMLC_*`` variables understood as well as ``TRIMTAB_*`` ones."""
+"""``trimtab coordinator``, ``trimtab server``, ``trimtab scale`` and ``trimtab
+checkpoint``: the roles of a job started by hand (one per machine, or under Kubernetes
+or Slurm), with ps-lite's ``DMLC_*`` variables understood as well as ``TRIMTAB_*``
+ones, and the tools that ask a running job."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from trimtab.faults.throttle import ThrottledTransport
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.env import SERVER_KEY
-from trimtab.launch.spec import LaunchConfig, add_flags, job_settings_from_args
+from trimtab.launch.spec import LaunchConfig, add_flags, from_args, job_settings_from_args
 from trimtab.protocol import elastic, headers
 from trimtab.settings import (
     BatchingSettings,
+    CheckpointSettings,
     ConsistencySettings,
     ElasticSettings,
     PlacementSettings,
@@ -99,6 +101,7 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
     add_flags(coord, ConsistencySettings)
     add_flags(coord, BatchingSettings)
     add_flags(coord, ElasticSettings)
+    add_flags(coord, CheckpointSettings)
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
     _auth_flags(coord, made_here=True)
     add_flags(coord, LaunchConfig, ("verbose",))
@@ -148,6 +151,19 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
     _auth_flags(scale)
     scale.set_defaults(handler=_scale)
 
+    ckpt = sub.add_parser("checkpoint", help="ask a running job to write a checkpoint now")
+    ckpt.add_argument(
+        "--coordinator",
+        default=coordinator,
+        help="the job's coordinator, tcp://HOST:PORT (trimtab run -v prints it)",
+    )
+    ckpt.add_argument("--job", default=job)
+    ckpt.add_argument(
+        "--timeout", type=float, default=120.0, metavar="S", help="wait this long for it (120)"
+    )
+    _auth_flags(ckpt)
+    ckpt.set_defaults(handler=_checkpoint)
+
 
 def _logging(verbose: bool) -> None:
     logging.basicConfig(
@@ -170,6 +186,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         server_key=server_key(os.environ, key),
+        checkpoint=from_args(CheckpointSettings, args),
     )
     # How fast a silent node is declared lost (tests shorten it).
     heartbeat_s = float(os.environ.get("TRIMTAB_HEARTBEAT_S", config.heartbeat_s))
@@ -283,4 +300,17 @@ def _scale(args: argparse.Namespace) -> int:
         )
         target = elastic.read_scale_workers_reply(reply)["target"]
         print(f"trimtab: the job goes to {target} workers", flush=True)
+    return 0
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    if args.coordinator is None:
+        raise ConfigError(
+            "which job? give --coordinator tcp://HOST:PORT and --job ID (or "
+            "TRIMTAB_COORDINATOR and TRIMTAB_JOB)"
+        )
+    key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
+    reply = ask_coordinator(args.coordinator, args.job, headers.checkpoint(), args.timeout, key)
+    done = headers.read_checkpoint_reply(reply)
+    print(f"trimtab: checkpoint at step {done['k']} written to {done['path']}", flush=True)
     return 0

@@ -8,7 +8,7 @@ each chunk and carries an epoch that every change increments. Pure, standard lib
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trimtab.core.dtypes import DTYPE_SIZES
@@ -111,3 +111,28 @@ class PlacementMap:
     epoch: int
     owners: tuple[int, ...]
     servers: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as plain lists and numbers (JSON's): what :meth:`from_dict` takes.
+        A field added later travels with it. Pure."""
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any], **changes: Any) -> PlacementMap:
+        """The map :meth:`to_dict` gave, with ``changes`` (e.g. the ``servers`` of a
+        resumed job); fields it lacks take their defaults. Raises :class:`ConfigError`
+        for a field this class does not have or a missing one without a default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(saved) - names)
+        if unknown:
+            raise ConfigError(f"a saved placement map has fields {unknown} this trimtab lacks")
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in {**saved, **changes}.items()
+        }
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"a saved placement map is incomplete: {exc}") from None

@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
         named_parameters=model.named_parameters(),
     )
-    trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
+    first = trimtab.start_step()  # a job resumed from a checkpoint goes on from there
+    if first == 0:  # (resumed, the servers hold the checkpoint's values: keep them)
+        trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
     sampler = GlobalBatchSampler(
         len(x_train), args.batch_size, trimtab.rank(), trimtab.size(), seed=7
     )
@@ -89,6 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for idx in sampler:
+            if steps < first:  # done before the checkpoint
+                steps += 1
+                continue
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
             loss.backward()  # type: ignore[no-untyped-call]

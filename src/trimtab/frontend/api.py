@@ -233,6 +233,23 @@ def job_status() -> dict[str, Any]:
     return dict(headers.read_status_reply(reply))
 
 
+def start_step() -> int:
+    """The step this worker's training goes on from: 0 for a fresh job; for a job
+    resumed from a checkpoint (``trimtab run --resume DIR``), the checkpoint's clock, the
+    steps before it being done (skip them: their data too). Known once the first
+    :class:`~trimtab.DistributedOptimizer` is built (its construction waits until the
+    servers hold the checkpoint's values); the same as that optimizer's ``clock`` then.
+    Never blocks. Raises :class:`UsageError` before ``init()`` or before any
+    DistributedOptimizer was built."""
+    tables = default_context().tables
+    if not tables:
+        raise UsageError(
+            "trimtab.start_step() is known once a DistributedOptimizer is built: build "
+            "it first (its construction is where a resumed job's clock arrives)"
+        )
+    return tables[0].clock or 0
+
+
 def barrier() -> None:
     """Block until every worker calls ``barrier()``."""
     default_context().barrier()

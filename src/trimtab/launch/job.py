@@ -33,10 +33,12 @@ from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.cores import available_cores
 from trimtab.launch.hosts import Layout, place
+from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.launch.testbed import Host, Testbed
 from trimtab.protocol import headers
 from trimtab.runtime.diagnostics import STACK_SIGNAL
+from trimtab.settings import CheckpointSettings
 from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
 from trimtab.transport.shm import remove_job_arenas
 from trimtab.transport.spin import SPIN_DEFAULT_US, parse_spin
@@ -228,6 +230,7 @@ class Job:
                     *to_argv(c.settings.consistency),
                     *to_argv(c.settings.batching),
                     *to_argv(c.settings.elastic),
+                    *to_argv(resolved(c.checkpoint, c.chunk_bytes)),
                     "--job",
                     c.job,
                     "--host",
@@ -257,6 +260,12 @@ class Job:
                 f"job {c.job}, coordinator {self.coordinator_address}; up to "
                 f"{c.max_servers} servers: trimtab scale --coordinator "
                 f"{self.coordinator_address} --job {c.job} --servers K"
+                + (f" --secret-file {self._secret_dir / 'secret'}" if self._secret_dir else "")
+            )
+        if c.checkpoint != CheckpointSettings():
+            self._say(
+                f"job {c.job}: a checkpoint now: trimtab checkpoint --coordinator "
+                f"{self.coordinator_address} --job {c.job}"
                 + (f" --secret-file {self._secret_dir / 'secret'}" if self._secret_dir else "")
             )
         for rank in range(c.workers):

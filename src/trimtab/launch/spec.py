@@ -24,6 +24,7 @@ from trimtab.faults.stragglers import parse_stragglers
 from trimtab.frontend.compression import compressor
 from trimtab.settings import (
     BatchingSettings,
+    CheckpointSettings,
     ConsistencySettings,
     ElasticSettings,
     Flag,
@@ -166,6 +167,7 @@ class LaunchConfig:
             stop the job); only to measure what authentication costs.
         testbed: run the roles on a test bed of this many hosts (0: this machine; see
             :mod:`trimtab.launch.hosts` for the layout).
+        checkpoint: checkpoints of the job, and the checkpoint it resumes from.
         settings: the job's policies as checked components (derived; not an argument).
     """
 
@@ -241,6 +243,7 @@ class LaunchConfig:
             metavar="N",
         ),
     )
+    checkpoint: CheckpointSettings = dataclasses.field(default_factory=CheckpointSettings)
     settings: JobSettings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -307,7 +310,7 @@ class LaunchConfig:
         own = _values(cls, args)
         for name in ("workers", "servers"):
             own.pop(name, None)
-        return cls.of(settings, **own)
+        return cls.of(settings, checkpoint=from_args(CheckpointSettings, args), **own)
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -318,4 +321,5 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, BatchingSettings)
     add_flags(parser, LaunchConfig, ("compression", "stragglers"))
     add_flags(parser, ElasticSettings)
+    add_flags(parser, CheckpointSettings)
     add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth", "testbed"))

@@ -7,7 +7,8 @@ for what a node receives, a reader that checks the header with
 :func:`~trimtab.protocol.messages.field` and returns it typed, raising
 ``ProtocolError(ErrorCode.MALFORMED.value, ...)`` for a missing or mistyped key. The
 definitions live by plane: :mod:`.control` (membership, teardown, tools, barriers,
-broadcast), :mod:`.collective` (GATHER and GATHERED: Horovod's collectives),
+broadcast), :mod:`.checkpoint` (checkpoints and resuming), :mod:`.collective` (GATHER
+and GATHERED: Horovod's collectives),
 :mod:`.placement` (maps, migration, step and load reports), :mod:`.data` (chunks between
 workers and servers) and :mod:`.state` (a chunk's optimizer state); import them from
 here. ERROR is
@@ -32,7 +33,8 @@ Words (one each, everywhere: code, logs, docs):
 Short keys, and what each carries in which message:
     ``k``       clock: PUSH, REPORT, MAP answering a DECLARE of a table the job has (the
                 worker's, to go on from); per table: LEAVE. round: VALUE, HANDOVER. job
-                clock: OK answering LOAD.
+                clock: OK answering LOAD. A checkpoint's: SNAPSHOT, SNAPSHOT_DONE, OK
+                answering CHECKPOINT.
     ``v``       version: VALUE, HANDOVER; in PUSH, the version the worker last read.
     ``e``       epoch: INIT, PUSH, PULL (the sender's map), MOVED, HANDOVER (the
                 server's), MAP_GET (the one wanted). Spelt ``epoch`` in MAP, MIGRATE,
@@ -40,8 +42,13 @@ Short keys, and what each carries in which message:
                 the ACK answering STATS.
     ``lo``      floor: HEARTBEAT, MAP_GET, REPORT.
     ``cuts``    chunk id (a decimal string) -> cut: MIGRATE_ACK, MAP answering MAP_GET.
+    ``dir``     a checkpoint's directory: SNAPSHOT, RESTORE; ``file``/``files`` a
+                server's file(s) in it: SNAPSHOT_DONE, RESTORE; ``late`` the round of a
+                chunk already past the clock, ``err`` why not: SNAPSHOT_DONE, RESTORED;
+                ``path`` a complete checkpoint: OK answering CHECKPOINT.
     ``c``       chunk id: INIT, PUSH, PULL, VALUE, MOVED, HANDOVER; chunk ids: HANDED.
-    ``n``       element count: INIT, PUSH, VALUE, HANDOVER; requests served: LOAD.
+    ``n``       element count: INIT, PUSH, VALUE, HANDOVER; requests served: LOAD; a
+                checkpoint's number: SNAPSHOT, SNAPSHOT_DONE; chunks loaded: RESTORED.
     ``b``       the inline tensor bytes: PUSH, VALUE; batch size: REPORT.
     ``sm``      [arena, offset, capacity] of a shared-memory slot: PUSH; IN_SLOT (1),
                 the value is in that slot: VALUE.
@@ -59,6 +66,25 @@ Short keys, and what each carries in which message:
 
 from __future__ import annotations
 
+from trimtab.protocol.checkpoint import (
+    CheckpointHeader,
+    CheckpointReplyHeader,
+    RestoredHeader,
+    RestoreHeader,
+    SnapshotDoneHeader,
+    SnapshotHeader,
+    checkpoint,
+    checkpoint_reply,
+    read_checkpoint_reply,
+    read_restore,
+    read_restored,
+    read_snapshot,
+    read_snapshot_done,
+    restore,
+    restored,
+    snapshot,
+    snapshot_done,
+)
 from trimtab.protocol.collective import (
     GatheredHeader,
     GatherHeader,
@@ -218,6 +244,8 @@ __all__ = [
     "BcastGetHeader",
     "BcastPutHeader",
     "BcastValueHeader",
+    "CheckpointHeader",
+    "CheckpointReplyHeader",
     "DeclareHeader",
     "DoneHeader",
     "ExtendHeader",
@@ -244,9 +272,13 @@ __all__ = [
     "RegisteredHeader",
     "ReportHeader",
     "ReportReplyHeader",
+    "RestoreHeader",
+    "RestoredHeader",
     "ScaleHeader",
     "ScaleReplyHeader",
     "ShutdownHeader",
+    "SnapshotDoneHeader",
+    "SnapshotHeader",
     "StateGetHeader",
     "StateHeader",
     "StateMeta",
@@ -265,6 +297,8 @@ __all__ = [
     "bcast_get",
     "bcast_put",
     "bcast_value",
+    "checkpoint",
+    "checkpoint_reply",
     "declare",
     "declared_again",
     "done",
@@ -295,6 +329,7 @@ __all__ = [
     "read_bcast_get",
     "read_bcast_put",
     "read_bcast_value",
+    "read_checkpoint_reply",
     "read_declare",
     "read_extend",
     "read_floor",
@@ -319,8 +354,12 @@ __all__ = [
     "read_registered",
     "read_report",
     "read_report_reply",
+    "read_restore",
+    "read_restored",
     "read_scale",
     "read_scale_reply",
+    "read_snapshot",
+    "read_snapshot_done",
     "read_state",
     "read_state_get",
     "read_state_set",
@@ -333,9 +372,13 @@ __all__ = [
     "registered",
     "report",
     "report_reply",
+    "restore",
+    "restored",
     "scale",
     "scale_reply",
     "shutdown",
+    "snapshot",
+    "snapshot_done",
     "state",
     "state_get",
     "state_set",

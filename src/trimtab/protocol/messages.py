@@ -125,6 +125,13 @@ class Control(enum.IntEnum):
     #               one dropped: rounds waiting for it complete); reply WORKERS_ACK {g}
     WORKERS_ACK = 46  # server -> coord {g}: it aggregates over generation g's workers
     SCALE_WORKERS = 47  # tool -> coord {workers}: go to this many workers; reply OK {target}
+    CHECKPOINT = 50  # tool -> coord: take a checkpoint now; reply OK {path} once complete
+    SNAPSHOT = 51  # coord -> server {n, k, dir}: write your chunks as of clock k into dir
+    SNAPSHOT_DONE = 52  # server -> coord {n, k, file? | late? | err?}: written, or too late
+    #                     (a chunk is past clock k: late is its round), or failed
+    RESTORE = 53  # coord -> server {dir, files}: load the chunks of the MAP that follows
+    #               from these checkpoint files
+    RESTORED = 54  # server -> coord {n | err}: chunks loaded (after that MAP), or why not
 
 
 class Data(enum.IntEnum):

@@ -12,6 +12,7 @@ import dataclasses
 from trimtab.errors import ConfigError
 from trimtab.settings import (
     BatchingSettings,
+    CheckpointSettings,
     ConsistencySettings,
     ElasticSettings,
     JobSettings,
@@ -56,6 +57,8 @@ class CoordinatorConfig:
         replicas: backups of each chunk on other servers (0 or 1): with one, a
             server's death promotes the backups (:mod:`.recovery`); without, it ends
             the job naming the chunks lost.
+        checkpoint: checkpoints (``--checkpoint-every``, ``--checkpoint-dir``) and
+            the checkpoint to resume from (``--resume``).
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
             a server joining a running job must show the join ticket made from it.
             Empty: only the servers the job starts with may join, before it is placed.
@@ -76,6 +79,7 @@ class CoordinatorConfig:
     rebalance_every: int = _ELASTIC.rebalance_every
     max_servers: int = _ELASTIC.max_servers
     replicas: int = _ELASTIC.replicas
+    checkpoint: CheckpointSettings = dataclasses.field(default_factory=CheckpointSettings)
     server_key: bytes = dataclasses.field(default=b"", repr=False)
     min_workers: int = _ELASTIC.min_workers
     max_workers: int = _ELASTIC.max_workers
@@ -112,6 +116,7 @@ class CoordinatorConfig:
         host: str = "127.0.0.1",
         port: int = 0,
         server_key: bytes = b"",
+        checkpoint: CheckpointSettings | None = None,
     ) -> CoordinatorConfig:
         """The coordinator of the job ``settings`` describe. Never blocks."""
         return cls(
@@ -131,4 +136,5 @@ class CoordinatorConfig:
             server_key=server_key,
             min_workers=settings.elastic.min_workers,
             max_workers=settings.elastic.max_workers,
+            checkpoint=checkpoint or CheckpointSettings(),
         )

@@ -274,6 +274,36 @@ class Maps:
         extend = headers.extend(job_map=self.header)
         return [Send(m.peer, extend) for m in live]
 
+    def restore(
+        self,
+        tables: Sequence[tuple[list[Any], dict[str, Any]]],
+        saved: Mapping[str, Any],
+        members: Members,
+    ) -> Outbox:
+        """A resumed job's first map: a checkpoint's ``tables`` (tensors as declared, and
+        ``opt``, in order) and its map ``saved`` (``PlacementMap.to_dict``; its owners
+        kept if every one is a server the job has now, else the chunks placed afresh by
+        the policy), under the next epoch. Every server is sent MAP; workers' DECLAREs of
+        these tables are then answered by :meth:`again`. Raises :class:`ConfigError` for
+        a malformed ``saved``."""
+        tensors = [t for table, _ in tables for t in table]
+        specs = [TensorSpec.from_wire(t) for t in tensors]
+        chunks = make_chunks(specs, self._chunk_bytes)
+        servers = tuple(m.addr for m in members.servers)
+        epoch = int(saved.get("epoch", 0)) + 1
+        owners = list(saved.get("owners", []))
+        if len(owners) == len(chunks) and all(0 <= o < len(servers) for o in owners):
+            self.map = PlacementMap.from_dict(saved, epoch=epoch, servers=servers)
+        else:
+            owners = self._placement.place(specs, chunks, len(servers))
+            self.map = PlacementMap(epoch, tuple(owners), servers)
+        self.tables = [(list(t), dict(o)) for t, o in tables]
+        self.sizes = [c.nbytes for c in chunks]
+        members.placed(range(len(servers)))
+        self.header = self._job_map(members)
+        self._awaiting_acks = {m.rank for m in members.servers}
+        return [Send(m.peer, {**self.header, "i": 0}) for m in members.servers]
+
     def _job_map(self, members: Members) -> JobMapHeader:
         """The job map of the current map and every table (MAP's header, without ``i``)."""
         assert self.map is not None

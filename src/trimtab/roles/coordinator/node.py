@@ -25,6 +25,7 @@ from trimtab.policies.psld import PsldController, SpeedEstimator
 from trimtab.policies.scaling import DEFAULT_SCALING, SCALING
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
+from trimtab.roles.coordinator.checkpoint import Checkpoints
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.dump import describe
@@ -145,6 +146,8 @@ class Coordinator(MemberLoss):
             Control.WORKERS_ACK: (self._on_workers_ack, server),
             Control.FAILOVER_ACK: (self._recovery.on_ack, server),
         }
+        self.checkpoints = Checkpoints(config, self._members, self._maps, self._steps)
+        self.checkpoints.register(self._open, self._handlers, self._rebalancer, self.abort)
 
     @property
     def address(self) -> str:
@@ -309,6 +312,7 @@ class Coordinator(MemberLoss):
             "wanted_servers": self._members.wanted_servers(),
             **self._elastic_status(),
             "migrating": self._rebalancer.migrating is not None,
+            "last_checkpoint": self.checkpoints.last_checkpoint,  # the newest complete one
             "speeds": [self._speeds.speed(m.rank) for m in servers],
             # The workers' bounds (lower, upper or None for no bound) per server.
             "worker_speeds": [

@@ -68,6 +68,9 @@ class Rebalancer:
         self.migrations = 0
         self.bytes_moved = 0
         self._last = 0  # the clock of the last migration a policy started
+        #: While this says so, no migration starts at a step boundary (a checkpoint
+        #: waits for its chunks where they are).
+        self.paused: Callable[[], bool] = lambda: False
 
     def step_boundary(self, clock: int, out: Outbox) -> None:
         """Every worker reported step ``clock - 1``: rotate, or ask PSLD for a new map
@@ -78,6 +81,7 @@ class Rebalancer:
             or self.migrating is not None
             or self.maps.pending
             or clock <= self._last
+            or self.paused()
         ):
             return
         owners = current.owners

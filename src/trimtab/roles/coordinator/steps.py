@@ -5,9 +5,11 @@ traffic for PSLD's speed figures. Pure: operations return the replies to send.""
 from __future__ import annotations
 
 import collections
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-from trimtab.errors import ProtocolError
+from trimtab.errors import ConfigError, ProtocolError
 from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
 from trimtab.policies.detection import StragglerDetector
 from trimtab.policies.psld import SpeedEstimator
@@ -184,3 +186,29 @@ class Steps:
             Send(peer, headers.batch_sizes(rid=r, sizes=vector, epoch=epoch))
             for peer, r, _, _ in waiting
         ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the steps, as JSON values: each worker's clock and
+        recent samples (all the batch-sizing policy reads). Pure; :meth:`restore` takes it."""
+        return {
+            "clocks": {str(r): c for r, c in self.clocks.items()},
+            "history": {
+                str(r): [dataclasses.asdict(s) for s in h] for r, h in self._history.items()
+            },
+        }
+
+    def restore(self, saved: Mapping[str, Any], clock: int) -> None:
+        """Go on from a checkpoint at ``clock``: every worker has done ``clock`` steps, and
+        the samples :meth:`to_dict` kept are the batch-sizing policy's history again.
+        Raises :class:`ConfigError` for a malformed ``saved``."""
+        try:
+            history = {
+                int(r): collections.deque(
+                    (WorkerSample(**s) for s in samples), maxlen=HISTORY_STEPS
+                )
+                for r, samples in saved.get("history", {}).items()
+            }
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"a checkpoint's step history is malformed: {exc}") from None
+        self._history = history
+        self.clocks = {r: clock for r in range(self.num_workers)}

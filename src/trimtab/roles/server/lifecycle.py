@@ -1,4 +1,5 @@
-"""A chunk's lifecycle at one server, while placement changes move it between servers."""
+"""A server's lifecycle, and a chunk's at one server while placement changes move it
+between servers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import enum
 from trimtab.errors import ProtocolError
 from trimtab.protocol.messages import ErrorCode
 from trimtab.transport import Peer
+
+
+class ServerState(enum.Enum):
+    """A server's lifecycle. Legal transitions:
+    JOINING -> SERVING (registered) -> STOPPED (shutdown or abort)."""
+
+    JOINING = "joining"
+    SERVING = "serving"
+    STOPPED = "stopped"
 
 
 class ChunkPhase(enum.Enum):

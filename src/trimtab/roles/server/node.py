@@ -8,7 +8,6 @@ handover (:mod:`.handover`) return. Load is counted in one :class:`LoadMeter`.""
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -29,9 +28,11 @@ from trimtab.protocol.messages import (
     inline,
     read_error,
 )
+from trimtab.roles.server import checkpoint
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.dump import describe
 from trimtab.roles.server.handover import Handover
+from trimtab.roles.server.lifecycle import ServerState
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
@@ -57,15 +58,6 @@ PRIORITY_WINDOW = 256
 _WORKER_OPS = frozenset(
     {Data.PUSH, Data.PULL, Data.INIT, Data.STATS, Data.STATE_GET, Data.STATE_SET}
 )
-
-
-class ServerState(enum.Enum):
-    """A server's lifecycle. Legal transitions:
-    JOINING -> SERVING (registered) -> STOPPED (shutdown or abort)."""
-
-    JOINING = "joining"
-    SERVING = "serving"
-    STOPPED = "stopped"
 
 
 def server_transport(config: ServerConfig) -> Transport:
@@ -110,6 +102,7 @@ class Server:
             lambda peer, rid, chunk, k: self._send_value(peer, rid, chunk, chunk.value, k, None),
             self._halt,
         )
+        self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
         self._stop = False
         self._abort: str | None = None
         self._load_due = 0.0
@@ -178,6 +171,7 @@ class Server:
                     self._loop.send(self._coord, self._heartbeat.header())
                 if self.state is ServerState.SERVING and time.monotonic() >= self._load_due:
                     self._report_load()
+                self._checkpoints.poll()  # files written by its thread: say so
                 if env is None:
                     if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
                         self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
@@ -189,6 +183,7 @@ class Server:
                     self._serve(peer, frames, header)
         finally:
             forget_state_dump()
+            self._checkpoints.close()
             self.state = ServerState.STOPPED
             self._arenas.close()
             self._transport.close()
@@ -251,6 +246,9 @@ class Server:
         elif op == Control.MAP:
             self._apply_map(headers.read_job_map(header))
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
+            self._checkpoints.mapped()  # a resumed job's chunks, loaded (RESTORE came first)
+        elif op in checkpoint.OPS:
+            self._checkpoints.control(header)
         elif op == Control.EXTEND:
             added = self._store.extend(headers.read_extend(header))
             self._replicas.replicas.learn(headers.read_extend(header))

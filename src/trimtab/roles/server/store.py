@@ -4,7 +4,7 @@ store is tested without a transport (``tests/unit/test_server_store.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -117,6 +117,8 @@ class ChunkStore:
         self._table_of: list[int] = []
         self.shared_pushes = 0  # pushes whose gradient came through shared memory
         self.lane_pushes = 0  # pushes that came over the transport's local lane
+        #: Called with each chunk whose round just completed (a checkpoint's snapshot).
+        self.on_round: Callable[[Chunk], None] | None = None
 
     # -- the job and the map -----------------------------------------------------------
 
@@ -350,6 +352,8 @@ class ChunkStore:
         chunk.any_grad = False
         chunk.round += 1
         self.meter.advance(chunk.round)
+        if self.on_round is not None:
+            self.on_round(chunk)
         return replies
 
     def set_workers(self, ranks: Iterable[int]) -> list[Reply]:

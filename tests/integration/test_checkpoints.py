@@ -1,0 +1,168 @@
+"""Checkpoints over real processes: a BSP job killed after a checkpoint and resumed from
+it ends with the parameters of a job never interrupted; ``trimtab checkpoint`` makes a
+running job write a complete one; a half-written one is refused on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import processes_of
+from tests.equivalence_job import STEPS, Setup, max_difference, reference
+from tests.integration.test_equivalence import SCRIPT, _run
+from trimtab.launch.job import LaunchConfig
+from trimtab.roles.coordinator.checkpoint import MANIFEST, find_checkpoint
+from trimtab.roles.server.checkpoint import read_file
+from trimtab.settings import CheckpointSettings
+from trimtab.transport.shm import remove_job_arenas
+
+TRIMTAB = [sys.executable, "-m", "trimtab"]
+HINT = re.compile(r"job (\w+): a checkpoint now: (trimtab checkpoint .*)$", re.M)
+
+
+def _start(tmp_path: Path, out: Path, *flags: str, step_s: float) -> subprocess.Popen[bytes]:
+    """``trimtab run`` of the equivalence job (2 workers of 5 and 19 samples, 2 servers),
+    each step at least ``step_s`` long, its output in ``tmp_path / "log"``."""
+    out.mkdir()
+    command = [sys.executable, str(SCRIPT), "sgd", "5,19", str(out)]
+    return subprocess.Popen(
+        [
+            *TRIMTAB,
+            "run",
+            "-w",
+            "2",
+            "-s",
+            "2",
+            "--chunk-bytes",
+            "512",
+            "--deadline",
+            "100",
+            *flags,
+            "--",
+            *command,
+        ],
+        stdout=(tmp_path / "log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "EQUIV_STEP_S": str(step_s)},
+        start_new_session=True,
+    )
+
+
+def _wait_for(what: str, found: object, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not found():  # type: ignore[operator]
+        assert proc.poll() is None, f"the job ended before {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} in 60s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.02)
+
+
+def _gone(job: str) -> None:
+    deadline = time.monotonic() + 20
+    while processes_of(job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    remove_job_arenas(job)  # a worker killed outright cannot remove its own
+    assert processes_of(job) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_bsp_job_resumed_from_its_checkpoint_matches_one_never_stopped(
+    tmp_path: Path,
+) -> None:
+    ckpts, log = tmp_path / "ckpts", tmp_path / "log"
+    proc = _start(
+        tmp_path,
+        tmp_path / "first",
+        "--checkpoint-every",
+        "4",
+        "--checkpoint-dir",
+        str(ckpts),
+        step_s=0.15,
+    )
+    try:
+        _wait_for("checkpoint", lambda: list(ckpts.glob(f"ckpt-*/{MANIFEST}")), proc, log)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher; its processes follow it
+        proc.wait()
+    hint = HINT.search(log.read_text())
+    assert hint is not None, log.read_text()
+    _gone(hint.group(1))
+    assert not (tmp_path / "first" / "rank0.pt").exists(), "the job ended before it was killed"
+    clock = json.loads((find_checkpoint(ckpts) / MANIFEST).read_text())["clock"]
+    assert 4 <= clock < STEPS
+
+    second = tmp_path / "second"
+    second.mkdir()
+    config = LaunchConfig(
+        workers=2, servers=2, chunk_bytes=512, checkpoint=CheckpointSettings(resume=str(ckpts))
+    )
+    _run(config, [sys.executable, str(SCRIPT), "sgd", "5,19", str(second)])
+    expected = reference(Setup("sgd", (5, 19)))
+    for rank in range(2):
+        assert max_difference(torch.load(second / f"rank{rank}.pt"), expected) < 1e-5
+        # It went on from the checkpoint's clock: only the steps after it were run.
+        assert len(torch.load(second / f"sizes{rank}.pt")) == STEPS - clock
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(180)
+def test_trimtab_checkpoint_makes_a_running_job_write_a_complete_checkpoint(
+    tmp_path: Path,
+) -> None:
+    ckpts, log = tmp_path / "ckpts", tmp_path / "log"
+    proc = _start(tmp_path, tmp_path / "out", "--checkpoint-dir", str(ckpts), step_s=0.25)
+    try:
+        _wait_for("hint", lambda: HINT.search(log.read_text()), proc, log)
+        hint = HINT.search(log.read_text())
+        assert hint is not None
+        asked = subprocess.run(
+            [*TRIMTAB, *hint.group(2).split()[1:]],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert asked.returncode == 0, asked.stderr
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    _gone(hint.group(1))
+    written = re.search(r"checkpoint at step (\d+) written to (\S+)", asked.stdout)
+    assert written is not None, asked.stdout
+    directory = Path(written.group(2))
+    assert directory.parent == ckpts
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert manifest["clock"] == int(written.group(1)) <= STEPS
+    chunks = [c for f in manifest["files"] for c in read_file(directory / f)]
+    assert sorted(chunks) == list(range(len(manifest["map"]["owners"])))  # each once
+    assert all(not p.name.startswith(".") for p in directory.iterdir())  # no temporary left
+
+
+def test_resuming_from_a_half_written_checkpoint_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    half = tmp_path / "ckpts" / "ckpt-00000008"
+    half.mkdir(parents=True)
+    (half / "server-0.chunks").write_bytes(b"TRIMTAB-CHUNKS-1\n")  # and no manifest
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*TRIMTAB, "run", "--resume", str(tmp_path / "ckpts"), "--", sys.executable, "-c", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert f"ckpt-00000008 has no {MANIFEST}" in said and "never completed" in said, said
+    assert "coordinator" not in said and time.monotonic() - started < 60
