@@ -23,8 +23,8 @@ def test_every_subcommand_is_there_in_its_order() -> None:
         "coordinator",
         "server",
         "scale",
-        "testbed",
         "checkpoint",
+        "testbed",
         "experiment",
         "bench",
     ]
