@@ -54,7 +54,8 @@ Short keys, and what each carries in which message:
                 state (HANDOVER, STATE, STATE_SET);
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD;
-                ``t`` table (a worker's n-th optimizer): DECLARE.
+                ``t`` table (a worker's n-th optimizer): DECLARE; ``ak`` acknowledge
+                receipt with CREDIT: PUSH.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ from trimtab.protocol.control import (
     status_request,
     worker_heartbeat,
 )
+from trimtab.protocol.credit import CreditHeader, credit, read_credit
 from trimtab.protocol.data import (
     IN_SLOT,
     SEED_ROOT,
@@ -218,6 +220,7 @@ __all__ = [
     "BcastGetHeader",
     "BcastPutHeader",
     "BcastValueHeader",
+    "CreditHeader",
     "DeclareHeader",
     "DoneHeader",
     "ExtendHeader",
@@ -265,6 +268,7 @@ __all__ = [
     "bcast_get",
     "bcast_put",
     "bcast_value",
+    "credit",
     "declare",
     "declared_again",
     "done",
@@ -295,6 +299,7 @@ __all__ = [
     "read_bcast_get",
     "read_bcast_put",
     "read_bcast_value",
+    "read_credit",
     "read_declare",
     "read_extend",
     "read_floor",

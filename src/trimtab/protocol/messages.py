@@ -144,6 +144,8 @@ class Data(enum.IntEnum):
     STATE = 81  # server -> worker {c, v, k, hp, st} + state tensors, answering STATE_GET
     STATE_SET = 82  # worker -> server {c, e, hp?, st, dt?, n?} + value? + state tensors:
     #                 replace the chunk's optimizer state (and value, with dt); reply ACK
+    CREDIT = 98  # server -> worker {i}: the PUSH of request i (sent with ak) was read off
+    #              the socket; sent on receipt, before the push is merged or answered
 
 
 class ErrorCode(str, enum.Enum):
