@@ -23,7 +23,6 @@ share it); a server maps the workers' arenas with :meth:`Arena.attach`.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import mmap
 import os
@@ -31,6 +30,8 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from trimtab.transport.hostid import host_id, is_own_address
 
 log = logging.getLogger("trimtab.shm")
 
@@ -47,15 +48,13 @@ def turned_off(environ: Mapping[str, str]) -> bool:
 
 
 def is_local(address: str) -> bool:
-    """Whether a ``tcp://HOST:PORT`` address is on this machine's loopback (where a server
-    most likely shares this machine's ``/dev/shm``; a server that does not says so)."""
-    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """Whether a ``tcp://HOST:PORT`` address is of this process's network stack (its
+    loopback, or an address of its interfaces): a peer there is most likely on this host
+    and shares its ``/dev/shm``. Only a guess, to avoid trying where it cannot work:
+    a server checks the worker's host id (:mod:`~trimtab.transport.hostid`) before it
+    maps an arena, and answers ``no_shm`` to a worker of another host."""
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0]
+    return host == "localhost" or is_own_address(host)
 
 
 def job_prefix(job: str) -> str:
@@ -82,7 +81,7 @@ class Arena:
     def create(cls, job: str, label: str, size: int) -> Arena:
         """A new arena for this process. Raises ``OSError`` if ``/dev/shm`` cannot hold
         ``size`` bytes."""
-        name = f"{job_prefix(job)}{label}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        name = f"{job_prefix(job)}{label}-{host_id()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         path = SHM_DIR / name
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:

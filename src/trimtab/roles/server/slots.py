@@ -9,6 +9,7 @@ from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol.headers import PushHeader
 from trimtab.protocol.messages import ErrorCode
+from trimtab.transport.hostid import host_id
 from trimtab.transport.shm import Arena, job_prefix
 
 #: Arenas one server maps at most (a worker has one; a few more are slack).
@@ -43,8 +44,8 @@ class SharedArenas:
         gradient's bytes there. Never blocks. Raises :class:`ProtocolError`: MALFORMED
         for a tensor frame besides the slot, an ``sm`` of nil, another job's arena, a
         push with no ``dt`` and ``n`` (one with ``z``) or a slot outside the arena;
-        NO_SHM if the arena cannot be mapped here (``server`` names this server in the
-        message)."""
+        NO_SHM if the arena is of another host or cannot be mapped here (``server``
+        names this server in the message)."""
         sm = header["sm"]
         if frames or sm is None:  # (read_push passes a nil sm as if it were absent)
             raise ProtocolError(
@@ -55,13 +56,22 @@ class SharedArenas:
         # Only the pushing worker's own arena (``SlotMap.create`` names it after its
         # rank; the rank is the one its credential was checked for): no worker makes
         # a server read or write another's shared memory.
-        if not name.startswith(f"{self._prefix}w{header['r']}-"):
+        own = f"{self._prefix}w{header['r']}-"
+        if not name.startswith(own):
             raise ProtocolError(
                 ErrorCode.FORBIDDEN.value,
                 f"{name!r} is not worker {header['r']}'s arena of this job",
             )
         arena = self._arenas.get(name)
         if arena is None:
+            # The arena is named after the worker's host: one of another host (another
+            # network namespace of this machine, whose /dev/shm may be this one) is not
+            # mapped, even where it could be: between hosts, bytes go over the network.
+            if name[len(own) :].split("-", 1)[0] != host_id():
+                raise ProtocolError(
+                    ErrorCode.NO_SHM.value,
+                    f"server {server} is not on worker {header['r']}'s host; send it the bytes",
+                )
             if len(self._arenas) >= MAX_ARENAS:
                 raise ProtocolError(
                     ErrorCode.NO_SHM.value,

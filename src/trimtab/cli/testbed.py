@@ -1,0 +1,102 @@
+"""``trimtab testbed up|down|status``: the multi-host test bed (:mod:`trimtab.launch.testbed`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from trimtab.launch.testbed import Testbed, list_beds, remove_stale
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``testbed`` to the subcommands ``sub`` (argparse's subparsers)."""
+    bed = sub.add_parser(
+        "testbed",
+        help="network namespaces as hosts on one machine (needs root)",
+        description="Make, list or remove a test bed: HOSTS network namespaces on a bridge, "
+        "addresses 10.77.X.I/24, links shaped by the kernel (tc tbf). A bed made by `up` "
+        "stays until `down` removes it; `down` also removes beds left by killed runs.",
+    )
+    cmds = bed.add_subparsers(dest="testbed_cmd", required=True)
+    up = cmds.add_parser("up", help="make a bed and print its hosts")
+    up.add_argument("--hosts", type=int, default=4, help="hosts (4)")
+    up.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        metavar="MBIT",
+        help="shape every host's link to MBIT Mbit/s each way (tbf; default none)",
+    )
+    up.add_argument("--json", action="store_true", help="print the bed as JSON")
+    up.set_defaults(handler=_up)
+    down = cmds.add_parser("down", help="remove beds whose owner has gone (or --all)")
+    down.add_argument("--all", action="store_true", help="also beds of live processes")
+    down.set_defaults(handler=_down)
+    status = cmds.add_parser("status", help="list the beds on this machine")
+    status.add_argument("--json", action="store_true", help="print the beds as JSON")
+    status.set_defaults(handler=_status)
+
+
+def _up(args: argparse.Namespace) -> int:
+    bed = Testbed(args.hosts, owner=os.getpid())
+    bed.up()
+    try:
+        if args.rate > 0:
+            for i in range(args.hosts):
+                bed.shape(i, rate_mbit=args.rate)
+    except BaseException:
+        bed.down()
+        raise
+    # Left up on purpose: this process ends now, and `down` removes the bed.
+    import atexit
+
+    atexit.unregister(bed.down)
+    hosts = [{"namespace": h.namespace, "address": h.address} for h in bed.hosts]
+    if args.json:
+        print(json.dumps({"id": bed.id, "subnet": str(bed.subnet), "hosts": hosts}))
+    else:
+        print(
+            f"bed {bed.id}, {bed.subnet}; run a command in a host with "
+            "`ip netns exec NAMESPACE COMMAND`; remove it with `trimtab testbed down`"
+        )
+        for h in hosts:
+            print(f"  {h['namespace']}  {h['address']}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    removed = remove_stale(everything=args.all)
+    print(f"removed {len(removed)} bed(s)" + (f": {removed}" if removed else ""))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    beds = list_beds()
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": b.id,
+                        "owner": b.owner,
+                        "alive": b.alive,
+                        "subnet": b.subnet,
+                        "hosts": [
+                            {"namespace": h.namespace, "address": h.address} for h in b.hosts
+                        ],
+                    }
+                    for b in beds
+                ]
+            )
+        )
+        return 0
+    if not beds:
+        print("no test bed on this machine")
+    for b in beds:
+        state = "owner running" if b.alive else "owner gone: `trimtab testbed down` removes it"
+        print(f"bed {b.id}, {b.subnet or 'no address'}, {len(b.hosts)} hosts ({state})")
+        for h in b.hosts:
+            print(f"  {h.namespace}  {h.address}")
+    return 0

@@ -1,0 +1,156 @@
+"""The multi-host test bed: hosts that reach each other only, kernel shaping, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from tests.testbed import testbed_factory  # noqa: F401 (a fixture)
+from trimtab.launch.testbed import Testbed, list_beds, remove_stale
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+
+Factory = Callable[[int], Testbed]
+
+
+def _in_host(bed: Testbed, host: int, code: str, timeout: float = 30) -> str:
+    out = subprocess.run(
+        bed.exec_argv(host, [sys.executable, "-c", code]),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_hosts_reach_each_other_and_nothing_else(testbed_factory: Factory) -> None:  # noqa: F811
+    bed = testbed_factory(3)
+    addresses = [h.address for h in bed.hosts]
+    assert len(set(addresses)) == 3
+    assert all(a.startswith("10.77.") for a in addresses)
+    # Host 0 serves; host 2 reaches it by its bed address.
+    server = subprocess.Popen(
+        bed.exec_argv(
+            0,
+            [
+                sys.executable,
+                "-c",
+                "import socket\n"
+                f"s = socket.create_server(({addresses[0]!r}, 0)); print(s.getsockname()[1],"
+                " flush=True)\nc, a = s.accept(); c.sendall(a[0].encode()); c.close()",
+            ],
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        seen = _in_host(
+            bed,
+            2,
+            f"import socket\nc = socket.create_connection(({addresses[0]!r}, {port}), 10)\n"
+            "print(c.recv(100).decode())",
+        )
+        assert seen.strip() == addresses[2]  # the peer's own address, not a NAT's
+    finally:
+        server.kill()
+        server.wait()
+    # No default route in a host, and the machine itself has no address on the bed.
+    routes = subprocess.run(
+        ["ip", "-n", bed.hosts[1].namespace, "route"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "default" not in routes
+    with pytest.raises(OSError), socket.create_connection((addresses[0], port), 1):
+        pass
+
+
+def test_two_beds_do_not_collide(testbed_factory: Factory) -> None:  # noqa: F811
+    one, two = testbed_factory(2), testbed_factory(2)
+    assert one.id != two.id and one.subnet != two.subnet
+    ours = {b.id: b for b in list_beds()}
+    assert {h.namespace for h in ours[one.id].hosts} == {h.namespace for h in one.hosts}
+    assert ours[one.id].alive and ours[two.id].alive
+    one.down()
+    ids = {b.id for b in list_beds()}
+    assert one.id not in ids and two.id in ids
+
+
+def test_kernel_shapes_the_link(testbed_factory: Factory) -> None:  # noqa: F811
+    bed = testbed_factory(2)
+    bed.shape(1, rate_mbit=80)  # 10 MB/s into host 1
+    shaped = bed.tcp_rate(0, 1, seconds=1.0)
+    # An upper bound only: a busy machine may be slower, never faster than the bucket.
+    assert 0 < shaped < 1.25 * 10e6
+    bed.shape(1)
+    qdiscs = subprocess.run(
+        ["ip", "netns", "exec", bed.hosts[1].namespace, "tc", "qdisc", "show", "dev", "eth0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "tbf" not in qdiscs
+
+
+def test_a_bed_left_by_a_killed_run_is_removed() -> None:
+    from trimtab.launch.testbed import unavailable
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"no multi-host test bed here: {why}")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nfrom trimtab.launch.testbed import Testbed\n"
+            "b = Testbed(2); b.up(); print(b.id, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert child.stdout is not None
+    bed = child.stdout.readline().strip()
+    os.kill(child.pid, signal.SIGKILL)  # no finalizer, no atexit
+    child.wait()
+    left = {b.id: b for b in list_beds()}
+    assert bed in left and not left[bed].alive
+    assert bed in remove_stale()
+    assert bed not in {b.id for b in list_beds()}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert bed not in links
+
+
+def test_cli_up_status_down() -> None:
+    from trimtab.launch.testbed import unavailable
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"no multi-host test bed here: {why}")
+    cli = [sys.executable, "-m", "trimtab", "testbed"]
+    up = subprocess.run(
+        [*cli, "up", "--hosts", "2", "--json"], capture_output=True, text=True, env=ENV, check=True
+    )
+    made = json.loads(up.stdout)
+    try:
+        status = json.loads(
+            subprocess.run(
+                [*cli, "status", "--json"], capture_output=True, text=True, env=ENV, check=True
+            ).stdout
+        )
+        [mine] = [b for b in status if b["id"] == made["id"]]
+        assert [h["address"] for h in mine["hosts"]] == [h["address"] for h in made["hosts"]]
+        subprocess.run([*cli, "down"], capture_output=True, env=ENV, check=True)
+        assert made["id"] not in {b.id for b in list_beds()}
+    finally:
+        for b in list_beds():
+            if b.id == made["id"]:
+                remove_stale(everything=False)
