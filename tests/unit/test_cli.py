@@ -23,6 +23,7 @@ def test_every_subcommand_is_there_in_its_order() -> None:
         "coordinator",
         "server",
         "scale",
+        "testbed",
         "experiment",
         "bench",
     ]

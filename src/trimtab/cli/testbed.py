@@ -34,6 +34,19 @@ def add_commands(sub: Any) -> None:
     down = cmds.add_parser("down", help="remove beds whose owner has gone (or --all)")
     down.add_argument("--all", action="store_true", help="also beds of live processes")
     down.set_defaults(handler=_down)
+    rate = cmds.add_parser(
+        "rate", help="the raw TCP rate between two hosts of a fresh bed (removed after)"
+    )
+    rate.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        metavar="MBIT",
+        help="shape the receiver's link to MBIT Mbit/s first (tbf)",
+    )
+    rate.add_argument("--seconds", type=float, default=2.0, help="how long to send (2)")
+    rate.add_argument("--json", action="store_true", help="print the result as JSON")
+    rate.set_defaults(handler=_rate)
     status = cmds.add_parser("status", help="list the beds on this machine")
     status.add_argument("--json", action="store_true", help="print the beds as JSON")
     status.set_defaults(handler=_status)
@@ -99,4 +112,17 @@ def _status(args: argparse.Namespace) -> int:
         print(f"bed {b.id}, {b.subnet or 'no address'}, {len(b.hosts)} hosts ({state})")
         for h in b.hosts:
             print(f"  {h.namespace}  {h.address}")
+    return 0
+
+
+def _rate(args: argparse.Namespace) -> int:
+    with Testbed(2) as bed:
+        if args.rate > 0:
+            bed.shape(1, rate_mbit=args.rate)
+        rate = bed.tcp_rate(0, 1, seconds=args.seconds)
+    if args.json:
+        print(json.dumps({"bytes_per_s": rate, "shaped_mbit": args.rate}))
+    else:
+        shaped = f" (tbf rate {args.rate:g}mbit)" if args.rate > 0 else " (unshaped)"
+        print(f"one TCP stream between two hosts: {rate / 1e6:.0f} MB/s{shaped}")
     return 0

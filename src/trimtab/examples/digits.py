@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     if lead:
+        # How the pushes reached the servers: shared memory and the local lane within a
+        # host, TCP between hosts (the rest).
+        served = trimtab.server_stats()
+        paths = {k: sum(int(st[k]) for st in served) for k in ("pushes", "shared", "lane")}
         print(
             RESULT
             + json.dumps(
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                     "workers": trimtab.size(),
                     "epochs": args.epochs,
                     "global_batch": args.batch_size,
+                    "pushes": paths,
                 }
             ),
             flush=True,

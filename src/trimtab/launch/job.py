@@ -32,7 +32,9 @@ from trimtab.frontend.compression import compressor
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.cores import available_cores
+from trimtab.launch.hosts import Layout, place
 from trimtab.launch.spec import LaunchConfig, to_argv
+from trimtab.launch.testbed import Host, Testbed
 from trimtab.protocol import headers
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
@@ -76,7 +78,11 @@ class Job:
         command: Sequence[str],
         output: OutputHandler = print_prefixed,
         extra_env: dict[str, str] | None = None,
+        testbed: Testbed | None = None,
     ) -> None:
+        """``testbed``: a bed that is up, to run the roles on (its hosts as
+        :func:`~trimtab.launch.hosts.place` lays them out); without one,
+        ``config.testbed`` hosts make a bed of the job's own, removed at its end."""
         if not command:
             raise ConfigError("nothing to run: give the worker command after `--`")
         self.config = config
@@ -89,6 +95,9 @@ class Job:
         self._secret_dir: Path | None = None
         self._server_key = ""  # hex, made for a job without authentication
         self._key: JobKey | None = None
+        self._bed = testbed
+        self._own_bed: Testbed | None = None
+        self.layout = Layout()
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
@@ -100,6 +109,7 @@ class Job:
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             self._make_secret()
+            self._place()
             self._start()
             return self._supervise()
         except KeyboardInterrupt:
@@ -110,6 +120,8 @@ class Job:
             return 2
         finally:
             self._stop_all()
+            if self._own_bed is not None:
+                self._own_bed.down()
             if self._secret_dir is not None:
                 shutil.rmtree(self._secret_dir, ignore_errors=True)
             if threading.current_thread() is threading.main_thread():
@@ -160,9 +172,23 @@ class Job:
         c = self.config
         return c.workers + c.settings.max_servers <= available_cores()
 
-    def _spawn(self, source: str, argv: list[str], env: dict[str, str]) -> _Proc:
+    def _place(self) -> None:
+        """The roles' hosts: on the bed given, or on one made now (``config.testbed``)."""
+        c = self.config
+        if self._bed is None and c.testbed:
+            self._own_bed = Testbed(c.testbed)
+            self._own_bed.up()
+            self._bed = self._own_bed
+        if self._bed is not None:
+            self.layout = place(self._bed.hosts, c.servers, c.workers)
+            where = ", ".join(f"{h.namespace} {h.address}" for h in self._bed.hosts)
+            self._say(f"on the test bed {self._bed.id}: {where}")
+
+    def _spawn(
+        self, source: str, argv: list[str], env: dict[str, str], host: Host | None = None
+    ) -> _Proc:
         popen = subprocess.Popen(
-            argv,
+            self.layout.run(host, argv),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -205,12 +231,13 @@ class Job:
                     "--job",
                     c.job,
                     "--host",
-                    c.host,
+                    self.layout.address(self.layout.coordinator, c.host),
                     "--address-file",
                     str(address_file),
                     *log_flags,
                 ],
                 env,
+                self.layout.coordinator,
             )
             deadline = time.monotonic() + c.startup_timeout_s
             while not address_file.exists():
@@ -235,6 +262,7 @@ class Job:
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
         for rank in range(c.workers):
+            local_rank, local_size, cross_rank, cross_size = self.layout.local(rank, c.workers)
             wenv = self._role_env()
             wenv.setdefault("OMP_NUM_THREADS", str(threads))
             wenv.update(
@@ -242,8 +270,10 @@ class Job:
                     envvars.COORDINATOR: self.coordinator_address,
                     envvars.JOB: c.job,
                     envvars.RANK: str(rank),
-                    envvars.LOCAL_RANK: str(rank),
-                    envvars.LOCAL_SIZE: str(c.workers),
+                    envvars.LOCAL_RANK: str(local_rank),
+                    envvars.LOCAL_SIZE: str(local_size),
+                    envvars.CROSS_RANK: str(cross_rank),
+                    envvars.CROSS_SIZE: str(cross_size),
                     envvars.NUM_WORKERS: str(c.workers),
                     envvars.NUM_SERVERS: str(c.servers),
                     envvars.STRAGGLERS: ";".join(c.stragglers),
@@ -256,7 +286,7 @@ class Job:
                     envvars.DMLC_WORKER_ID: str(rank),
                 }
             )
-            self._spawn(f"worker {rank}", self.command, wenv)
+            self._spawn(f"worker {rank}", self.command, wenv, self.layout.worker(rank))
 
     def _spawn_server(self) -> None:
         c = self.config
@@ -276,10 +306,11 @@ class Job:
                 "--job",
                 c.job,
                 "--host",
-                c.host,
+                self.layout.address(self.layout.server(index), c.host),
                 *(["--verbose"] if c.verbose else []),
             ],
             env,
+            self.layout.server(index),
         )
 
     def _grow(self) -> None:

@@ -158,6 +158,8 @@ class LaunchConfig:
             the job's secret): for hosts whose network others can read or modify.
         no_auth: run without the job's secret: INSECURE (any local user can corrupt or
             stop the job); only to measure what authentication costs.
+        testbed: run the roles on a test bed of this many hosts (0: this machine; see
+            :mod:`trimtab.launch.hosts` for the layout).
         settings: the job's policies as checked components (derived; not an argument).
     """
 
@@ -220,6 +222,16 @@ class LaunchConfig:
             "(only to measure what authentication costs)",
         ),
     )
+    testbed: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            "--testbed",
+            "run the roles on a test bed of N hosts (network namespaces; needs root): "
+            "coordinator and server 0 on host 0, server i on host i mod N, worker r on "
+            "host (servers + r) mod N (docs/testbed.md)",
+            metavar="N",
+        ),
+    )
     settings: JobSettings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -237,6 +249,13 @@ class LaunchConfig:
         )
         if self.encrypt and self.no_auth:
             raise ConfigError("--encrypt needs the job's secret: drop --no-auth")
+        if self.testbed < 0:
+            raise ConfigError(f"--testbed takes a number of hosts, not {self.testbed}")
+        if self.testbed and self.settings.max_servers > self.servers:
+            raise ConfigError(
+                "--testbed with --max-servers: the launcher cannot reach a coordinator "
+                "on the bed to grow the job (not supported yet)"
+            )
         if self.deadline_s < 0:
             raise ConfigError(f"--deadline must be positive (0: none), not {self.deadline_s}")
         compressor(self.compression)  # refuse an unknown name before starting
@@ -281,4 +300,4 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, BatchingSettings)
     add_flags(parser, LaunchConfig, ("compression", "stragglers"))
     add_flags(parser, ElasticSettings)
-    add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth"))
+    add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth", "testbed"))

@@ -80,6 +80,7 @@ def run_training(args: argparse.Namespace) -> int:
         **out.result,
         "servers": config.servers,
         "placement": config.placement,
+        "testbed": config.testbed,
         "wall_s": round(wall, 2),
     }
     if args.json:

@@ -1,0 +1,138 @@
+"""Roles on different hosts of the test bed: the job's results are the local run's, and
+the bytes between hosts go over TCP (shared memory and the local lane only within a
+host, chosen by host identity, not by address)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import processes_of
+from tests.equivalence_job import Setup, max_difference, reference
+from tests.testbed import testbed_factory  # noqa: F401 (a fixture)
+from trimtab.launch.job import DEADLINE_STATUS, Job, LaunchConfig
+from trimtab.launch.testbed import Testbed, list_beds
+from trimtab.transport.shm import SHM_DIR, job_prefix
+
+SCRIPT = Path(__file__).with_name("equiv_worker.py")
+Factory = Callable[[int], Testbed]
+
+
+def _train(bed: Testbed, setup: Setup, out: Path) -> dict:
+    """The equivalence job on ``bed`` (2 servers, chunks big enough for shared memory);
+    its settled stats. Fails the test with the job's output if it fails."""
+    config = LaunchConfig(workers=setup.workers, servers=2, chunk_bytes=8192, deadline_s=150.0)
+    lines: list[str] = []
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        setup.optimizer,
+        ",".join(map(str, setup.batch_sizes)),
+        str(out),
+    ]
+    job = Job(
+        config,
+        command,
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+        extra_env={"EQUIV_HIDDEN": str(setup.hidden)},
+        testbed=bed,
+    )
+    status = job.run()
+    assert status == 0, "\n".join(lines[-(400 if status == DEADLINE_STATUS else 40) :])
+    expected = reference(setup)
+    for rank in range(setup.workers):
+        got = torch.load(out / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    assert processes_of(config.job) == []
+    assert list(SHM_DIR.glob(job_prefix(config.job) + "*")) == []
+    # The roles bound and advertised the bed's addresses.
+    assert job.coordinator_address.startswith(f"tcp://{bed.hosts[0].address}:")
+    return json.loads((out / "stats.json").read_text())
+
+
+@pytest.mark.timeout(200)
+def test_bsp_across_hosts_matches_one_process_over_tcp(
+    testbed_factory: Factory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Coordinator and server 0 on host 0, server 1 on host 1, a worker on each of hosts
+    2 and 3: one process's parameters, and no push through shared memory or the lane
+    (/dev/shm is shared by the namespaces: only the host check keeps it out)."""
+    bed = testbed_factory(4)
+    stats = _train(bed, Setup("adam", (5, 19), hidden=192), tmp_path)
+    servers = stats["servers"]
+    assert sum(s["pushes"] for s in servers) > 0
+    assert [s["shared"] for s in servers] == [0, 0]
+    assert [s["lane"] for s in servers] == [0, 0]
+
+
+@pytest.mark.timeout(200)
+def test_roles_of_one_bed_host_share_memory(
+    testbed_factory: Factory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Every role on one host of the bed (addresses 10.77.X.1, not loopback): the host
+    is the same, so pushes go through shared memory and the lane, with the same result."""
+    bed = testbed_factory(1)
+    setup = Setup("sgd", (12, 12), hidden=192)
+    stats = _train(bed, setup, tmp_path)
+    servers = stats["servers"]
+    assert sum(s["shared"] for s in servers) > 0
+    assert sum(s["lane"] for s in servers) > 0
+
+
+@pytest.mark.timeout(280)
+def test_the_example_job_across_four_hosts_reaches_the_local_accuracy() -> None:
+    from trimtab.launch.testbed import unavailable
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"no multi-host test bed here: {why}")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    results = {}
+    before = {b.id for b in list_beds()}
+    for hosts in (0, 4):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trimtab",
+                "train",
+                "--epochs",
+                "10",
+                "--json",
+                "--testbed",
+                str(hosts),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=130,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[hosts] = json.loads(proc.stdout.strip().splitlines()[-1])
+    local, bed = results[0], results[4]
+    assert bed["testbed"] == 4 and local["testbed"] == 0
+    assert bed["test_accuracy"] >= 0.9
+    assert bed["test_accuracy"] >= local["test_accuracy"] - 0.01
+    assert bed["pushes"]["pushes"] > 0
+    assert bed["pushes"]["shared"] == 0 and bed["pushes"]["lane"] == 0  # TCP only
+    assert local["pushes"]["lane"] > 0  # the local run took the lane: the check counts
+    assert [b.id for b in list_beds() if b.id not in before and not b.alive] == []  # removed
+
+
+def test_launch_config_refuses_a_bed_it_cannot_grow() -> None:
+    from trimtab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--testbed"):
+        LaunchConfig(testbed=2, servers=1, max_servers=2)
+    with pytest.raises(ConfigError, match="--testbed"):
+        LaunchConfig(testbed=-1)
+    assert dataclasses.replace(LaunchConfig(), testbed=3).testbed == 3
