@@ -33,6 +33,10 @@ is that default path, ``step_no_lane_s`` the same job with ZeroMQ for the messag
 ``shm_floor_step_s`` = 4 x model bytes / one core's memcpy rate (each worker's gradient
 copied in, its value copied out).
 
+``--testbed`` runs the trimtab job (and ``--peers mxnet``) with each role on its own
+host of a test bed, over TCP, against that bed's raw TCP floor
+(:mod:`trimtab_tools.bench.bed`).
+
 ``--auth compare`` runs only the trimtab jobs, with authentication on, off and encrypted
 (:mod:`trimtab_tools.bench.auth`). ``--profile DIR`` runs only the trimtab job, under
 :mod:`trimtab_tools.bench.profile`.
@@ -295,6 +299,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rounds", type=int, default=3, help="with --auth compare: rounds (3)")
     p.add_argument(
+        "--testbed",
+        action="store_true",
+        help="each role on its own host of a test bed (root): the step over TCP between "
+        "hosts against the bed's raw TCP floor, with --peers on the same hosts",
+    )
+    p.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=None,
+        help="with --testbed: shape every host's link to this rate (tc tbf)",
+    )
+    p.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -328,6 +344,27 @@ def main(args: argparse.Namespace) -> int:
             args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
         )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
+        return 0
+    if args.testbed:
+        from trimtab_tools.bench.bed import measure_datapath, mxnet_runner
+
+        sizes = model_sizes(args.model_mib)
+        runner = None
+        if "mxnet" in peers:
+            runner = mxnet_runner(sizes, args.steps, args.mxnet_venv, not args.no_install)
+        try:
+            result = measure_datapath(
+                sizes,
+                args.steps,
+                args.chunk_bytes,
+                compression=args.compression,
+                rate_mbit=args.rate_mbit,
+                mxnet=runner,
+            )
+        except RuntimeError as exc:
+            print(f"trimtab bench datapath: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
         return 0
     if args.auth == "compare":
         from trimtab_tools.bench.auth import measure_auth
