@@ -762,6 +762,7 @@ def test_every_op_has_a_builder() -> None:
         h.state_get(chunk=0, epoch=1),
         h.state(rid=1, chunk=0, version=0, round=0, hp={}, state={}),
         h.state_set(chunk=0, epoch=1, state={}),
+        h.credit(rid=1),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 
