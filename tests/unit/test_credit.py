@@ -29,6 +29,7 @@ def test_pushes_within_the_window_go_at_once_the_rest_wait_for_credit() -> None:
     assert gate.in_flight("s0") == 2 * MIB and not gate.holding()
     assert gate.stats.peak_bytes == 2 * MIB
     assert (gate.stats.admitted, gate.stats.held) == (3, 1)
+    assert gate.outstanding == 3  # s0: rids 2 and 3; s1: rid 4
 
 
 def test_held_pushes_are_released_first_layers_first() -> None:

@@ -436,9 +436,10 @@ class WorkerClient:
             return
         if op == Control.HEARTBEAT:
             return
-        if self.credit is not None and peer != self._coord:
+        gate = self.credit
+        if gate is not None and peer != self._coord and (op == Data.CREDIT or gate.outstanding):
             # A CREDIT, or a reply (which credits a push not yet credited: an error).
-            released = self.credit.credit(peer[2:].decode(), header["i"])
+            released = gate.credit(peer[2:].decode(), header["i"])
             self._data_out.extend(released)
             if op == Data.CREDIT:
                 return

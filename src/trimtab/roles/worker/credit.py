@@ -105,6 +105,9 @@ class CreditGate(Generic[M]):
         self.window = window
         self.ordered = ordered
         self.stats = CreditStats()
+        #: Pushes sent and not yet credited, all servers together: 0 lets a reply skip
+        #: the gate (read without the lock: a push is counted before it is sent).
+        self.outstanding = 0
         self._servers: dict[str, _Server[M]] = {}
         self._arrivals = itertools.count()
         self._lock = threading.Lock()
@@ -140,6 +143,7 @@ class CreditGate(Generic[M]):
             if nbytes is None:
                 return []
             s.in_flight -= nbytes
+            self.outstanding -= 1
             released: list[M] = []
             while s.held and self._fits(s, s.held[0][3]):
                 _, _, held_rid, held_bytes, message = heapq.heappop(s.held)
@@ -174,4 +178,5 @@ class CreditGate(Generic[M]):
     def _take(self, s: _Server[M], rid: int, nbytes: int) -> None:
         s.sent[rid] = nbytes
         s.in_flight += nbytes
+        self.outstanding += 1
         self.stats.peak_bytes = max(self.stats.peak_bytes, s.in_flight)
