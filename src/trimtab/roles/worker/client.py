@@ -306,6 +306,8 @@ class WorkerClient:
                     return fut
                 self._data_out.append(message)
             else:
+                if gate is not None:  # a push resent through shared memory: no credit
+                    plain.pop("ak", None)
                 self._data_out.append((to, [encode(header), *frames]))
             if not self._flush_data():
                 self._data.wake()  # the thread receiving on the data sockets sends it
