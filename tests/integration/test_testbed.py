@@ -154,3 +154,23 @@ def test_cli_up_status_down() -> None:
         for b in list_beds():
             if b.id == made["id"]:
                 remove_stale(everything=False)
+
+
+def test_without_the_capabilities_the_reason_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trimtab.launch.testbed as testbed
+
+    real = testbed.Path
+
+    class NoCaps:
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def read_text(self) -> str:
+            if self.path == "/proc/self/status":
+                return "Name:\tpython\nCapEff:\t0000000000000000\n"
+            return real(self.path).read_text()
+
+    monkeypatch.setattr(testbed, "Path", NoCaps)
+    assert "CAP_NET_ADMIN" in (testbed.unavailable() or "")
+    with pytest.raises(testbed.TestbedError, match="needs root"):
+        Testbed(2).up()

@@ -18,6 +18,7 @@ import torch
 from tests.conftest import processes_of
 from tests.equivalence_job import Setup, max_difference, reference
 from tests.testbed import testbed_factory  # noqa: F401 (a fixture)
+from trimtab.launch.hosts import Layout
 from trimtab.launch.job import DEADLINE_STATUS, Job, LaunchConfig
 from trimtab.launch.testbed import Testbed, list_beds
 from trimtab.transport.shm import SHM_DIR, job_prefix
@@ -26,10 +27,15 @@ SCRIPT = Path(__file__).with_name("equiv_worker.py")
 Factory = Callable[[int], Testbed]
 
 
-def _train(bed: Testbed, setup: Setup, out: Path) -> dict:
-    """The equivalence job on ``bed`` (2 servers, chunks big enough for shared memory);
-    its settled stats. Fails the test with the job's output if it fails."""
-    config = LaunchConfig(workers=setup.workers, servers=2, chunk_bytes=8192, deadline_s=150.0)
+def _train(
+    bed: Testbed, setup: Setup, out: Path, servers: int = 2, layout: Layout | None = None
+) -> dict:
+    """The equivalence job on ``bed`` (chunks big enough for shared memory), laid out by
+    ``layout`` or the default rule; its settled stats. Fails the test with the job's
+    output if it fails."""
+    config = LaunchConfig(
+        workers=setup.workers, servers=servers, chunk_bytes=8192, deadline_s=150.0
+    )
     lines: list[str] = []
     command = [
         sys.executable,
@@ -44,6 +50,7 @@ def _train(bed: Testbed, setup: Setup, out: Path) -> dict:
         output=lambda src, line: lines.append(f"[{src}] {line}"),
         extra_env={"EQUIV_HIDDEN": str(setup.hidden)},
         testbed=bed,
+        layout=layout,
     )
     status = job.run()
     assert status == 0, "\n".join(lines[-(400 if status == DEADLINE_STATUS else 40) :])
@@ -54,7 +61,9 @@ def _train(bed: Testbed, setup: Setup, out: Path) -> dict:
     assert processes_of(config.job) == []
     assert list(SHM_DIR.glob(job_prefix(config.job) + "*")) == []
     # The roles bound and advertised the bed's addresses.
-    assert job.coordinator_address.startswith(f"tcp://{bed.hosts[0].address}:")
+    coordinator = (layout or Layout(coordinator=bed.hosts[0])).coordinator
+    assert coordinator is not None
+    assert job.coordinator_address.startswith(f"tcp://{coordinator.address}:")
     return json.loads((out / "stats.json").read_text())
 
 
@@ -72,6 +81,36 @@ def test_bsp_across_hosts_matches_one_process_over_tcp(
     assert sum(s["pushes"] for s in servers) > 0
     assert [s["shared"] for s in servers] == [0, 0]
     assert [s["lane"] for s in servers] == [0, 0]
+
+
+@pytest.mark.timeout(200)
+def test_a_worker_sharing_a_host_with_a_server_shares_memory_with_it_alone(
+    testbed_factory: Factory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """3 workers on 4 hosts, summation mode: worker 2 lands on host 0 beside the
+    coordinator and server 0. Server 0 takes its pushes through shared memory and the
+    lane and the other workers' over TCP; server 1, alone on host 1, only TCP."""
+    bed = testbed_factory(4)
+    stats = _train(bed, Setup("sgd-sum", (4, 8, 12), hidden=192), tmp_path)
+    # Which server is on host 0 is the order they registered in: either one.
+    alone, beside = sorted(stats["servers"], key=lambda s: s["shared"])
+    assert alone["pushes"] > 0 and alone["shared"] == 0 and alone["lane"] == 0
+    assert beside["shared"] > 0 and 0 < beside["lane"] < beside["pushes"]
+
+
+@pytest.mark.timeout(200)
+def test_a_layout_of_ones_own_puts_each_role_where_it_says(
+    testbed_factory: Factory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The coordinator alone on host 2, the server on host 0, the worker on host 1."""
+    bed = testbed_factory(3)
+    h = bed.hosts
+    layout = Layout(coordinator=h[2], servers=(h[0],), workers=(h[1],))
+    stats = _train(bed, Setup("sgd", (24,), hidden=192), tmp_path, servers=1, layout=layout)
+    [server] = stats["servers"]
+    assert server["pushes"] > 0 and server["shared"] == 0 and server["lane"] == 0
 
 
 @pytest.mark.timeout(200)

@@ -38,3 +38,18 @@ def test_without_a_bed_everything_is_this_machine() -> None:
 def test_a_layout_needs_hosts() -> None:
     with pytest.raises(ValueError, match="at least one host"):
         place([], servers=1, workers=1)
+
+
+def test_a_job_on_a_bed_that_cannot_be_made_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trimtab.launch.testbed as testbed
+    from trimtab.launch.job import Job, LaunchConfig
+
+    monkeypatch.setattr(testbed, "unavailable", lambda: "no namespaces in this test")
+    said: list[str] = []
+    job = Job(
+        LaunchConfig(workers=1, servers=1, testbed=2),
+        ["true"],
+        output=lambda src, line: said.append(f"[{src}] {line}"),
+    )
+    assert job.run() == 2
+    assert said == ["[trimtab] no namespaces in this test"]

@@ -8,7 +8,9 @@ lane are for roles of one host (:mod:`trimtab.transport.hostid`).
 The layout is one rule, :func:`place`: the coordinator on host 0; server ``i`` on host
 ``i mod N``; worker ``r`` on host ``(S + r) mod N``. On 4 hosts, 2 servers and 2
 workers: the coordinator and server 0 on host 0, server 1 on host 1, the workers on
-hosts 2 and 3, each role on its own host but the coordinator's light traffic.
+hosts 2 and 3, each role on its own host but the coordinator's light traffic. Servers
+count in the order the launcher starts them; the coordinator ranks them in the order
+they register, which may differ.
 """
 
 from __future__ import annotations

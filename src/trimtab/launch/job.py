@@ -79,9 +79,10 @@ class Job:
         output: OutputHandler = print_prefixed,
         extra_env: dict[str, str] | None = None,
         testbed: Testbed | None = None,
+        layout: Layout | None = None,
     ) -> None:
-        """``testbed``: a bed that is up, to run the roles on (its hosts as
-        :func:`~trimtab.launch.hosts.place` lays them out); without one,
+        """``testbed``: a bed that is up, to run the roles on, where ``layout`` says
+        (default: :func:`~trimtab.launch.hosts.place`'s rule); without one,
         ``config.testbed`` hosts make a bed of the job's own, removed at its end."""
         if not command:
             raise ConfigError("nothing to run: give the worker command after `--`")
@@ -97,7 +98,8 @@ class Job:
         self._key: JobKey | None = None
         self._bed = testbed
         self._own_bed: Testbed | None = None
-        self.layout = Layout()
+        self.layout = layout or Layout()
+        self._laid_out = layout is not None
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
@@ -180,7 +182,8 @@ class Job:
             self._own_bed.up()
             self._bed = self._own_bed
         if self._bed is not None:
-            self.layout = place(self._bed.hosts, c.servers, c.workers)
+            if not self._laid_out:
+                self.layout = place(self._bed.hosts, c.servers, c.workers)
             where = ", ".join(f"{h.namespace} {h.address}" for h in self._bed.hosts)
             self._say(f"on the test bed {self._bed.id}: {where}")
 

@@ -59,6 +59,7 @@ _LINK = re.compile(rf"^{PREFIX}(\d+)([a-z])(?:br|v\d+)$")
 _SERIAL = itertools.count()
 _TOOLS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _CAP_NET_ADMIN = 12
+_CAP_SYS_ADMIN = 21  # ip netns add mounts the namespace under /run/netns
 
 
 class TestbedError(ConfigError):
@@ -99,8 +100,8 @@ def unavailable() -> str | None:
         cap = int(re.search(r"^CapEff:\s*([0-9a-f]+)", status, re.M).group(1), 16)  # type: ignore[union-attr]
     except (OSError, AttributeError, ValueError):
         return "cannot read this process's capabilities"
-    if not cap >> _CAP_NET_ADMIN & 1:
-        return "making network namespaces needs root (CAP_NET_ADMIN)"
+    if not (cap >> _CAP_NET_ADMIN & 1 and cap >> _CAP_SYS_ADMIN & 1):
+        return "making network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
     return None
 
 
