@@ -90,7 +90,7 @@ if TYPE_CHECKING:  # the names below load lazily (PEP 562): see __getattr__
     from trimtab.frontend.optimizer import DistributedOptimizer
     from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
     from trimtab.roles.server import Server, ServerConfig
-    from trimtab.roles.worker.client import WorkerConfig
+    from trimtab.roles.worker.config import WorkerConfig
     from trimtab.roles.worker.context import Context
 
 
@@ -261,7 +261,7 @@ _LAZY = {
     "CoordinatorConfig": "trimtab.roles.coordinator",
     "Server": "trimtab.roles.server",
     "ServerConfig": "trimtab.roles.server",
-    "WorkerConfig": "trimtab.roles.worker.client",
+    "WorkerConfig": "trimtab.roles.worker.config",
     "Context": "trimtab.roles.worker.context",
 }
 

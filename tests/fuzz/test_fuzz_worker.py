@@ -16,7 +16,8 @@ from tests.fuzz.strategies import frames, headers_of, values
 from trimtab.errors import ChunkMoved, JobAborted, ProtocolError, RemoteError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, Data, encode
-from trimtab.roles.worker.client import Reply, SharedMemoryRefused, WorkerClient, WorkerConfig
+from trimtab.roles.worker.client import Reply, SharedMemoryRefused, WorkerClient
+from trimtab.roles.worker.config import WorkerConfig
 from trimtab.transport import Fabric
 
 JOB = "fuzz"

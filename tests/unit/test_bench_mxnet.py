@@ -146,3 +146,20 @@ def test_default_venv_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("TRIMTAB_CACHE_DIR", "/var/cache/tt")
     assert mxnet_peer.default_venv() == Path("/var/cache/tt/mxnet-venv")
     assert os.environ.get("TRIMTAB_MXNET_VENV") is None
+
+
+def test_role_env_on_a_bed_host_uses_that_hosts_address_and_interface() -> None:
+    """``bench datapath --testbed --peers mxnet``: each ps-lite process advertises its
+    own bed host's address on the host's ``eth0`` and finds the scheduler at its host's."""
+    env = mxnet_peer.role_env(
+        "server",
+        40123,
+        servers=2,
+        workers=2,
+        base={"DMLC_NODE_HOST": "192.168.1.7"},
+        host="10.77.3.2",
+        root="10.77.3.1",
+        interface="eth0",
+    )
+    assert (env["DMLC_NODE_HOST"], env["DMLC_PS_ROOT_URI"]) == ("10.77.3.2", "10.77.3.1")
+    assert env["DMLC_INTERFACE"] == "eth0"

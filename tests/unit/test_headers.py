@@ -786,6 +786,7 @@ def test_every_op_has_a_builder() -> None:
         h.snapshot_done(number=1, clock=5, file="f", chunks=2),
         h.restore(directory="d", files=["f"]),
         h.restored(chunks=2),
+        h.credit(rid=1),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 

@@ -24,8 +24,9 @@ from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
 from trimtab.frontend.state import broadcast_state
 from trimtab.protocol import headers
-from trimtab.roles.worker.client import WorkerConfig
+from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.context import Context
+from trimtab.roles.worker.credit import window_from_env
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
 from trimtab.transport.auth import auth_from_env
 from trimtab.transport.shm import turned_off as shm_turned_off
@@ -74,6 +75,9 @@ def config_from_env() -> WorkerConfig:
             ),
             spin_s=spin_from_env(os.environ),
             shared_memory=not shm_turned_off(os.environ),
+            credit_bytes=window_from_env(os.environ),
+            # (TRIMTAB_PRIORITY=0, the servers' arrival order, holds pushes in theirs too)
+            credit_ordered=os.environ.get("TRIMTAB_PRIORITY", "1") != "0",
         )
     except ValueError as exc:
         raise ConfigError(f"bad TRIMTAB_* setting: {exc}") from None

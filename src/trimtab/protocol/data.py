@@ -95,6 +95,7 @@ class PushHeader(InlineHeader):
     z: NotRequired[bool]  # no gradient (the parameter got none this step)
     g: NotRequired[bool]  # answer the round's mean gradient and apply no update
     sm: NotRequired[list[Any]]  # [arena name, offset, capacity] of a shared-memory slot
+    ak: NotRequired[bool]  # acknowledge receipt with CREDIT (the sender's credit, P3)
 
 
 def push(

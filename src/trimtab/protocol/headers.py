@@ -61,7 +61,8 @@ Short keys, and what each carries in which message:
                 state (HANDOVER, STATE, STATE_SET);
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD;
-                ``t`` table (a worker's n-th optimizer): DECLARE.
+                ``t`` table (a worker's n-th optimizer): DECLARE; ``ak`` acknowledge
+                receipt with CREDIT: PUSH.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ from trimtab.protocol.control import (
     status_request,
     worker_heartbeat,
 )
+from trimtab.protocol.credit import CreditHeader, credit, read_credit
 from trimtab.protocol.data import (
     IN_SLOT,
     SEED_ROOT,
@@ -246,6 +248,7 @@ __all__ = [
     "BcastValueHeader",
     "CheckpointHeader",
     "CheckpointReplyHeader",
+    "CreditHeader",
     "DeclareHeader",
     "DoneHeader",
     "ExtendHeader",
@@ -299,6 +302,7 @@ __all__ = [
     "bcast_value",
     "checkpoint",
     "checkpoint_reply",
+    "credit",
     "declare",
     "declared_again",
     "done",
@@ -330,6 +334,7 @@ __all__ = [
     "read_bcast_put",
     "read_bcast_value",
     "read_checkpoint_reply",
+    "read_credit",
     "read_declare",
     "read_extend",
     "read_floor",

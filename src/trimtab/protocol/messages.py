@@ -161,6 +161,8 @@ class Data(enum.IntEnum):
     #                 replace the chunk's optimizer state (and value, with dt); reply ACK
     REPLICATE = 84  # primary -> backup server {c, v, k, e, s, t, dt, n, p, ls, lc, hp?,
     #                 st?} + value + state tensors: the chunk as of round k; reply ACK
+    CREDIT = 98  # server -> worker {i}: the PUSH of request i (sent with ak) was read off
+    #              the socket; sent on receipt, before the push is merged or answered
 
 
 class ErrorCode(str, enum.Enum):

@@ -34,9 +34,15 @@ is that default path, ``step_no_lane_s`` the same job with ZeroMQ for the messag
 copied in, its value copied out).
 
 ``--replicas 1`` runs only the 100 MiB trimtab job, without and with replicas,
-interleaved (:mod:`trimtab_tools.bench.replicas`). ``--auth compare`` runs only the
-trimtab jobs, with authentication on, off and encrypted (:mod:`trimtab_tools.bench.auth`).
-``--profile DIR`` runs only the trimtab job, under :mod:`trimtab_tools.bench.profile`.
+interleaved (:mod:`trimtab_tools.bench.replicas`).
+
+``--testbed`` runs the trimtab job (and ``--peers mxnet``) with each role on its own
+host of a test bed, over TCP, against that bed's raw TCP floor
+(:mod:`trimtab_tools.bench.bed`).
+
+``--auth compare`` runs only the trimtab jobs, with authentication on, off and encrypted
+(:mod:`trimtab_tools.bench.auth`). ``--profile DIR`` runs only the trimtab job, under
+:mod:`trimtab_tools.bench.profile`.
 """
 
 from __future__ import annotations
@@ -305,6 +311,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rounds", type=int, default=3, help="with --auth compare or --replicas: rounds (3)"
     )
     p.add_argument(
+        "--testbed",
+        action="store_true",
+        help="each role on its own host of a test bed (root): the step over TCP between "
+        "hosts against the bed's raw TCP floor, with --peers on the same hosts",
+    )
+    p.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=None,
+        help="with --testbed: shape every host's link to this rate (tc tbf)",
+    )
+    p.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -345,6 +363,27 @@ def main(args: argparse.Namespace) -> int:
         result = measure_replicas(
             model_sizes(args.model_mib), args.steps, args.chunk_bytes, args.replicas, args.rounds
         )
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
+        return 0
+    if args.testbed:
+        from trimtab_tools.bench.bed import measure_datapath, mxnet_runner
+
+        sizes = model_sizes(args.model_mib)
+        runner = None
+        if "mxnet" in peers:
+            runner = mxnet_runner(sizes, args.steps, args.mxnet_venv, not args.no_install)
+        try:
+            result = measure_datapath(
+                sizes,
+                args.steps,
+                args.chunk_bytes,
+                compression=args.compression,
+                rate_mbit=args.rate_mbit,
+                mxnet=runner,
+            )
+        except RuntimeError as exc:
+            print(f"trimtab bench datapath: {exc}", file=sys.stderr)
+            return 1
         print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
         return 0
     if args.auth == "compare":

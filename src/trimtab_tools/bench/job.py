@@ -13,6 +13,7 @@ from typing import Any
 
 from trimtab.launch import env as envvars
 from trimtab.launch.job import Job, LaunchConfig
+from trimtab.launch.testbed import Testbed
 from trimtab_tools.bench.markers import RESULT
 
 __all__ = ["busy_process", "run_timed_job", "run_trimtab"]
@@ -35,6 +36,7 @@ def run_trimtab(
     info: dict[str, Any] | None = None,
     auth: str = "on",
     replicas: int = 0,
+    testbed: Testbed | None = None,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
@@ -47,6 +49,7 @@ def run_trimtab(
     (``shared_pushes``, ``spin_us``). ``auth``: ``on`` (the job's secret, the default),
     ``off`` (``--no-auth``, insecure, to measure its cost) or ``encrypt`` (``--encrypt``).
     ``replicas``: each chunk's backups (``--replicas``).
+    ``testbed``: each role on a host of this bed (``trimtab run --testbed``), over TCP.
     Blocks for the job; raises RuntimeError on failure.
     """
     command = [
@@ -79,7 +82,9 @@ def run_trimtab(
         env[envvars.LANE] = "0"
     if not spin:
         env[envvars.SPIN_US] = "0"
-    return run_timed_job(config, command, on_line=on_line, env=env or None, info=info)
+    return run_timed_job(
+        config, command, on_line=on_line, env=env or None, info=info, testbed=testbed
+    )
 
 
 @contextlib.contextmanager
@@ -101,11 +106,12 @@ def run_timed_job(
     on_line: Callable[[str, str], None] | None = None,
     env: dict[str, str] | None = None,
     info: dict[str, Any] | None = None,
+    testbed: Testbed | None = None,
 ) -> list[float]:
     """Run a benchmark job whose rank 0 prints its step times after :data:`RESULT`;
     return them (and the result's other fields into ``info``). Every line the job
-    prints is handed to ``on_line`` first. Blocks; raises RuntimeError if the job fails
-    or prints no times."""
+    prints is handed to ``on_line`` first; ``testbed``: the roles on its hosts. Blocks;
+    raises RuntimeError if the job fails or prints no times."""
     found: list[float] = []
     log: list[str] = []
 
@@ -120,7 +126,7 @@ def run_timed_job(
         else:
             log.append(f"[{source}] {line}")
 
-    status = Job(config, command, output=output, extra_env=env).run()
+    status = Job(config, command, output=output, extra_env=env, testbed=testbed).run()
     if status != 0 or not found:
         raise RuntimeError(
             f"trimtab benchmark job failed (status {status}):\n" + "\n".join(log[-30:])

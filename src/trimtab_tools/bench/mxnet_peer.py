@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trimtab.launch.hosts import Layout
+from trimtab.launch.testbed import Host
 from trimtab_tools.bench._mxnet_worker import RESULT
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
 
@@ -72,11 +74,15 @@ def role_env(
     workers: int,
     base: Mapping[str, str],
     local: bool = False,
+    host: str = _HOST,
+    root: str = _HOST,
+    interface: str = "lo",
 ) -> dict[str, str]:
     """The environment of one ps-lite process: ``base`` less any inherited ``DMLC_*``,
     Python path or venv setting, plus the job's ``DMLC_*`` settings, loopback only.
     ``local``: ``DMLC_LOCAL=1``, ps-lite's one-machine mode (Unix-domain ``ipc://``
-    sockets under /tmp instead of TCP).
+    sockets under /tmp instead of TCP). On a test bed: ``host``, the process's own
+    address, ``root``, the scheduler's, and ``interface``, the host's (``eth0``).
 
     Pure. Raises ``ValueError`` for an unknown role or a port outside 1-65535.
     """
@@ -89,12 +95,12 @@ def role_env(
     env.update(
         {
             "DMLC_ROLE": role,
-            "DMLC_PS_ROOT_URI": _HOST,
+            "DMLC_PS_ROOT_URI": root,
             "DMLC_PS_ROOT_PORT": str(port),
             "DMLC_NUM_SERVER": str(servers),
             "DMLC_NUM_WORKER": str(workers),
-            "DMLC_NODE_HOST": _HOST,
-            "DMLC_INTERFACE": "lo",
+            "DMLC_NODE_HOST": host,
+            "DMLC_INTERFACE": interface,
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -192,13 +198,16 @@ def run_mxnet(
     workers: int = 2,
     timeout_s: float | None = None,
     local: bool = False,
+    layout: Layout | None = None,
 ) -> dict[str, Any]:
     """Time ``steps`` push+pull steps of a ``dist_sync`` KVStore job after ``warmup``.
 
     Starts a scheduler, ``servers`` servers and ``workers`` workers with ``python`` (an
     interpreter that imports MXNet, see :func:`mxnet_python`), all on 127.0.0.1 with a
     free scheduler port (``local``: over ps-lite's ``ipc://`` sockets, see
-    :func:`role_env`), and waits for them. Every process runs in its own process
+    :func:`role_env`), and waits for them. With a test bed's ``layout``, each process
+    runs on the host where trimtab's role of the same kind and rank runs (the scheduler
+    on the coordinator's), over the bed's links. Every process runs in its own process
     group; on success, failure or timeout, whatever is still alive is terminated, then
     killed, and reaped before this returns: nothing is left behind.
 
@@ -223,20 +232,36 @@ def run_mxnet(
     port = _free_port()
     base = dict(os.environ)
 
-    def env(role: str) -> dict[str, str]:
-        return role_env(role, port, servers=servers, workers=workers, base=base, local=local)
+    where = layout or Layout()
+    root = where.address(where.coordinator, _HOST)
+
+    def env(role: str, host: Host | None) -> dict[str, str]:
+        return role_env(
+            role,
+            port,
+            servers=servers,
+            workers=workers,
+            base=base,
+            local=local,
+            host=where.address(host, _HOST),
+            root=root,
+            interface="lo" if host is None else "eth0",
+        )
 
     started = time.monotonic()
     try:
         serve = [str(python), "-c", "import mxnet"]  # importing mxnet runs the role
-        job.spawn("scheduler", serve, env("scheduler"))
+        on = where.coordinator
+        job.spawn("scheduler", where.run(on, serve), env("scheduler", on))
         for i in range(servers):
-            job.spawn(f"server {i}", serve, env("server"))
+            on = where.server(i)
+            job.spawn(f"server {i}", where.run(on, serve), env("server", on))
         work = [str(python), str(_WORKER_SCRIPT), "--sizes", ",".join(map(str, sizes))]
         work += ["--steps", str(steps), "--warmup", str(warmup)]
         names = [f"worker {i}" for i in range(workers)]
-        for name in names:
-            job.spawn(name, work, env("worker"))
+        for rank, name in enumerate(names):
+            on = where.worker(rank)
+            job.spawn(name, where.run(on, work), env("worker", on))
         failed = job.wait(names, started + timeout_s)
         if failed is None:
             # ps-lite ends the scheduler and servers once every worker finalized.

@@ -12,18 +12,32 @@ is the data path's overlap, not 2 cores' contention. In one run, side by side:
   * ``overlap``: ``model=`` with the servers' priority (first layers first).
 
 ``ideal_step_s`` = max(compute, comm): the step no overlap can beat.
+
+``--testbed``: each role on its own host of a test bed, every link shaped by ``tc`` to
+``--rate-mbit`` (default 800), so that the links, not the cores, bound communication
+(:mod:`trimtab_tools.bench.bed`); unless ``--forward-ms`` is given, the emulated compute
+is then sized to the measured communication (``comm``), so that the two are about
+equal, as P3 is meant for. One more run there, ``overlap_no_credit``: ``model=`` and the
+servers' priority, but no bound on each worker's bytes in flight
+(``TRIMTAB_CREDIT_BYTES=0``): what the send side's holding back adds
+(``send_side_gain``). ``overlap_fifo`` merges and sends in arrival order
+(``TRIMTAB_PRIORITY=0``: the servers' order and the workers' held pushes alike).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
 from typing import Any
 
 from trimtab.launch.job import LaunchConfig
+from trimtab.launch.testbed import Testbed
+from trimtab_tools.bench.bed import HOSTS, shaped_bed
 from trimtab_tools.bench.job import run_timed_job
 from trimtab_tools.bench.markers import RESULT
 
@@ -32,11 +46,15 @@ WORKER = "trimtab_tools.bench._overlap_worker"
 
 def _local(model_args: list[str]) -> list[float]:
     """The compute alone, in one process. Blocks; raises RuntimeError on failure."""
+    # One torch thread, as the launcher gives the job's processes: on a busy machine
+    # torch's default threads made the compute alone 6 x slower than the same compute
+    # inside the job (2.84 s against 0.48 s a step at a load of 20).
     done = subprocess.run(
         [sys.executable, "-m", WORKER, "--local", *model_args],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     for line in done.stdout.splitlines():
         if line.startswith(RESULT):
@@ -46,27 +64,41 @@ def _local(model_args: list[str]) -> list[float]:
 
 
 def measure(
-    layers: int, width: int, forward_ms: float, steps: int, chunk_bytes: int
+    layers: int,
+    width: int,
+    forward_ms: float | None,
+    steps: int,
+    chunk_bytes: int,
+    testbed: Testbed | None = None,
 ) -> dict[str, Any]:
-    """Run the five variants one after another; return medians and ratios. Blocks."""
+    """Run the variants one after another; return medians and ratios. ``forward_ms``
+    None: sized so that compute matches the measured communication. ``testbed``: the
+    roles on its hosts. Blocks."""
     model_args = ["--layers", str(layers), "--width", str(width), "--steps", str(steps)]
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=chunk_bytes, placement="greedy")
     command = [sys.executable, "-m", WORKER, *model_args]
-    timed = ["--forward-ms", str(forward_ms)]
     runs: dict[str, list[float]] = {}
-    plan: list[tuple[str, list[str], dict[str, str] | None]] = [
-        ("comm", ["--forward-ms", "0"], None),
-        ("sequential", timed, None),
-        ("overlap_fifo", [*timed, "--overlap"], {"TRIMTAB_PRIORITY": "0"}),
-        ("overlap", [*timed, "--overlap"], None),
-    ]
+
+    def job(name: str, extra: list[str], env: dict[str, str] | None) -> None:
+        print(f"trimtab bench overlap: {name} ...", file=sys.stderr, flush=True)
+        runs[name] = run_timed_job(config, [*command, *extra], env=env, testbed=testbed)
+
+    job("comm", ["--forward-ms", "0"], None)
+    if forward_ms is None:  # forward + backward = 3 x forward_ms per layer
+        forward_ms = round(statistics.median(runs["comm"]) * 1000 / (3 * layers), 2)
+    timed = ["--forward-ms", str(forward_ms)]
     print("trimtab bench overlap: compute alone ...", file=sys.stderr, flush=True)
     runs["compute"] = _local([*model_args, *timed])
-    for name, extra, env in plan:
-        print(f"trimtab bench overlap: {name} ...", file=sys.stderr, flush=True)
-        runs[name] = run_timed_job(config, [*command, *extra], env=env)
+    job("sequential", timed, None)
+    job("overlap_fifo", [*timed, "--overlap"], {"TRIMTAB_PRIORITY": "0"})
+    if testbed is not None:
+        job("overlap_no_credit", [*timed, "--overlap"], {"TRIMTAB_CREDIT_BYTES": "0"})
+    job("overlap", [*timed, "--overlap"], None)
     med = {name: statistics.median(times) for name, times in runs.items()}
     ideal = max(med["compute"], med["comm"])
+    extra: dict[str, Any] = {}
+    if "overlap_no_credit" in med:
+        extra["send_side_gain"] = round(med["overlap_no_credit"] / med["overlap"], 3)
     return {
         "layers": layers,
         "model_mib": round(layers * (width * width + width) * 4 / (1 << 20), 2),
@@ -82,6 +114,7 @@ def measure(
         "overlap_over_ideal": round(med["overlap"] / ideal, 3),
         "sequential_over_ideal": round(med["sequential"] / ideal, 3),
         "priority_gain": round(med["overlap_fifo"] / med["overlap"], 3),
+        **extra,
     }
 
 
@@ -91,8 +124,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--forward-ms",
         type=float,
-        default=3.0,
-        help="emulated forward time per layer; backward is twice it (default 3)",
+        default=None,
+        help="emulated forward time per layer; backward is twice it (default 3; with "
+        "--testbed: sized so that compute matches the measured communication)",
+    )
+    parser.add_argument(
+        "--testbed",
+        action="store_true",
+        help="each role on its own host of a test bed (root), links shaped by tc",
+    )
+    parser.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=800.0,
+        help="with --testbed: every host's link rate (default 800)",
     )
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run (median)")
     parser.add_argument("--chunk-bytes", type=int, default=1 << 20)
@@ -101,14 +146,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and print its figures. Blocks; returns the exit status."""
-    if args.layers < 1 or args.width < 1 or args.steps < 3 or args.forward_ms < 0:
+    forward_ms = args.forward_ms
+    if forward_ms is None and not args.testbed:
+        forward_ms = 3.0
+    if args.layers < 1 or args.width < 1 or args.steps < 3 or (forward_ms or 0) < 0:
         print(
             "trimtab bench overlap: --layers, --width need >= 1, --steps >= 3, --forward-ms >= 0",
             file=sys.stderr,
         )
         return 2
     try:
-        result = measure(args.layers, args.width, args.forward_ms, args.steps, args.chunk_bytes)
+        with contextlib.ExitStack() as stack:
+            bed = None
+            if args.testbed:
+                bed = stack.enter_context(shaped_bed(HOSTS, args.rate_mbit))
+            result = measure(args.layers, args.width, forward_ms, args.steps, args.chunk_bytes, bed)
+        if bed is not None:
+            result.update(testbed=True, hosts=HOSTS, rate_mbit=args.rate_mbit)
     except RuntimeError as exc:
         print(f"trimtab bench overlap: {exc}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ no_straggler's steps/s), ``migrations``, ``bytes_moved``, ``servers`` (at the en
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -30,7 +31,9 @@ from typing import Any
 
 from trimtab.errors import ConfigError
 from trimtab.launch.job import Job, LaunchConfig
+from trimtab.launch.testbed import Testbed
 from trimtab_tools.experiments.markers import PSLD_RESULT as RESULT
+from trimtab_tools.experiments.psld_bed import SLOW_SERVER, shaped_bed
 
 WORKERS = 2
 SERVERS = 4
@@ -71,8 +74,11 @@ def stragglers(scenario: str, steps: int, args: argparse.Namespace) -> list[str]
     return specs
 
 
-def one_run(name: str, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Run one placement for one scenario. Blocks; raises RuntimeError if it failed."""
+def one_run(
+    name: str, scenario: str, args: argparse.Namespace, bed: Testbed | None = None
+) -> dict[str, Any]:
+    """Run one placement for one scenario (``bed``: on its hosts, its links shaped by
+    :mod:`.psld_bed`). Blocks; raises RuntimeError if it failed."""
     sizes = model(scenario)
     specs = stragglers(scenario, args.steps, args)
     if name == "no_straggler":
@@ -82,7 +88,9 @@ def one_run(name: str, scenario: str, args: argparse.Namespace) -> dict[str, Any
         "psld_fixed": "psld",
         "psld_from_mxnet": "psld-mxnet",
     }.get(name, name)
-    most = SERVERS + 1 if name == "psld" else SERVERS
+    most = SERVERS + 1 if name == "psld" and bed is None else SERVERS
+    if bed is not None:
+        specs = []  # the kernel shapes the links
     specs = [s for s in specs if int(s.split(":")[1]) < most]
     config = LaunchConfig(
         workers=WORKERS,
@@ -112,7 +120,7 @@ def one_run(name: str, scenario: str, args: argparse.Namespace) -> dict[str, Any
         "--compute-ms",
         str(args.compute_ms),
     ]
-    status = Job(config, command, output=output).run()
+    status = Job(config, command, output=output, testbed=bed).run()
     if status != 0 or not results:
         raise RuntimeError(f"{name} run failed (status {status}):\n" + "\n".join(log[-30:]))
     r = results[0]
@@ -149,9 +157,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "stragglers": stragglers(args.scenario, args.steps, args),
         "results": {},
     }
-    for name in names:
-        print(f"trimtab experiment psld: {args.scenario} / {name} ...", file=sys.stderr, flush=True)
-        out["results"][name] = one_run(name, args.scenario, args)
+    with contextlib.ExitStack() as stack:
+        bed = None
+        if args.testbed:
+            shape = (args.scenario, SERVERS, WORKERS, args.link, args.slowdown)
+            bed = stack.enter_context(shaped_bed(*shape))
+            out.update(testbed=True, hosts=len(bed.hosts), stragglers=[])
+        for name in names:
+            print(f"trimtab experiment psld: {args.scenario} / {name} ...", file=sys.stderr)
+            # No straggler: the same bed with every server's link at full speed.
+            if bed is not None and name == "no_straggler" and args.scenario == "bandwidth":
+                bed.shape(SLOW_SERVER, rate_mbit=args.link * 8 / 1e6)
+            out["results"][name] = one_run(name, args.scenario, args, bed)
+            if bed is not None and name == "no_straggler" and args.scenario == "bandwidth":
+                bed.shape(SLOW_SERVER, rate_mbit=args.link / args.slowdown * 8 / 1e6)
     ref = out["results"].get("no_straggler")
     for r in out["results"].values():
         r["ratio"] = round(r["steps_per_s"] / ref["steps_per_s"], 3) if ref else None
@@ -202,6 +221,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-bytes", type=int, default=256 << 10)
     p.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.add_argument("--plot", metavar="PNG", help="step-time plot (needs matplotlib)")
+    p.add_argument(
+        "--testbed",
+        action="store_true",
+        help="each role on a host of a test bed (root), links shaped by tc (psld_bed.py)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

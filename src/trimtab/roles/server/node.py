@@ -36,6 +36,7 @@ from trimtab.roles.server.lifecycle import ServerState
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
+from trimtab.roles.server.receipt import acknowledge
 from trimtab.roles.server.replica import ReplicaLink, Replicas
 from trimtab.roles.server.slots import SharedArenas, Slot
 from trimtab.roles.server.state import load_state, state_reply
@@ -177,7 +178,7 @@ class Server:
                         self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
                         break
                     continue
-                for peer, frames, header in self._by_priority(env):
+                for peer, frames, header in acknowledge(self._by_priority(env), self._loop):
                     if self._stop:
                         break
                     self._serve(peer, frames, header)

@@ -8,6 +8,9 @@ sets of sockets.
   lock uses them. A data request is sent by the calling thread itself, and its reply is
   received by the thread that waits for it (:func:`wait`), so a push and its answer
   cross no thread hand-off (each hand-off cost more than a raw ZeroMQ round trip here).
+  One exception: while the credit gate (:mod:`.credit`) holds pushes back, the credit
+  thread takes the data lock too, to read the CREDITs that release them (and the
+  replies that come with them).
 
 Remote operations return a :class:`concurrent.futures.Future` at once; waiting is
 explicit (:func:`wait`). Replies are matched to requests by request id.
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import itertools
 import logging
 import threading
@@ -27,7 +29,6 @@ from typing import NamedTuple, cast
 
 from trimtab.errors import (
     ChunkMoved,
-    ConfigError,
     JobAborted,
     NodeTimeout,
     ProtocolError,
@@ -46,47 +47,12 @@ from trimtab.protocol.messages import (
     payload_frames,
 )
 from trimtab.protocol.replica import read_failover_notice
+from trimtab.roles.worker.config import WorkerConfig
+from trimtab.roles.worker.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
-from trimtab.transport.zmq import check_spin
 
 log = logging.getLogger("trimtab.worker")
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerConfig:
-    """How a worker joins its job.
-
-    Attributes:
-        coordinator: the coordinator's address, ``tcp://host:port``.
-        job: the job id.
-        rank: the rank to ask for; -1 lets the coordinator choose.
-        heartbeat_s: seconds between heartbeats.
-        coordinator_timeout_s: the job is considered dead if the coordinator is
-            silent this long.
-        request_timeout_s: the longest wait for any single reply.
-        spin_s: seconds a wait for a server's reply polls before it sleeps
-            (``TRIMTAB_SPIN_US``; 0: it sleeps at once).
-        shared_memory: whether pushes to servers on this machine may go through a
-            shared-memory arena (``TRIMTAB_SHM=0`` at ``init()`` turns it off).
-    """
-
-    coordinator: str
-    job: str
-    rank: int = -1
-    heartbeat_s: float = 1.0
-    coordinator_timeout_s: float = 30.0
-    request_timeout_s: float = 600.0
-    spin_s: float = 0.0
-    shared_memory: bool = True
-
-    def __post_init__(self) -> None:
-        check_spin(self.spin_s)
-        if not self.coordinator.startswith(("tcp://", "inproc://")):
-            raise ConfigError(
-                f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT; "
-                "set TRIMTAB_COORDINATOR or run under `trimtab run`"
-            )
 
 
 class SharedMemoryRefused(RetryableError):
@@ -158,6 +124,13 @@ class WorkerClient:
         self._data_lock = threading.Lock()
         self._data_out: collections.deque[tuple[str, list[Frame]]] = collections.deque()
         self._rids = itertools.count(1)
+        #: The bound on push bytes in flight per server, or None (no bound).
+        self.credit: CreditGate[tuple[str, list[Frame]]] | None = None
+        if config.credit_bytes > 0:
+            self.credit = CreditGate(config.credit_bytes, ordered=config.credit_ordered)
+        # Set when the gate holds a push: the pump thread then receives its credit.
+        self._held = threading.Event()
+        self._pump_thread: threading.Thread | None = None
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._lock = threading.Lock()
         self._outbox: collections.deque[tuple[Peer | str, list[Frame]]] = collections.deque()
@@ -184,6 +157,11 @@ class WorkerClient:
         self._running = True
         self._thread = threading.Thread(target=self._io_loop, name="trimtab-io", daemon=True)
         self._thread.start()
+        if self.credit is not None:
+            self._pump_thread = threading.Thread(
+                target=self._pump, name="trimtab-credit", daemon=True
+            )
+            self._pump_thread.start()
         fut = self.control(headers.register_worker(rank=self.config.rank))
         reply = headers.read_registered(wait(fut, self.config.coordinator_timeout_s).header)
         self.rank = reply["rank"]
@@ -206,6 +184,9 @@ class WorkerClient:
         self._transport.wake()
         if self._thread is not None:
             self._thread.join(timeout=10.0)
+        if self._pump_thread is not None:
+            self._held.set()
+            self._pump_thread.join(timeout=10.0)
         if self._data_lock.acquire(timeout=10.0):
             try:
                 self._data.close()
@@ -221,7 +202,10 @@ class WorkerClient:
         """Its requests in flight, for a hung job's dump. Only reads; never blocks."""
         rids = sorted(self._pending)
         shown = ", ".join(map(str, rids[:20])) + (" ..." if len(rids) > 20 else "")
-        return f"{len(rids)} requests unanswered ({shown}), {len(self._data_out)} not yet sent"
+        held = f"; {self.credit.describe()}" if self.credit is not None else ""
+        return (
+            f"{len(rids)} requests unanswered ({shown}), {len(self._data_out)} not yet sent" + held
+        )
 
     def routing_floor(self) -> int:
         """The oldest placement epoch by which a data request of this worker is still
@@ -277,7 +261,20 @@ class WorkerClient:
             plain = cast(Header, header)
             plain["r"] = self.rank
             plain["t"] = self.credential
-            self._data_out.append((to, [encode(header), *frames]))
+            gate = self.credit
+            if gate is not None and frames and plain["o"] == Data.PUSH:
+                # Bytes through a socket (not shared memory, not inline): bounded.
+                plain["ak"] = True
+                message = (to, [encode(header), *frames])
+                nbytes = sum(memoryview(f).nbytes for f in frames)
+                if not gate.admit(to, rid, nbytes, int(plain.get("c", 0)), message):
+                    self._held.set()  # the pump receives the credit that releases it
+                    return fut
+                self._data_out.append(message)
+            else:
+                if gate is not None:  # a push resent through shared memory: no credit
+                    plain.pop("ak", None)
+                self._data_out.append((to, [encode(header), *frames]))
             if not self._flush_data():
                 self._data.wake()  # the thread receiving on the data sockets sends it
         else:
@@ -324,6 +321,8 @@ class WorkerClient:
                 env = self._data.recv(min(left, 0.05))
                 while env is not None:
                     self._on_message(env.peer, env.frames)
+                    if self._data_out:  # pushes the credit just read released
+                        self._send_data_locked()
                     if fut.done():
                         break
                     env = self._data.recv(0)
@@ -333,6 +332,33 @@ class WorkerClient:
             finally:
                 self._data_lock.release()
             self._flush_data()
+
+    def _pump(self) -> None:
+        """The credit thread: while the gate holds pushes, receive on the data sockets
+        (when no waiting thread does) so that each CREDIT sends the next held push even
+        while the training thread computes. Blocks until :meth:`close`."""
+        gate = self.credit
+        assert gate is not None
+        while self._running:
+            self._held.wait(0.1)
+            self._held.clear()
+            while self._running and gate.holding():
+                if not self._data_lock.acquire(timeout=0.05):
+                    continue
+                try:
+                    self._send_data_locked()
+                    env = self._data.recv(0.01)
+                    while env is not None:
+                        self._on_message(env.peer, env.frames)
+                        self._send_data_locked()
+                        env = self._data.recv_queued()
+                    self._send_data_locked()
+                except Exception as exc:  # as in _drive: a broken data socket ends the job
+                    log.exception("worker data sockets failed")
+                    self._fail(f"worker data sockets failed: {exc}")
+                    return
+                finally:
+                    self._data_lock.release()
 
     # -- the I/O thread ------------------------------------------------------------
 
@@ -381,6 +407,13 @@ class WorkerClient:
         if peer == self._coord and op == Control.FAILOVER:
             self._server_lost(header)
             return
+        gate = self.credit
+        if gate is not None and peer != self._coord and (op == Data.CREDIT or gate.outstanding):
+            # A CREDIT, or a reply (which credits a push not yet credited: an error).
+            released = gate.credit(peer[2:].decode(), header["i"])
+            self._data_out.extend(released)
+            if op == Data.CREDIT:
+                return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
         if fut is None:
@@ -418,6 +451,8 @@ class WorkerClient:
             log.error("dropped a malformed FAILOVER: %s", exc)
             return
         address, epoch = str(notice["dead"]), notice["e"]
+        if self.credit is not None:
+            self.credit.forget(address)
         with self._lock:
             self._lost[address] = epoch
             lost = [

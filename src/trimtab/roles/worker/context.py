@@ -28,7 +28,8 @@ from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ConfigError, ProtocolError, UsageError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header, WireHeader
-from trimtab.roles.worker.client import Reply, WorkerClient, WorkerConfig, wait
+from trimtab.roles.worker.client import Reply, WorkerClient, wait
+from trimtab.roles.worker.config import WorkerConfig
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Frame, Transport
 from trimtab.transport.limits import BROADCAST_FRAME_BYTES  # every node's limits allow it
