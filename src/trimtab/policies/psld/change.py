@@ -72,13 +72,9 @@ class LevelTracker:
 
     def __init__(self, settings: ChangeSettings | None = None) -> None:
         self.settings = settings or ChangeSettings()
-        self._level: collections.deque[float] = collections.deque(
-            maxlen=self.settings.judge_keep
-        )
+        self._level: collections.deque[float] = collections.deque(maxlen=self.settings.judge_keep)
         # Distances (log space) of the windows judged from their level's median.
-        self._noise: collections.deque[float] = collections.deque(
-            maxlen=self.settings.noise_keep
-        )
+        self._noise: collections.deque[float] = collections.deque(maxlen=self.settings.noise_keep)
         self._out: list[float] = []  # windows out in a row, on one side
         self._side = 0
         self.changes = 0
