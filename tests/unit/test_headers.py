@@ -27,6 +27,7 @@ from trimtab.protocol.messages import (
     inline,
     read_error,
 )
+from trimtab.protocol.prefetch import map_news
 
 JOB = "job1"
 
@@ -762,6 +763,7 @@ def test_every_op_has_a_builder() -> None:
         h.state_get(chunk=0, epoch=1),
         h.state(rid=1, chunk=0, version=0, round=0, hp={}, state={}),
         h.state_set(chunk=0, epoch=1, state={}),
+        map_news(h.map_reply(rid=0, epoch=1, owners=[], servers=[], prev=[], cuts={})),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 

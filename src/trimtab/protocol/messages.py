@@ -117,6 +117,9 @@ class Control(enum.IntEnum):
     ADOPT = 36  # worker -> coord {root}: every worker adopts the root's values (a
     #             broadcast); reply OK {ad, g} once every worker asked: the grant that
     #             lets the root's INITs reset chunks the servers hold
+    MAP_NEWS = 58  # coord -> worker, unasked, as a migration's map is published: the
+    #               published map {epoch, owners, servers, prev, cuts} (as MAP answers
+    #               MAP_GET), adopted at the next step's first push (no MOVED round trips)
 
 
 class Data(enum.IntEnum):

@@ -35,6 +35,7 @@ from trimtab.errors import (
     RetryableError,
 )
 from trimtab.protocol import headers
+from trimtab.protocol.headers import MapReplyHeader
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -45,6 +46,7 @@ from trimtab.protocol.messages import (
     encode,
     payload_frames,
 )
+from trimtab.protocol.prefetch import read_map_news
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 from trimtab.transport.zmq import check_spin
@@ -170,6 +172,7 @@ class WorkerClient:
         self.chunk_bytes = 0
         #: The epoch of the placement map this worker routes by (its Context sets it).
         self.map_epoch = 0
+        self._news: MapReplyHeader | None = None  # the newest MAP_NEWS not yet taken
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -368,6 +371,9 @@ class WorkerClient:
             return
         if op == Control.HEARTBEAT:
             return
+        if op == Control.MAP_NEWS and peer == self._coord:
+            self._keep_news(header)
+            return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
         if fut is None:
@@ -393,6 +399,23 @@ class WorkerClient:
                 fut.set_exception(exc)
                 return
             fut.set_result(Reply(header, payload, time.perf_counter()))
+
+    def _keep_news(self, header: Header) -> None:
+        try:
+            news = read_map_news(header)
+        except ProtocolError as exc:  # a routing hint: without it, chunks answer moved
+            log.error("dropped a malformed MAP_NEWS: %s", exc)
+            return
+        with self._lock:
+            if self._news is None or news["epoch"] > self._news["epoch"]:
+                self._news = news
+
+    def take_map_news(self) -> MapReplyHeader | None:
+        """The newest map the coordinator published and sent unasked (MAP_NEWS) since
+        the last call, or None. Thread-safe; never blocks (beyond a short lock)."""
+        with self._lock:
+            news, self._news = self._news, None
+        return news
 
     def _fail(self, why: str) -> None:
         if self._dead is None:
