@@ -10,7 +10,8 @@ measurable form (issue 20).
 * ``reaction``: 2 workers and 4 servers at the emulated ``--link``; server 3 slows down
   to ``1 / --slowdown`` of it from step ``--slow-at``, and psld (4 servers, no
   scale-out) must move chunks off it. Reported: ``reaction_steps``, the steps from the
-  slowdown to the first one the workers route by a new map (goal: at most 2).
+  first slow one (over twice the median before) to the first one the workers route by
+  a new map (goal: at most 2), and ``slow_steps``, the step times in between.
 """
 
 from __future__ import annotations
@@ -94,13 +95,18 @@ def reaction(args: argparse.Namespace) -> dict[str, Any]:
     )
     print("trimtab experiment psld: reaction / psld_fixed ...", file=sys.stderr, flush=True)
     r = psld.run_job("psld_fixed", config, psld.model("bandwidth"), args)
-    # Step i of the figures is step i + warmup of the job.
-    epochs = r["epochs"]
-    first = at - args.warmup
-    before = epochs[first - 1] if first > 0 else epochs[0]
-    moved = next((i for i in range(max(first, 0), len(epochs)) if epochs[i] != before), None)
-    times = r["step_times"]
+    # Step i of the figures is step i + warmup of the job; a server counts its steps
+    # by the clocks it completed, so the first slow step is found in the step times:
+    # the first from a little before --slow-at over twice the median of the ten before.
+    epochs, times = r["epochs"], r["step_times"]
+    first = max(1, at - args.warmup - 2)
     calm = times[max(0, first - 10) : first]
+    slow_from = statistics.median(calm) * 2 if calm else 0.0
+    slowed = next((i for i in range(first, len(times)) if times[i] > slow_from), None)
+    moved = None
+    if slowed is not None:
+        before = epochs[slowed - 1]
+        moved = next((i for i in range(slowed, len(epochs)) if epochs[i] != before), None)
     return {
         "scenario": "reaction",
         "workers": psld.WORKERS,
@@ -111,11 +117,13 @@ def reaction(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "stragglers": specs,
         "results": {"psld_fixed": r},
-        # Step `at` is the first slow one: a map used from step at + 1 reacted in 1.
-        "reaction_steps": None if moved is None else moved - first,
+        # The first slow step is s: a map routed by from step s + 1 reacted in 1 step.
+        "first_slow_step": None if slowed is None else slowed + args.warmup,
+        "reaction_steps": None if moved is None or slowed is None else moved - slowed,
+        "slow_steps": None if moved is None or slowed is None else times[slowed:moved],
         "p50_before_s": round(statistics.median(calm), 4) if calm else None,
-        "p50_after_s": round(statistics.median(times[first + 10 :]), 4)
-        if len(times) > first + 10
+        "p50_after_s": round(statistics.median(times[first + 12 :]), 4)
+        if len(times) > first + 12
         else None,
     }
 
