@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from trimtab_tools.bench import collectives, datapath, overlap
-from trimtab_tools.experiments import psld, stragglers
+from trimtab_tools.experiments import psld, psld_pause, stragglers
 
 
 def add_commands(sub: Any) -> None:
@@ -22,11 +22,11 @@ def add_commands(sub: Any) -> None:
     stragglers.add_arguments(
         exp_sub.add_parser("stragglers", help="worker stragglers: bsp, lbbsp, asp, ssp, saps, ddp")
     )
-    psld.add_arguments(
-        exp_sub.add_parser(
-            "psld", help="server stragglers: hash, mxnet, greedy, psld placements side by side"
-        )
+    psld_parser = exp_sub.add_parser(
+        "psld", help="server stragglers: hash, mxnet, greedy, psld placements side by side"
     )
+    psld.add_arguments(psld_parser)
+    psld_pause.add_arguments(psld_parser)
     exp.set_defaults(handler=_experiment)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -42,7 +42,7 @@ def add_commands(sub: Any) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    return psld.main(args) if args.experiment == "psld" else stragglers.main(args)
+    return psld_pause.main(args) if args.experiment == "psld" else stragglers.main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -178,7 +178,10 @@ def test_scaling_in_drains_a_server_then_retires_it_once_no_request_can_reach_it
     reb.on_ack(1, {"o": 19, "epoch": 2, "cuts": {"1": 1}}, out)
     assert out == []  # server 0 has not acknowledged yet
     reb.on_ack(0, {"o": 19, "epoch": 2, "cuts": {}}, out)
-    assert ops(out) == [(b"w0", Control.MAP)] and maps.epoch == 2
+    # The MAP_GET waiting is answered, and every worker is sent the map unasked.
+    news = [(b"w0", Control.MAP_NEWS), (b"w1", Control.MAP_NEWS)]
+    assert ops(out) == [(b"w0", Control.MAP), *news] and maps.epoch == 2
+    assert out[1].header == {**out[0].header, "o": Control.MAP_NEWS, "i": 0}
     out = []
     reb.on_handed({"o": 20, "c": [1, 2]}, out)  # chunk 2 was not moving
     assert reb.migrating is None and reb.migrations == 1 and reb.bytes_moved == 128

@@ -29,6 +29,11 @@ class _Client:
     def __init__(self, answers: list[dict[str, Any]]) -> None:
         self.sent: list[dict[str, Any]] = []
         self._answers = answers
+        self.news: dict[str, Any] | None = None  # a MAP_NEWS the coordinator sent
+
+    def take_map_news(self) -> dict[str, Any] | None:
+        news, self.news = self.news, None
+        return news
 
     def control(self, header: dict[str, Any]) -> concurrent.futures.Future[Reply]:
         self.sent.append(header)
@@ -45,9 +50,13 @@ class _Context:
         self.client = _Client(answers)
         self.timeout_s = 1.0
         self.refreshed: list[int] = []
+        self.adopted: list[int] = []
 
     def routing_floor(self) -> int:
         return 3
+
+    def adopt_map(self, news: dict[str, Any]) -> None:
+        self.adopted.append(news["epoch"])
 
     def refresh_map(self, epoch: int) -> None:
         self.refreshed.append(epoch)

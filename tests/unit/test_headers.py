@@ -29,6 +29,7 @@ from trimtab.protocol.messages import (
     inline,
     read_error,
 )
+from trimtab.protocol.prefetch import map_news
 
 JOB = "job1"
 
@@ -787,6 +788,7 @@ def test_every_op_has_a_builder() -> None:
         h.restore(directory="d", files=["f"]),
         h.restored(chunks=2),
         h.credit(rid=1),
+        map_news(h.map_reply(rid=0, epoch=1, owners=[], servers=[], prev=[], cuts={})),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 

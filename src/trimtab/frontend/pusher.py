@@ -112,6 +112,8 @@ class Pusher:
         # This step's traffic per server: [first push sent, last reply read, bytes both
         # ways], for PSLD's worker-observed speeds (see reports.spans_of_step).
         self._traffic: dict[int, list[float]] = {}
+        # The pushes whose answers arrive() is writing now, with their clock.
+        self._current: tuple[list[Sent], int] | None = None
         # The request being waited for (chunk, request id, clock), for describe().
         self._awaited: tuple[int, int, int | None] | None = None
 
@@ -226,10 +228,11 @@ class Pusher:
                 if sent is None:
                     continue
                 futs, clock = sent
+                self._current = sent  # (swept by _resend_moved, as self.arriving is)
                 for c, (f, header, frames, owner, pushed) in zip(
                     self.chunks_of[p], futs, strict=True
                 ):
-                    reply = self._await(f, c, header, frames, clock)
+                    reply = self._await(f, c, header, frames, clock, sweep=True)
                     # A VALUE (its keys: ValueHeader), read directly and unchecked:
                     # read_value would add a call and its checks per chunk. The cast
                     # checks nothing; h and got stand for reply.header and reply.frames.
@@ -262,7 +265,38 @@ class Pusher:
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
                         self._write(p.grad, c, h, got)
+        self._current = None
         self.arrive_s += time.perf_counter() - started
+
+    def _resend_moved(self, resent: ChunkRequest) -> None:
+        """Resend at once, by the map just refreshed, every push still arriving that was
+        already answered *moved* (by a map no newer than this one), but ``resent``
+        (the one :meth:`_await` sent again itself). Without it each was
+        resent only when its turn came to be awaited, after the previous one's value:
+        a migration of every chunk cost the step one round trip per chunk, in a row.
+        A resent push's bytes no longer count as its first server's traffic. Never
+        blocks."""
+        ctx = self._ctx
+        batches = [(futs, clock, 0) for futs, clock in self.arriving.values()]
+        if self._current is not None:
+            # Those before ``resent`` were answered (their tuples keep the first future).
+            futs, clock = self._current
+            at = next((i for i, sent in enumerate(futs) if sent[1] is resent), len(futs))
+            batches.append((futs, clock, at + 1))
+        for futs, clock, start in batches:
+            for i in range(start, len(futs)):
+                f, header, frames, owner, pushed = futs[i]
+                if not f.done():
+                    continue
+                gone = f.exception()
+                if not isinstance(gone, ChunkMoved) or gone.epoch > self.epoch:
+                    continue
+                header["e"] = self.epoch
+                again = ctx.client.request(ctx.server_of(header["c"], clock), header, frames)
+                traffic = self._traffic.get(owner) if self.timed else None
+                if traffic is not None:
+                    traffic[2] -= pushed
+                futs[i] = (again, header, frames, -1, 0)  # -1: no server's traffic
 
     def _await(
         self,
@@ -271,11 +305,14 @@ class Pusher:
         header: ChunkRequest,
         frames: list[Any],
         clock: int | None,
+        *,
+        sweep: bool = False,
     ) -> Reply:
         """Wait for a chunk request's reply; if the chunk moved, fetch the new map and
-        send the request again to the new owner; if the server cannot map our shared
-        memory, send it the bytes. Blocks; raises as :func:`wait`, and
-        :class:`RemoteError` if the chunk keeps moving."""
+        send the request again to the new owner (and, with ``sweep``, every push still
+        arriving that was answered *moved* too: :meth:`_resend_moved`); if the server
+        cannot map our shared memory, send it the bytes. Blocks; raises as
+        :func:`wait`, and :class:`RemoteError` if the chunk keeps moving."""
         ctx = self._ctx
         for _ in range(MAX_MOVES):
             try:
@@ -285,6 +322,8 @@ class Pusher:
                 ctx.refresh_map(moved.epoch)
                 header["e"] = self.epoch
                 fut = ctx.client.request(ctx.server_of(c.id, clock), header, frames)
+                if sweep:
+                    self._resend_moved(header)
             except SharedMemoryRefused as exc:
                 push = cast(PushHeader, header)  # only a push puts a gradient in a slot
                 shared = push.pop("sm", None)

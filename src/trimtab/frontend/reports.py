@@ -104,8 +104,14 @@ class StepReporter:
         return compute, cpu
 
     def before_push(self, first: bool, clock: int) -> None:
-        """At each push of step ``clock`` (``first``: the step's first): read the
-        coordinator's directive, and send the previous step's report when it is due."""
+        """At each push of step ``clock`` (``first``: the step's first): route by a map
+        the coordinator published since (MAP_NEWS: a migration's, cut at this step or
+        later, so that no push of it is answered *moved*), read the coordinator's
+        directive, and send the previous step's report when it is due."""
+        if first:
+            news = self._ctx.client.take_map_news()
+            if news is not None:
+                self._ctx.adopt_map(news)
         if self._sender is not None:
             if first:
                 self._sender.send_due()

@@ -132,6 +132,9 @@ class Control(enum.IntEnum):
     RESTORE = 53  # coord -> server {dir, files}: load the chunks of the MAP that follows
     #               from these checkpoint files
     RESTORED = 54  # server -> coord {n | err}: chunks loaded (after that MAP), or why not
+    MAP_NEWS = 58  # coord -> worker, unasked, as a migration's map is published: the
+    #               published map {epoch, owners, servers, prev, cuts} (as MAP answers
+    #               MAP_GET), adopted at the next step's first push (no MOVED round trips)
 
 
 class Data(enum.IntEnum):

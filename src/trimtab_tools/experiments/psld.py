@@ -38,6 +38,8 @@ from trimtab_tools.experiments.psld_bed import SLOW_SERVER, shaped_bed
 WORKERS = 2
 SERVERS = 4
 RUNS = ("no_straggler", "hash", "mxnet", "greedy", "psld", "psld_fixed")
+#: Scenarios of issue 20's measurable promise, run by :mod:`.psld_pause`.
+PROMISE_SCENARIOS = ("migration-pause", "reaction")
 #: Runs of one scenario only.
 EXTRA = {"skew": ("psld_from_mxnet",)}
 MIB = 1 << 20
@@ -100,6 +102,21 @@ def one_run(
         chunk_bytes=args.chunk_bytes,
         stragglers=tuple(specs),
     )
+    return run_job(name, config, sizes, args, bed)
+
+
+def run_job(
+    name: str,
+    config: LaunchConfig,
+    sizes: list[int],
+    args: argparse.Namespace,
+    bed: Testbed | None = None,
+) -> dict[str, Any]:
+    """Run the experiment's worker script (``sizes``: its tensors in bytes, for
+    ``args.steps`` steps of ``args.compute_ms``) as job ``config`` (``bed``: on its
+    hosts); return its figures
+    (``epochs``: the map's epoch after each step, warm-up left out). Blocks; raises
+    RuntimeError if it failed."""
     results: list[dict[str, Any]] = []
     log: list[str] = []
 
@@ -139,6 +156,7 @@ def one_run(
         "bytes_moved": r["bytes_moved"],
         "servers": r["servers"],
         "step_times": [round(t, 4) for t in times],
+        "epochs": epochs,
     }
 
 
@@ -198,7 +216,12 @@ def plot(out: dict[str, Any], path: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", default="bandwidth", choices=("skew", "bandwidth", "moving"))
+    p.add_argument(
+        "--scenario",
+        default="bandwidth",
+        choices=("skew", "bandwidth", "moving", *PROMISE_SCENARIOS),
+        help="migration-pause and reaction: see trimtab_tools.experiments.psld_pause",
+    )
     p.add_argument(
         "--runs",
         default=",".join(RUNS + EXTRA["skew"]),

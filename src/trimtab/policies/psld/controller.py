@@ -16,11 +16,14 @@ from trimtab.policies.psld.model import (
     slowest,
 )
 
-#: Steps between decisions, so that PSLD reacts within two steps of a straggler (commit
-#: 4e51a84): the workers' figures show a slowdown one step after it starts
-#: (``SpeedEstimator.keep_steps``), and a decision every other step acts on them by the
-#: next. The coordinator used to pass 2 over a default of 5 that nothing else used.
-DECIDE_EVERY = 2
+#: Steps between decisions, so that PSLD reacts within two steps of a straggler: the
+#: workers' figures show a slowdown one step after it starts
+#: (``SpeedEstimator.keep_steps``), and a decision at every step boundary acts on them
+#: at once. A migration holds from the step after the one under way at its boundary
+#: (its pushes already on their way stay with the old owners), so a straggler of step s
+#: is off the map from step s + 2. Every other step (2, until issue 20) added a step
+#: half the time, when migrations took effect at once and paid in moved round trips.
+DECIDE_EVERY = 1
 
 #: A trial is overtaken (abandoned unjudged) when a server the plan gave nothing is
 #: predicted this many times slower than the tried map's slowest was when it was made:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import statistics
 
+from trimtab.policies.psld.change import ChangeSettings, LevelTracker
+
 #: A server re-measured after its figure was dropped for idleness is "as slow as before"
 #: while its new figure stays below this many times the dropped one. A recovered
 #: straggler comes back several times faster than its slow figure; the threshold sits
@@ -24,8 +26,11 @@ class SpeedEstimator:
 
     **Servers** report their total busy seconds and bytes handled; successive reports
     make window speeds (bytes per busy second), and a server's figure is the median of
-    its last ``keep`` windows (one wild window, a pause or a burst, does not move it).
-    Windows with less than ``min_busy_s`` of work are ignored.
+    its last ``keep`` windows of its current level (one wild window, a pause or a burst,
+    does not move it). A change test on the latest windows (:mod:`.change`) starts a
+    new level once ``confirm`` windows in a row lie beyond the level's own noise: a
+    server that slowed down is seen at its second slow window, not its third as by a
+    median of five. Windows with less than ``min_busy_s`` of work are ignored.
 
     **Workers** time, per step and server, their requests from push to reply read
     (:meth:`observe_step`, every worker's figures of one step together), which sees
@@ -52,14 +57,17 @@ class SpeedEstimator:
         idle_reports: int = 12,
         keep_steps: int = 1,
         disagree: float = 2.0,
+        change: ChangeSettings | None = None,
     ) -> None:
         self.keep = keep
+        history = max(2, min(5, keep))
+        self.change = change or ChangeSettings(keep=max(keep, history), history=history)
         self.min_busy_s = min_busy_s
         self.idle_reports = idle_reports
         self.keep_steps = keep_steps
         self.disagree = disagree
         self._last: dict[int, tuple[float, float]] = {}
-        self._windows: dict[int, collections.deque[float]] = {}
+        self._windows: dict[int, LevelTracker] = {}
         self._steps: dict[int, collections.deque[tuple[float, float]]] = {}
         self._idle: dict[int, int] = {}
         # Per server: reports of idleness before its figure is dropped (doubles each
@@ -97,7 +105,10 @@ class SpeedEstimator:
                 min(self._patience.get(server, base) * 2, 64 * base) if slow else base
             )
             self._slow_rechecks[server] = self._slow_rechecks.get(server, 0) + 1 if slow else 0
-        self._windows.setdefault(server, collections.deque(maxlen=self.keep)).append(dbytes / dbusy)
+        windows = self._windows.get(server)
+        if windows is None:
+            windows = self._windows[server] = LevelTracker(self.change)
+        windows.observe(dbytes / dbusy)
 
     def observe_step(self, server: int, nbytes: float, span_s: float, tail_s: float) -> None:
         """Take one step's worker-observed figures for ``server``: ``nbytes`` (every
@@ -112,7 +123,7 @@ class SpeedEstimator:
     def speed(self, server: int) -> float | None:
         """The server-reported estimate, or None before any full window."""
         w = self._windows.get(server)
-        return statistics.median(w) if w else None
+        return w.figure() if w is not None else None
 
     def observed(self, server: int) -> tuple[float, float] | None:
         """The worker-observed bounds ``(lower, upper)`` of the server's speed over the

@@ -16,11 +16,12 @@ from trimtab.errors import ProtocolError, UsageError
 from trimtab.policies.psld import PsldController, SpeedEstimator, chunk_costs, rebalance
 from trimtab.policies.scaling import ScalingPolicy
 from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.protocol.prefetch import map_news
 from trimtab.roles.coordinator import migration
 from trimtab.roles.coordinator.maps import Maps
-from trimtab.roles.coordinator.members import Members
+from trimtab.roles.coordinator.members import Members, MemberState
 from trimtab.roles.coordinator.migration import Migration
-from trimtab.roles.coordinator.outbox import Outbox
+from trimtab.roles.coordinator.outbox import Outbox, Send
 
 log = logging.getLogger("trimtab.coordinator")
 
@@ -213,13 +214,20 @@ class Rebalancer:
         out += sends
 
     def on_ack(self, rank: int, header: Header, out: Outbox) -> None:
-        """A server's MIGRATE_ACK; the last one publishes the map to the workers."""
+        """A server's MIGRATE_ACK; the last one publishes the map to the workers: the
+        MAP_GETs waiting for it are answered, and every active worker is sent it
+        (MAP_NEWS) to route its next step by, before any of that step's pushes would
+        reach an old owner past its cut and come back *moved*."""
         before = self.migrating
         self.migrating = after = migration.ack(before, rank, header)
         if before is not None and not before.acked and after.acked:
             addrs = [m.addr for m in self.members.servers]
             out += self.maps.publish(after.epoch, after.owners, addrs, after.cuts)
             self.members.placed(after.owners)
+            if self.maps.published is not None:
+                news = map_news(self.maps.published)
+                workers = self.members.workers.values()
+                out += [Send(w.peer, news) for w in workers if w.state is MemberState.ACTIVE]
         self._finish_if_done(out)
 
     def on_handed(self, header: Header, out: Outbox) -> None:

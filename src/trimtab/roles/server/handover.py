@@ -17,6 +17,7 @@ import torch
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.server.cuts import cut_of, rounds_under_way
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.optim import ChunkOptimizer, hyperparameters
 from trimtab.roles.server.store import Chunk, ChunkStore
@@ -110,18 +111,20 @@ class Handover:
 
     def plan(self, header: headers.MigrateHeader) -> dict[str, int]:
         """Take a MIGRATE map (read): decide, for each chunk leaving, the clock from which it
-        is its new owner's (the round in progress if no push for it arrived yet, else
-        the next), and expect the chunks arriving. Returns the cuts, by chunk id."""
+        is its new owner's (:func:`~trimtab.roles.server.cuts.cut_of`: the round in
+        progress if no push of its table's round arrived yet, else the next), and expect
+        the chunks arriving. Returns the cuts, by chunk id."""
         store = self.store
         if not store.specs:
             store.learn_job(header)  # a server that joined after the job started
         store.servers = tuple(header["servers"])
         owners = tuple(header["owners"])
         cuts: dict[str, int] = {}
+        under_way = rounds_under_way(store)
         for cid, chunk in store.chunks.items():
             if owners[cid] == store.index or cid in self.moves:
                 continue
-            cut = chunk.round + (1 if chunk.arrived else 0)
+            cut = cut_of(chunk, store.table_of(chunk.spec), under_way)
             self.moves[cid] = Move(cid, ChunkPhase.LEAVING, cut, owners[cid])
             cuts[str(cid)] = cut
         old = store.owners

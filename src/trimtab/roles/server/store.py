@@ -161,6 +161,10 @@ class ChunkStore:
         factor = float(opt.get("post", 1.0))
         return factor * len(self.workers) if opt.get("op") == "sum" else factor
 
+    def table_of(self, spec: ChunkSpec) -> int:
+        """The table (optimizer) whose tensor ``spec`` is a chunk of. Pure."""
+        return self._table_of[spec.tensor]
+
     def new_chunk(self, spec: ChunkSpec) -> Chunk:
         """A fresh chunk of ``spec`` under its table's optimizer (zero value, version 0)."""
         opt = self._opts[self._table_of[spec.tensor]]

@@ -36,6 +36,7 @@ from trimtab.errors import (
     RetryableError,
 )
 from trimtab.protocol import headers
+from trimtab.protocol.headers import MapReplyHeader
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -46,6 +47,7 @@ from trimtab.protocol.messages import (
     encode,
     payload_frames,
 )
+from trimtab.protocol.prefetch import read_map_news
 from trimtab.protocol.replica import read_failover_notice
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.credit import CreditGate
@@ -149,6 +151,7 @@ class WorkerClient:
         self.chunk_bytes = 0
         #: The epoch of the placement map this worker routes by (its Context sets it).
         self.map_epoch = 0
+        self._news: MapReplyHeader | None = None  # the newest MAP_NEWS not yet taken
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -414,6 +417,9 @@ class WorkerClient:
             self._data_out.extend(released)
             if op == Data.CREDIT:
                 return
+        if op == Control.MAP_NEWS and peer == self._coord:
+            self._keep_news(header)
+            return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
         if fut is None:
@@ -455,21 +461,30 @@ class WorkerClient:
             self.credit.forget(address)
         with self._lock:
             self._lost[address] = epoch
-            lost = [
-                rid
-                for rid, f in self._pending.items()
-                if isinstance(f, _DataFuture) and f.address == address
-            ]
+            lost = [r for r, f in self._pending.items() if getattr(f, "address", "") == address]
             futures = [cast(_DataFuture, self._pending.pop(rid)) for rid in lost]
-        log.warning(
-            "server %s is lost: %d requests go to the new owners (map %d)",
-            address,
-            len(futures),
-            epoch,
-        )
+        log.warning("server %s is lost: %d requests go to the new owners (map %d)",
+                    address, len(futures), epoch)  # fmt: skip
         for f in futures:
             if not f.done():
                 f.set_exception(ChunkMoved(f.chunk, -1, epoch))
+
+    def _keep_news(self, header: Header) -> None:
+        try:
+            news = read_map_news(header)
+        except ProtocolError as exc:  # a routing hint: without it, chunks answer moved
+            log.error("dropped a malformed MAP_NEWS: %s", exc)
+            return
+        with self._lock:
+            if self._news is None or news["epoch"] > self._news["epoch"]:
+                self._news = news
+
+    def take_map_news(self) -> MapReplyHeader | None:
+        """The newest map the coordinator published and sent unasked (MAP_NEWS) since
+        the last call, or None. Thread-safe; never blocks (beyond a short lock)."""
+        with self._lock:
+            news, self._news = self._news, None
+        return news
 
     def _fail(self, why: str) -> None:
         if self._dead is None:

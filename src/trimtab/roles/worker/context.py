@@ -383,8 +383,16 @@ class Context:
 
     def _fetch_map(self, epoch: int) -> None:
         """Fetch the map of at least ``epoch`` and its cuts. Blocks."""
-        floor = self.routing_floor()
-        reply = headers.read_map_reply(self.call(headers.map_get(epoch=epoch, floor=floor)).header)
+        reply = self.call(headers.map_get(epoch=epoch, floor=self.routing_floor()))
+        self._adopt(headers.read_map_reply(reply.header))
+
+    def adopt_map(self, reply: headers.MapReplyHeader) -> None:
+        """Route by a published map (MAP_NEWS) and its cuts if it is newer than this
+        worker's. Never blocks."""
+        if self.placement is not None and self.placement.epoch < reply["epoch"]:
+            self._adopt(reply)
+
+    def _adopt(self, reply: headers.MapReplyHeader) -> None:
         self._prev = tuple(reply["prev"])
         self._cuts = {int(c): int(k) for c, k in reply["cuts"].items()}
         self.placement = PlacementMap(

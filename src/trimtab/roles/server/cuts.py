@@ -1,0 +1,38 @@
+"""Where a chunk leaving this server is cut: the clock from which its new owner holds it.
+
+The cut is the round in progress if no push of it can come here any more without being
+answered *moved*, else the next one. A round some worker pushed to is under way: it
+completes here (its value is answered) before the chunk goes. Under BSP (which live
+migration needs) every worker pushes every chunk of a table in each step, so a round
+under way on one chunk of a table is under way on all of them, pushed or not yet: they
+are cut after it too. Cut at the round in progress instead, the step's pushes that were
+on their way when the new map came were all answered *moved* and sent again, and the
+step paid for the round trips (issue 20's migration pause); cut after it, the step runs
+as if nothing moved, the chunks go as their round is answered, during the workers'
+next compute, and the workers route the next step by the new map (MAP_NEWS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trimtab.roles.server.store import Chunk, ChunkStore
+
+
+def rounds_under_way(store: ChunkStore) -> dict[int, int]:
+    """Per table, the latest round that some worker pushed to on a chunk of it here.
+    Pure."""
+    under_way: dict[int, int] = {}
+    for chunk in store.chunks.values():
+        if chunk.arrived:
+            table = store.table_of(chunk.spec)
+            under_way[table] = max(under_way.get(table, chunk.round), chunk.round)
+    return under_way
+
+
+def cut_of(chunk: Chunk, table: int, under_way: Mapping[int, int]) -> int:
+    """The cut of ``chunk`` (of ``table``): after its round in progress if that round
+    was pushed to, on it or on another chunk of its table (``under_way``, from
+    :func:`rounds_under_way`), else at it. Pure."""
+    started = bool(chunk.arrived) or under_way.get(table) == chunk.round
+    return chunk.round + (1 if started else 0)
