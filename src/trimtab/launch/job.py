@@ -28,10 +28,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trimtab.errors import ConfigError, NodeTimeout
+from trimtab.faults.kills import parse_faults
 from trimtab.frontend.compression import compressor
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.cores import available_cores
+from trimtab.launch.faults import FaultWatch
 from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.protocol import headers
 from trimtab.runtime.diagnostics import STACK_SIGNAL
@@ -89,6 +91,8 @@ class Job:
         self._secret_dir: Path | None = None
         self._server_key = ""  # hex, made for a job without authentication
         self._key: JobKey | None = None
+        #: The deaths ``--fault`` caused, and the joins still to start.
+        self.faults = FaultWatch(parse_faults(config.faults))
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
@@ -179,7 +183,9 @@ class Job:
     def _pump(self, source: str, popen: subprocess.Popen[bytes]) -> None:
         assert popen.stdout is not None
         for raw in iter(popen.stdout.readline, b""):
-            self.output(source, raw.decode(errors="replace").rstrip("\n"))
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.faults.saw(source, line)
+            self.output(source, line)
 
     def _start(self) -> None:
         c = self.config
@@ -232,37 +238,45 @@ class Job:
                 f"{self.coordinator_address} --job {c.job} --servers K"
                 + (f" --secret-file {self._secret_dir / 'secret'}" if self._secret_dir else "")
             )
-        host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
-        threads = max(1, (os.cpu_count() or 1) // c.workers)
         for rank in range(c.workers):
-            wenv = self._role_env()
-            wenv.setdefault("OMP_NUM_THREADS", str(threads))
-            wenv.update(
-                {
-                    envvars.COORDINATOR: self.coordinator_address,
-                    envvars.JOB: c.job,
-                    envvars.RANK: str(rank),
-                    envvars.LOCAL_RANK: str(rank),
-                    envvars.LOCAL_SIZE: str(c.workers),
-                    envvars.NUM_WORKERS: str(c.workers),
-                    envvars.NUM_SERVERS: str(c.servers),
-                    envvars.STRAGGLERS: ";".join(c.stragglers),
-                    envvars.COMPRESSION: compressor(c.compression).name,
-                    envvars.DMLC_ROLE: "worker",
-                    envvars.DMLC_PS_ROOT_URI: host,
-                    envvars.DMLC_PS_ROOT_PORT: port,
-                    envvars.DMLC_NUM_WORKER: str(c.workers),
-                    envvars.DMLC_NUM_SERVER: str(c.servers),
-                    envvars.DMLC_WORKER_ID: str(rank),
-                }
-            )
-            self._spawn(f"worker {rank}", self.command, wenv)
+            self._spawn(f"worker {rank}", self.command, self._worker_env(rank))
+
+    def _worker_env(self, rank: int | None) -> dict[str, str]:
+        """The environment of worker ``rank`` (None: a joining worker, which the
+        coordinator gives a rank). Raises as :meth:`_role_env`."""
+        c = self.config
+        host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
+        env = self._role_env()
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // c.workers)))
+        env.update(
+            {
+                envvars.COORDINATOR: self.coordinator_address,
+                envvars.JOB: c.job,
+                envvars.LOCAL_SIZE: str(c.workers),
+                envvars.NUM_WORKERS: str(c.workers),
+                envvars.NUM_SERVERS: str(c.servers),
+                envvars.STRAGGLERS: ";".join(c.stragglers),
+                envvars.FAULTS: ";".join(c.faults),
+                envvars.COMPRESSION: compressor(c.compression).name,
+                envvars.DMLC_ROLE: "worker",
+                envvars.DMLC_PS_ROOT_URI: host,
+                envvars.DMLC_PS_ROOT_PORT: port,
+                envvars.DMLC_NUM_WORKER: str(c.workers),
+                envvars.DMLC_NUM_SERVER: str(c.servers),
+            }
+        )
+        for name in (envvars.RANK, envvars.LOCAL_RANK, envvars.DMLC_WORKER_ID):
+            env.pop(name, None)
+            if rank is not None:
+                env[name] = str(rank)
+        return env
 
     def _spawn_server(self) -> None:
         c = self.config
         env = self._role_env()
         env.setdefault("OMP_NUM_THREADS", "1")
         env[envvars.STRAGGLERS] = ";".join(c.stragglers)
+        env[envvars.FAULTS] = ";".join(c.faults)
         index = sum(p.source.startswith("server") for p in self._procs)
         self._spawn(
             f"server {index}",
@@ -310,7 +324,7 @@ class Job:
     def _supervise(self) -> int:
         workers = [p for p in self._procs if p.source.startswith("worker")]
         elastic = self.config.max_servers > self.config.servers
-        next_poll = time.monotonic()
+        next_poll = next_join = time.monotonic()
         deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
         while True:
             others = [p for p in self._procs if not p.source.startswith("worker")]
@@ -320,8 +334,14 @@ class Job:
             if elastic and time.monotonic() >= next_poll:
                 self._grow()
                 next_poll = time.monotonic() + 0.5
+            if self.faults.joins_pending and time.monotonic() >= next_join:
+                workers += self._join_workers()
+                next_join = time.monotonic() + 0.2
             for p in workers:
                 code = p.popen.poll()
+                if code is not None and code != 0 and self._injected(p, code):
+                    workers.remove(p)  # killed by --fault: the job decides what follows
+                    break
                 if code is not None and code != 0:
                     self._say(f"{p.source} exited with status {_describe(code)}; stopping the job")
                     return code if code > 0 else 128 - code
@@ -330,6 +350,8 @@ class Job:
                 return 0
             for p in others:
                 code = p.popen.poll()
+                if code is not None and code != 0 and self._injected(p, code):
+                    continue  # killed by --fault (said once): the job decides what follows
                 # Status 0 is a normal end: the coordinator and servers exit once every
                 # worker said it is done, which can be before the worker processes exit.
                 if code is not None and code != 0:
@@ -339,6 +361,37 @@ class Job:
                     )
                     return 1
             time.sleep(0.05)
+
+    def _injected(self, p: _Proc, code: int) -> bool:
+        """Whether ``p``'s death (status ``code``) was a ``--fault`` kill; says so the
+        first time. Blocks until its output is read (up to 2 s)."""
+        if any(m.get("source") == p.source for m in self.faults.injected):
+            return True
+        p.reader.join(timeout=2.0)  # its marker line, if any, is read by now
+        body = self.faults.injected_death(p.source, code)
+        if body is None:
+            return False
+        body["source"] = p.source
+        self._say(f"{p.source} was killed by --fault {body['spec']}; the job goes on without it")
+        return True
+
+    def _join_workers(self) -> list[_Proc]:
+        """Start the workers whose ``--fault`` join is due (a worker reached its step),
+        as workers given the job's address and no rank. Blocks for one status request."""
+        try:
+            reply = ask_coordinator(
+                self.coordinator_address, self.config.job, headers.status_request(), 2.0, self._key
+            )
+        except NodeTimeout:
+            return []
+        due = self.faults.due_joins(headers.read_status_reply(reply)["clocks"])
+        joined = []
+        started = sum(p.source.startswith("worker") for p in self._procs)
+        for i in range(due):
+            source = f"worker {started + i}"
+            self._say(f"--fault: a worker joins the job ({source})")
+            joined.append(self._spawn(source, self.command, self._worker_env(None)))
+        return joined
 
     def _dump_stacks(self) -> None:
         """Ask every live process for its threads' stacks (they print them and go on)."""

@@ -1,0 +1,78 @@
+"""Worker script of ``trimtab experiment faults`` and ``soak`` (run by ``trimtab run``).
+
+Usage: _faults_worker.py OUT_DIR STEPS [STEP_SLEEP_S] [HIDDEN]
+
+Trains :mod:`~trimtab_tools.experiments.samples`' model under BSP until its clock reaches
+STEPS, each step on its share of a global batch of 64 (``BalancedSampler``), logging
+what it processed (:class:`~trimtab_tools.experiments.samples.SampleLog`). A worker that
+joins later starts at the job's clock. The last rank-0 worker writes ``final.json``:
+its parameters, its clock and the servers' per-chunk versions.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import trimtab
+from trimtab.data import BalancedSampler
+from trimtab_tools.experiments.samples import (
+    SAMPLES,
+    SampleLog,
+    dataset,
+    loss_of,
+    make_model,
+    make_optimizer,
+)
+
+GLOBAL_BATCH = 64
+
+
+def main() -> None:
+    out, steps = Path(sys.argv[1]), int(sys.argv[2])
+    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    hidden = int(sys.argv[4]) if len(sys.argv) > 4 else 64
+    trimtab.init()
+    rank, size = trimtab.rank(), trimtab.size()
+    x, y = dataset()
+    model = make_model(42 if rank == 0 else 1000 + rank, hidden)  # rank 0's values win
+    opt = trimtab.DistributedOptimizer(make_optimizer(model), model.named_parameters())
+    log = SampleLog(out, rank)
+    per_epoch = SAMPLES // GLOBAL_BATCH
+    while opt.clock < steps:
+        # From the job's clock: a worker that joins mid-epoch takes its place in it.
+        epoch, skip = divmod(opt.clock, per_epoch)
+        sampler = BalancedSampler(SAMPLES, GLOBAL_BATCH, opt, rank, size)
+        sampler.set_epoch(epoch)
+        for i, indices in enumerate(sampler):
+            if i < skip:
+                continue
+            if opt.clock >= steps:
+                break
+            clock = opt.clock
+            log.begin(clock, indices)
+            opt.zero_grad()
+            loss_of(model, x[indices], y[indices]).backward()
+            opt.step()
+            log.done(clock)
+            if pause:
+                time.sleep(pause)  # steps long enough for faults to land mid-training
+    log.close()
+    trimtab.barrier()  # every worker's last step is applied everywhere
+    if rank == 0:
+        final = {
+            "clock": opt.clock,
+            "params": [p.detach().flatten().tolist() for p in model.parameters()],
+            "versions": {
+                str(c): v for s in trimtab.server_stats() for c, v in s["versions"].items()
+            },
+            "chunks": len(trimtab.job_status()["owners"]),
+        }
+        (out / "final.json").write_text(json.dumps(final))
+    trimtab.shutdown()
+
+
+if __name__ == "__main__":
+    main()
