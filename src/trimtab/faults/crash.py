@@ -59,7 +59,7 @@ class WorkerCrash:
     ``before-push``: at the first push of the step, before it leaves. ``mid-push``:
     right after the push that makes half of the step's chunks (as many as the step
     before had, rounded up; 1 at step 0). ``after-reply``: when every chunk pushed at
-    the step has been answered (a VALUE whose round is past the step), counting at
+    the step has been answered (a VALUE of the step's round or later), counting at
     least as many chunks as the step before had.
     """
 
@@ -113,7 +113,7 @@ class WorkerCrash:
                 if spec.index != self._rank or spec.phase is not Phase.AFTER_REPLY:
                     continue
                 clock = spec.step
-                if int(header.get("k", -1)) <= clock:
+                if int(header.get("k", -1)) < clock:  # k: the round the VALUE answers
                     continue
                 answered = self._answered.setdefault(clock, set())
                 answered.add(int(header.get("c", -1)))
@@ -132,7 +132,8 @@ class Indexed(Protocol):
 
 class ServerCrash:
     """The kill points of the server it follows (:meth:`follow`): the first VALUE it is
-    about to send whose round is past the spec's step. Thread-safe."""
+    about to send of the spec's step's round or later (``k``: the round a VALUE
+    answers, the clock of the pushes it aggregated). Thread-safe."""
 
     def __init__(self, specs: Sequence[FaultSpec]) -> None:
         self.specs = [s for s in specs if s.action is Action.KILL and s.role == "server"]
@@ -150,7 +151,7 @@ class ServerCrash:
             return
         index = self._node.index
         for spec in self.specs:
-            if spec.index == index and int(header.get("k", -1)) > spec.step:
+            if spec.index == index and int(header.get("k", -1)) >= spec.step:
                 die(spec, chunk=header.get("c"), version=header.get("v"))
 
     def sent(self, header: Header) -> None:
