@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from trimtab_tools.bench import collectives, datapath, overlap
-from trimtab_tools.experiments import psld, stragglers
+from trimtab_tools.experiments import faults, psld, soak, stragglers
 
 
 def add_commands(sub: Any) -> None:
@@ -26,6 +26,14 @@ def add_commands(sub: Any) -> None:
         exp_sub.add_parser(
             "psld", help="server stragglers: hash, mxnet, greedy, psld placements side by side"
         )
+    )
+    faults.add_arguments(
+        exp_sub.add_parser(
+            "faults", help="server and worker kills, a join: lost updates, equivalence"
+        )
+    )
+    soak.add_arguments(
+        exp_sub.add_parser("soak", help="random kills, joins and migrations for M minutes")
     )
     exp.set_defaults(handler=_experiment)
 
@@ -42,7 +50,8 @@ def add_commands(sub: Any) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    return psld.main(args) if args.experiment == "psld" else stragglers.main(args)
+    drivers = {"psld": psld.main, "faults": faults.main, "soak": soak.main}
+    return drivers.get(args.experiment, stragglers.main)(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
