@@ -54,7 +54,7 @@ def main() -> None:
             clock = opt.clock
             log.begin(clock, indices)
             opt.zero_grad()
-            loss_of(model, x[indices], y[indices]).backward()
+            loss_of(model, x[indices], y[indices]).backward()  # type: ignore[no-untyped-call]
             opt.step()
             log.done(clock)
             if pause:

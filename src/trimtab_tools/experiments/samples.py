@@ -137,6 +137,6 @@ def reference(steps: Mapping[int, Sequence[int]], hidden: int) -> list[torch.Ten
     for clock in sorted(steps):
         idx = torch.tensor(sorted(steps[clock]), dtype=torch.long)
         opt.zero_grad()
-        loss_of(model, x[idx], y[idx]).backward()
+        loss_of(model, x[idx], y[idx]).backward()  # type: ignore[no-untyped-call]
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
