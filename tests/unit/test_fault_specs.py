@@ -187,6 +187,8 @@ def test_a_server_dies_at_its_first_value_of_the_step(deaths: list[Any]) -> None
     node.index = 1
     s.sending(value(2, 0))
     s.sending(push(0, 3, 0))  # not a value
+    # a PULL answered between rounds: the next round, the version before it
+    s.sending(dict(headers.value(rid=1, chunk=0, version=3, round=3, numel=4, dtype="f32")))
     assert deaths == []
     with pytest.raises(Died):
         s.sending(value(3, 4))

@@ -133,7 +133,8 @@ class Indexed(Protocol):
 class ServerCrash:
     """The kill points of the server it follows (:meth:`follow`): the first VALUE it is
     about to send of the spec's step's round or later (``k``: the round a VALUE
-    answers, the clock of the pushes it aggregated). Thread-safe."""
+    answers, the clock of the pushes it aggregated) once that step is applied (its
+    version ``v`` past the step). Thread-safe."""
 
     def __init__(self, specs: Sequence[FaultSpec]) -> None:
         self.specs = [s for s in specs if s.action is Action.KILL and s.role == "server"]
@@ -150,8 +151,11 @@ class ServerCrash:
         if header.get("o") != _VALUE or self._node is None:
             return
         index = self._node.index
+        # The round it answers is the step, and the update is applied (a PULL's answer
+        # between rounds carries the next round and the version before it).
+        k, v = int(header.get("k", -1)), int(header.get("v", -1))
         for spec in self.specs:
-            if spec.index == index and int(header.get("k", -1)) >= spec.step:
+            if spec.index == index and k >= spec.step and v > spec.step:
                 die(spec, chunk=header.get("c"), version=header.get("v"))
 
     def sent(self, header: Header) -> None:
