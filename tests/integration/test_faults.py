@@ -150,3 +150,18 @@ def test_a_server_dies_as_it_applies_its_step(tmp_path: Path) -> None:
     # no worker finished it unless the job recovered (a backup took the chunks over).
     assert all(any(r["clock"] == STEP for r in rs) for rs in logs(tmp_path).values())
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_join_starts_a_worker_once_the_job_reached_its_step(tmp_path: Path) -> None:
+    job = start(tmp_path, f"worker:+1@{STEP}")
+    try:
+        note = "[trimtab] --fault: a worker joins the job (worker 2)"
+        wait_for("the launcher's note", lambda: note in output(tmp_path))
+        # The coordinator reported a clock of STEP: some worker finished step STEP - 1.
+        begun = [r["clock"] for rs in logs(tmp_path).values() for r in rs if "begin" in r]
+        assert max(begun) >= STEP - 1
+    finally:
+        stop(job)
+    assert output(tmp_path).count("a worker joins the job") == 1
+    assert leftovers(tmp_path) == []
