@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["runs"][name] = judge(seen, args.steps, args.hidden)
     if "replicas_cost" in wanted:
         cost: dict[str, Any] = {}
-        for label, flags in (("without", []), ("with", base)):
+        for label, flags in (("without", []), ("with", base))[: 2 if replicas else 1]:
             _say(f"replicas_cost: {label} replicas")
             seen = run_job(
                 args.steps,
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 deadline_s=args.deadline,
             )
             cost[f"step_s_{label}"] = judge(seen, args.steps, args.hidden)["step_s"]
-        a, b = cost["step_s_with"], cost["step_s_without"]
-        cost["step_ratio"] = round(a / b, 3) if a and b and replicas else None
+        a, b = cost.get("step_s_with"), cost["step_s_without"]
+        cost["step_ratio"] = round(a / b, 3) if a and b else None
         cost["hidden"] = args.hidden
         out["runs"]["replicas_cost"] = cost
     return out
@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
     for name, r in out["runs"].items():
         if name == "replicas_cost":
             print(
-                f"  replicas_cost: step {r['step_s_with']} s with, {r['step_s_without']} s "
+                f"  replicas_cost: step {r.get('step_s_with')} s with, {r['step_s_without']} s "
                 f"without: x{r['step_ratio']}"
             )
             continue
