@@ -3,7 +3,9 @@
 The launcher starts the coordinator, the servers and one process per worker running the
 user's command, streams their output with a prefix, and exits with the workers' status.
 A crashed worker or server, or Ctrl-C, ends the whole job: every process it started is
-stopped (its process group terminated, then killed), and none is left behind.
+stopped (its process group terminated, then killed), and none is left behind. A process
+that ``--fault`` killed is the exception (:mod:`trimtab.launch.faults`): the launcher
+says so and goes on, and the job's own handling of the death decides what follows.
 
 Every job has a secret (:mod:`trimtab.transport.auth`): 32 random bytes in a file of mode
 0600 in a private 0700 directory, made before anything starts and removed at the end;
