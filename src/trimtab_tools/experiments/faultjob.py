@@ -261,4 +261,7 @@ def reason(seen: Seen) -> str:
         found = [line for line in seen.lines if key in line]
         if found:
             return found[0][-300:]
+    said = [line for line in seen.lines if line.startswith(("trimtab:", "[trimtab]"))]
+    if said:  # the launcher's own word (e.g. flags it refused)
+        return said[-1][-300:]
     return f"trimtab run exited with status {seen.status}"

@@ -6,8 +6,8 @@ driven through its flags and judged from its outputs, :mod:`.faultjob`):
 
 - ``mixed``: a server killed with SIGKILL at 1/4 of the run, a worker at 1/2, a worker
   joining at 3/4 (``--fault server:1:kill@T1 worker:1:kill@T2 worker:+1@T3``);
-- ``three_servers``: three server kills in one run (``--max-servers 5``, so that the
-  job may start servers to hold the re-created replicas);
+- ``three_servers``: three server kills in one run, of 5 servers (so that two remain to
+  hold each chunk and its re-created backup);
 - ``replicas_cost``: the same job without faults, with and without ``--replicas 1``;
   ``step_ratio`` is the median step time with replicas over without.
 
@@ -17,7 +17,8 @@ parameters equal, to 1e-5, one process's SGD over the samples the workers logged
 processed), ``recovery_s`` (from each kill to the next completed step), and
 ``leaked_processes`` (processes of the job alive after ``trimtab run`` ended). A job
 that did not finish says why (``reason``); where this build has no ``--replicas``
-flag, the runs go without it and ``replicas`` is false.
+flag, the runs go without it and ``replicas`` is false. Where it has ``--min-workers``,
+every run has ``--min-workers 1`` (a lost worker is dropped).
 """
 
 from __future__ import annotations
@@ -29,38 +30,44 @@ import sys
 from typing import Any
 
 
-def supports(flag: str) -> bool:
-    """Whether this build's ``trimtab run`` has ``flag``. Blocks (one subprocess)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "trimtab", "run", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return flag in out.stdout
-
-
-def scenarios(steps: int) -> dict[str, tuple[list[str], list[str]]]:
-    """Name -> (fault specs, extra flags) of each fault run of ``steps`` steps."""
+def scenarios(steps: int) -> dict[str, tuple[list[str], int]]:
+    """Name -> (fault specs, servers) of each fault run of ``steps`` steps."""
     q = steps // 4
     return {
         "mixed": (
             [f"server:1:kill@{q}", f"worker:1:kill@{2 * q}", f"worker:+1@{3 * q}"],
-            [],
+            3,
         ),
+        # Five servers, so that two remain to hold a chunk and its re-created backup.
         "three_servers": (
             [f"server:1:kill@{q}", f"server:2:kill@{2 * q}", f"server:0:kill@{3 * q}"],
-            ["--max-servers", "5"],
+            5,
         ),
     }
+
+
+def job_flags() -> tuple[list[str], bool]:
+    """The flags of every run: ``--replicas 1``, and ``--min-workers 1`` (a lost worker
+    is dropped, not the job's end), where this build has them; and whether it has
+    replicas. Blocks (one subprocess)."""
+    text = subprocess.run(
+        [sys.executable, "-m", "trimtab", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    replicas = "--replicas" in text
+    flags = ["--replicas", "1"] if replicas else []
+    if "--min-workers" in text:
+        flags += ["--min-workers", "1"]
+    return flags, replicas
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every run the arguments ask for. Blocks (minutes)."""
     from trimtab_tools.experiments.faultjob import judge, run_job  # loads torch
 
-    replicas = supports("--replicas")
-    base = ["--replicas", "1"] if replicas else []
+    base, replicas = job_flags()
     out: dict[str, Any] = {
         "workers": 2,
         "servers": 3,
@@ -71,14 +78,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not replicas:
         out["note"] = "this build's trimtab run has no --replicas: the runs go without it"
     wanted = args.runs.split(",")
-    for name, (faults, flags) in scenarios(args.steps).items():
+    for name, (faults, servers) in scenarios(args.steps).items():
         if name not in wanted:
             continue
-        _say(f"{name}: --fault {' '.join(faults)}")
+        _say(f"{name}: {servers} servers, --fault {' '.join(faults)}")
         seen = run_job(
             args.steps,
             faults,
-            base + flags,
+            base,
+            servers=servers,
             pause_s=args.pause,
             hidden=args.hidden,
             stall_s=args.stall,

@@ -8,8 +8,9 @@ of the three first servers, unless the job may start more), worker kills at a ra
 phase (never rank 0, which writes the final parameters) each followed by a join, and
 ``--rebalance-every K`` (K drawn from 5..20) moving every chunk live. A job that ends
 early (aborted, or hung: no step for ``--stall`` seconds) is followed by a fresh one
-until the time is up; the job running then is stopped. ``--replicas 1`` where this
-build has it.
+until the time is up; the job running then is stopped. ``--replicas 1`` and
+``--min-workers 1`` where this build has them; where it refuses ``--rebalance-every``
+beside them, the soak goes on without forced migrations and says so (``notes``).
 
 Figures: ``jobs``, ``faults_injected``, ``lost_updates`` (over the jobs whose servers
 could be asked), ``hung``, ``leaked_processes``, ``equivalent`` per job, and the RSS of
@@ -25,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from trimtab_tools.experiments.faults import supports
+from trimtab_tools.experiments.faults import job_flags
 
 
 def plan(rng: random.Random, steps: int, servers: int, workers: int) -> tuple[list[str], int]:
@@ -55,7 +56,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from trimtab_tools.experiments.faultjob import judge, run_job  # loads torch
 
     rng = random.Random(args.seed)
-    replicas = supports("--replicas")
+    base, replicas = job_flags()
+    migrations = True  # --rebalance-every, unless this build refuses it beside the rest
+    notes: list[str] = []
     started = time.monotonic()
     end = started + args.minutes * 60
     rate = args.rate  # steps per second, refined by each job
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         left = end - time.monotonic()
         steps = max(20, int(rate * left))
         faults, every = plan(rng, steps, 3, 2)
-        flags = ["--rebalance-every", str(every)] + (["--replicas", "1"] if replicas else [])
+        flags = (["--rebalance-every", str(every)] if migrations else []) + base
         _say(f"job {len(jobs)}: {steps} steps, --rebalance-every {every}, --fault {faults}")
         offset = time.monotonic() - started
         seen = run_job(
@@ -79,7 +82,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         rss += [(round(offset + t, 1), mb) for t, mb in seen.rss_mb]
         verdict = judge(seen, steps)
-        verdict["rebalance_every"] = every
+        if seen.status == 2 and not seen.records:  # refused before it started
+            if not migrations:
+                notes.append(f"a job was refused: {verdict['reason']}")
+                break
+            migrations = False
+            notes.append(f"forced migrations dropped: {verdict['reason']}")
+            continue
+        verdict["rebalance_every"] = every if migrations else None
         jobs.append(verdict)
         if verdict["step_s"]:
             rate = 1.0 / (verdict["step_s"] + 1e-3)
@@ -99,6 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mb": rss,
         "runs": jobs,
         "wall_s": round(time.monotonic() - started, 1),
+        "notes": notes,
     }
 
 
@@ -135,6 +146,8 @@ def main(args: argparse.Namespace) -> int:
             f"  RSS of the job's processes: {rss[0][1]} MB at start, max "
             f"{max(mb for _, mb in rss)} MB, {rss[-1][1]} MB at {rss[-1][0]} s"
         )
+    for note in out["notes"]:
+        print(f"  note: {note}")
     for i, j in enumerate(out["runs"]):
         if "reason" in j:
             print(f"  job {i}: {j['reason']}")
