@@ -3,8 +3,7 @@
 Usage: _faults_worker.py OUT_DIR STEPS [STEP_SLEEP_S] [HIDDEN]
 
 Trains :mod:`~trimtab_tools.experiments.samples`' model under BSP until its clock reaches
-STEPS, each step on its share of a global batch of 64 (``BalancedSampler``, over the
-workers of the job at that step), logging
+STEPS, each step on its share of a global batch of 64 (``BalancedSampler``), logging
 what it processed (:class:`~trimtab_tools.experiments.samples.SampleLog`). A worker that
 joins later starts at the job's clock. The last rank-0 worker writes ``final.json``:
 its parameters, its clock and the servers' per-chunk versions.
@@ -12,7 +11,6 @@ its parameters, its clock and the servers' per-chunk versions.
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 import time
@@ -32,17 +30,6 @@ from trimtab_tools.experiments.samples import (
 GLOBAL_BATCH = 64
 
 
-def batch_of(opt: trimtab.DistributedOptimizer, clock: int) -> list[int]:
-    """This worker's share of step ``clock``'s global batch, as ``BalancedSampler``
-    splits it among the job's workers now: built again at every step, since workers
-    may die or join between steps, and from the clock, so that a worker that joins
-    mid-epoch takes its place in it."""
-    epoch, position = divmod(clock, SAMPLES // GLOBAL_BATCH)
-    sampler = BalancedSampler(SAMPLES, GLOBAL_BATCH, opt, trimtab.rank(), trimtab.size())
-    sampler.set_epoch(epoch)
-    return next(itertools.islice(iter(sampler), position, None))
-
-
 def main() -> None:
     out, steps = Path(sys.argv[1]), int(sys.argv[2])
     pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
@@ -53,16 +40,24 @@ def main() -> None:
     model = make_model(42 if rank == 0 else 1000 + rank, hidden)  # rank 0's values win
     opt = trimtab.DistributedOptimizer(make_optimizer(model), model.named_parameters())
     log = SampleLog(out, rank)
+    epoch = opt.clock // (SAMPLES // GLOBAL_BATCH)
     while opt.clock < steps:
-        clock = opt.clock
-        indices = batch_of(opt, clock)
-        log.begin(clock, indices)
-        opt.zero_grad()
-        loss_of(model, x[indices], y[indices]).backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        log.done(clock)
-        if pause:
-            time.sleep(pause)  # steps long enough for faults to land mid-training
+        # One sampler per epoch, over the job's workers now; it follows the job's batch
+        # sizes step by step (and, where workers join, starts a joiner at the clock).
+        sampler = BalancedSampler(SAMPLES, GLOBAL_BATCH, opt, rank, trimtab.size())
+        sampler.set_epoch(epoch)
+        for indices in sampler:
+            if opt.clock >= steps:
+                break
+            clock = opt.clock
+            log.begin(clock, indices)
+            opt.zero_grad()
+            loss_of(model, x[indices], y[indices]).backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            log.done(clock)
+            if pause:
+                time.sleep(pause)  # steps long enough for faults to land mid-training
+        epoch += 1
     log.close()
     trimtab.barrier()  # every worker's last step is applied everywhere
     if rank == 0:
