@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from trimtab_tools.bench import collectives, datapath, overlap
-from trimtab_tools.experiments import psld, psld_pause, stragglers
+from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
 
 
 def add_commands(sub: Any) -> None:
@@ -27,6 +27,14 @@ def add_commands(sub: Any) -> None:
     )
     psld.add_arguments(psld_parser)
     psld_pause.add_arguments(psld_parser)
+    faults.add_arguments(
+        exp_sub.add_parser(
+            "faults", help="server and worker kills, a join: lost updates, equivalence"
+        )
+    )
+    soak.add_arguments(
+        exp_sub.add_parser("soak", help="random kills, joins and migrations for M minutes")
+    )
     exp.set_defaults(handler=_experiment)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -42,7 +50,8 @@ def add_commands(sub: Any) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    return psld_pause.main(args) if args.experiment == "psld" else stragglers.main(args)
+    drivers = {"psld": psld_pause.main, "faults": faults.main, "soak": soak.main}
+    return drivers.get(args.experiment, stragglers.main)(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError
+from trimtab.faults.crash import wrap_server
+from trimtab.faults.kills import parse_faults
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.faults.throttle import ThrottledTransport
 from trimtab.launch import env as envvars
@@ -122,6 +124,13 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
         default=[environ.get(envvars.STRAGGLERS, "")],
         metavar="SPEC",
         help="server straggler specs (those naming this server's index apply)",
+    )
+    server.add_argument(
+        "--fault",
+        action="append",
+        default=[environ.get(envvars.FAULTS, "")],
+        metavar="SPEC",
+        help="fault specs, e.g. server:1:kill@30 (those killing this server's index apply)",
     )
     server.add_argument(
         "--no-priority",
@@ -272,9 +281,12 @@ def _server(args: argparse.Namespace) -> int:
     if specs:  # a slow server is emulated around it: its link is paced
         throttle = ThrottledTransport(transport, specs, args.job, args.coordinator)
         transport = throttle
+    transport, crash = wrap_server(transport, parse_faults(args.fault), args.job)
     server = Server(config, transport=transport)
     if throttle is not None:
         throttle.follow(server)
+    if crash is not None:  # --fault: this server killed at a step
+        crash.follow(server)
     server.run()
     return 0
 

@@ -2,7 +2,8 @@
 
 This is the edge where a worker's settings are read from the environment (set by
 ``trimtab run`` or by hand, with DMLC_* names understood too), where fault injection is
-wired in (``TRIMTAB_STRAGGLERS``: a step hook on the context), and the sole owner of the
+wired in (``TRIMTAB_STRAGGLERS``: a step hook on the context; ``TRIMTAB_FAULTS``: a
+transport that kills the worker at a step), and the sole owner of the
 default :class:`Context`.
 """
 
@@ -17,6 +18,9 @@ from typing import Any
 import torch
 
 from trimtab.errors import ConfigError, JobAborted, UsageError
+from trimtab.faults.crash import wrap_worker
+from trimtab.faults.kills import ENV as FAULTS_ENV
+from trimtab.faults.kills import parse_faults
 from trimtab.faults.slowdown import WorkerSlowdown
 from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
@@ -111,8 +115,12 @@ def init(config: WorkerConfig | None = None) -> None:
         config,
         local_rank=local_rank,
         compression=compression,
-        transport=ZmqTransport(
-            bind=False, lane=lane_from_env(os.environ), auth=auth_from_env(os.environ)
+        transport=wrap_worker(  # --fault: a worker killed at a step (itself, untouched)
+            ZmqTransport(
+                bind=False, lane=lane_from_env(os.environ), auth=auth_from_env(os.environ)
+            ),
+            parse_faults(os.environ.get(FAULTS_ENV, "")),
+            config.job,
         ),
     )
     if _left is not None:  # registered in its place: the old connection may go

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trimtab.errors import ConfigError
+from trimtab.faults.kills import ENV as FAULTS
 from trimtab.faults.stragglers import ENV as STRAGGLERS
 from trimtab.frontend.compression import ENV as COMPRESSION
 from trimtab.transport.auth import AUTH_ENV as AUTH
@@ -39,6 +40,7 @@ __all__ = [
     "DMLC_ROLE",
     "DMLC_WORKER_ID",
     "ENCRYPT",
+    "FAULTS",
     "JOB",
     "LANE",
     "LOCAL_RANK",

@@ -3,7 +3,9 @@
 The launcher starts the coordinator, the servers and one process per worker running the
 user's command, streams their output with a prefix, and exits with the workers' status.
 A crashed worker or server, or Ctrl-C, ends the whole job: every process it started is
-stopped (its process group terminated, then killed), and none is left behind.
+stopped (its process group terminated, then killed), and none is left behind. A process
+that ``--fault`` killed is the exception (:mod:`trimtab.launch.faults`): the launcher
+says so and goes on, and the job's own handling of the death decides what follows.
 
 Every job has a secret (:mod:`trimtab.transport.auth`): 32 random bytes in a file of mode
 0600 in a private 0700 directory, made before anything starts and removed at the end;
@@ -13,8 +15,6 @@ each process of the job gets its path as ``TRIMTAB_SECRET_FILE`` (never the secr
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
 import os
 import secrets
 import shutil
@@ -28,15 +28,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trimtab.errors import ConfigError, NodeTimeout
+from trimtab.faults.kills import parse_faults
 from trimtab.frontend.compression import compressor
 from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.cores import available_cores
+from trimtab.launch.faults import FaultWatch
 from trimtab.launch.hosts import Layout, place
+from trimtab.launch.procs import Proc as _Proc
+from trimtab.launch.procs import describe as _describe
+from trimtab.launch.procs import die_with_parent as _die_with_parent
+from trimtab.launch.procs import print_prefixed
 from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.launch.testbed import Host, Testbed
 from trimtab.protocol import headers
+from trimtab.protocol.messages import Header
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.settings import CheckpointSettings
 from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
@@ -50,25 +57,6 @@ OutputHandler = Callable[[str, str], None]
 
 #: :meth:`Job.run`'s status for a job stopped at its deadline (as ``timeout(1)``'s).
 DEADLINE_STATUS = 124
-
-
-def print_prefixed(source: str, line: str) -> None:
-    """The default output handler: ``[worker 0] line`` on stdout."""
-    sys.stdout.write(f"[{source}] {line}\n")
-    sys.stdout.flush()
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # If the launcher is killed outright, the kernel stops its children too (Linux).
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclasses.dataclass
-class _Proc:
-    source: str
-    popen: subprocess.Popen[bytes]
-    reader: threading.Thread
 
 
 class Job:
@@ -102,6 +90,8 @@ class Job:
         self._own_bed: Testbed | None = None
         self.layout = layout or Layout()
         self._laid_out = layout is not None
+        #: The deaths ``--fault`` caused, and the joins still to start.
+        self.faults = FaultWatch(parse_faults(config.faults))
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
@@ -210,7 +200,9 @@ class Job:
     def _pump(self, source: str, popen: subprocess.Popen[bytes]) -> None:
         assert popen.stdout is not None
         for raw in iter(popen.stdout.readline, b""):
-            self.output(source, raw.decode(errors="replace").rstrip("\n"))
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.faults.saw(source, line)
+            self.output(source, line)
 
     def _start(self) -> None:
         c = self.config
@@ -295,6 +287,7 @@ class Job:
                 envvars.NUM_WORKERS: str(c.workers),
                 envvars.NUM_SERVERS: str(c.servers),
                 envvars.STRAGGLERS: ";".join(c.stragglers),
+                envvars.FAULTS: ";".join(c.faults),
                 envvars.COMPRESSION: compressor(c.compression).name,
                 envvars.DMLC_ROLE: "worker",
                 envvars.DMLC_PS_ROOT_URI: host,
@@ -311,6 +304,7 @@ class Job:
         env = self._role_env()
         env.setdefault("OMP_NUM_THREADS", "1")
         env[envvars.STRAGGLERS] = ";".join(c.stragglers)
+        env[envvars.FAULTS] = ";".join(c.faults)
         index = sum(p.source.startswith("server") for p in self._procs)
         self._spawn(
             f"server {index}",
@@ -331,19 +325,23 @@ class Job:
             self.layout.server(index),
         )
 
+    def _status(self) -> Header | None:
+        """The coordinator's STATUS reply, or None if it did not answer within 2 s (busy
+        or ending: the supervisor notices a dead coordinator anyway). Blocks."""
+        try:
+            c = self.config
+            return ask_coordinator(
+                self.coordinator_address, c.job, headers.status_request(), 2.0, self._key
+            )
+        except NodeTimeout:
+            return None
+
     def _grow(self) -> None:
         """Start the servers and workers the coordinator asks for (psld's scale-out,
         trimtab scale)."""
-        try:
-            reply = ask_coordinator(
-                self.coordinator_address,
-                self.config.job,
-                headers.status_request(),
-                2.0,
-                self._key,
-            )
-        except NodeTimeout:
-            return  # busy or ending: the supervisor notices a dead coordinator anyway
+        reply = self._status()
+        if reply is None:
+            return
         status = headers.read_status_reply(reply)
         workers = sum(p.source.startswith("worker") for p in self._procs)
         for rank in range(workers, int(reply.get("wanted_workers", 0))):
@@ -368,7 +366,7 @@ class Job:
         # enough remain) and may be asked for more.
         lossy = c.settings.elastic_workers
         elastic = c.max_servers > c.servers or c.settings.max_workers > c.workers
-        next_poll = time.monotonic()
+        next_poll = next_join = time.monotonic()
         deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
         lost: set[str] = set()
         while True:
@@ -380,9 +378,15 @@ class Job:
             if elastic and time.monotonic() >= next_poll:
                 self._grow()
                 next_poll = time.monotonic() + 0.5
+            if self.faults.joins_pending and time.monotonic() >= next_join:
+                self._join_workers()
+                next_join = time.monotonic() + 0.2
             for p in workers:
                 code = p.popen.poll()
                 if code is not None and code != 0 and p.source not in lost:
+                    if self._injected(p, code):
+                        lost.add(p.source)  # killed by --fault: the job decides what follows
+                        continue
                     if not lossy:
                         self._say(
                             f"{p.source} exited with status {_describe(code)}; stopping the job"
@@ -397,7 +401,12 @@ class Job:
                 return 0
             for p in others:
                 code = p.popen.poll()
-                if code is not None and code != 0 and self._survivable(p):
+                if code is not None and code != 0 and self._injected(p, code):
+                    self._procs.remove(p)  # killed by --fault (said once): the job decides
+                    continue
+                # A server, in a job with replicas: its coordinator promotes the backups
+                # (or ends the job if it cannot).
+                if code and c.replicas > 0 and p.source.startswith("server"):
                     self._say(f"{p.source} died ({_describe(code)}); its backups take over")
                     self._procs.remove(p)
                     continue
@@ -411,10 +420,30 @@ class Job:
                     return 1
             time.sleep(0.05)
 
-    def _survivable(self, proc: _Proc) -> bool:
-        """Whether the job goes on without ``proc``: a server, in a job with replicas
-        (its coordinator promotes the backups, or ends the job if it cannot)."""
-        return self.config.replicas > 0 and proc.source.startswith("server")
+    def _injected(self, p: _Proc, code: int) -> bool:
+        """Whether ``p``'s death (status ``code``) was a ``--fault`` kill; says so the
+        first time. Blocks until its output is read (up to 2 s)."""
+        if any(m.get("source") == p.source for m in self.faults.injected):
+            return True
+        p.reader.join(timeout=2.0)  # its marker line, if any, is read by now
+        body = self.faults.injected_death(p.source, code)
+        if body is None:
+            return False
+        body["source"] = p.source
+        self._say(f"{p.source} was killed by --fault {body['spec']}; the job goes on without it")
+        return True
+
+    def _join_workers(self) -> None:
+        """Start the workers whose ``--fault`` join is due (a worker reached its step),
+        as workers given the job's address and no rank. Blocks for one status request."""
+        reply = self._status()
+        if reply is None:
+            return
+        due = self.faults.due_joins(headers.read_status_reply(reply)["clocks"])
+        started = sum(p.source.startswith("worker") for p in self._procs)
+        for rank in range(started, started + due):
+            self._say(f"--fault: a worker joins the job (worker {rank})")
+            self._spawn_worker(rank)  # the coordinator gives it the next free rank
 
     def _dump_stacks(self) -> None:
         """Ask every live process for its threads' stacks (they print them and go on)."""
@@ -455,13 +484,6 @@ class Job:
 
     def _say(self, message: str) -> None:
         self.output("trimtab", message)
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"{code} (killed by {signal.Signals(-code).name})"
-    return str(code)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

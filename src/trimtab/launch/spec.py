@@ -20,6 +20,7 @@ import uuid
 from typing import Any, TypeVar
 
 from trimtab.errors import ConfigError
+from trimtab.faults.kills import Action, parse_faults
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.frontend.compression import compressor
 from trimtab.settings import (
@@ -139,6 +140,8 @@ class LaunchConfig:
         staleness: the bound of ``ssp``.
         batching: ``equal``, ``lbbsp`` or ``lbbsp-gpu``.
         stragglers: straggler specs (see ``trimtab.faults.stragglers``), injected for experiments.
+        faults: crashes and joins (see ``trimtab.faults.kills``), injected for tests and
+            experiments: ``server:1:kill@30``, ``worker:0:kill@5:mid-push``, ``worker:+1@9``.
         compression: the workers' default gradient compression: ``none``, ``fp16``,
             ``bf16`` (what ``DistributedOptimizer`` uses unless given ``compression=``).
         rebalance_every: force a migration of every chunk every this many steps (0 =
@@ -189,6 +192,15 @@ class LaunchConfig:
         metadata=flag(
             "--straggler",
             "inject a straggler, e.g. worker:2:slowdown=3@0- (repeatable)",
+            metavar="SPEC",
+        ),
+    )
+    faults: tuple[str, ...] = dataclasses.field(
+        default=(),
+        metadata=flag(
+            "--fault",
+            "inject a crash or a join, e.g. server:1:kill@30, worker:1:kill@60:mid-push, "
+            "worker:+1@90 (repeatable; see trimtab.faults.kills)",
             metavar="SPEC",
         ),
     )
@@ -281,6 +293,16 @@ class LaunchConfig:
             count = self.workers if spec.role == "worker" else self.settings.max_servers
             if spec.index >= count:
                 raise ConfigError(f"straggler {spec}: there are only {count} {spec.role}s")
+        self._check_faults()
+
+    def _check_faults(self) -> None:
+        """Refuse ``faults`` that cannot parse or name a process the job never has."""
+        faults = parse_faults(self.faults)
+        joined = sum(f.count for f in faults if f.action is Action.JOIN)
+        for f in faults:
+            count = self.workers + joined if f.role == "worker" else self.settings.max_servers
+            if f.action is Action.KILL and f.index >= count:
+                raise ConfigError(f"fault {f}: there are only {count} {f.role}s")
 
     @classmethod
     def of(cls, settings: JobSettings, **launcher: Any) -> LaunchConfig:
@@ -319,7 +341,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, PlacementSettings)
     add_flags(parser, ConsistencySettings)
     add_flags(parser, BatchingSettings)
-    add_flags(parser, LaunchConfig, ("compression", "stragglers"))
+    add_flags(parser, LaunchConfig, ("compression", "stragglers", "faults"))
     add_flags(parser, ElasticSettings)
     add_flags(parser, CheckpointSettings)
     add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth", "testbed"))

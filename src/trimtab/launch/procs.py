@@ -1,0 +1,44 @@
+"""The launcher's processes (:mod:`.job`): how each is started, described and printed."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import signal
+import subprocess
+import sys
+import threading
+
+__all__ = ["Proc", "describe", "die_with_parent", "print_prefixed"]
+
+
+def print_prefixed(source: str, line: str) -> None:
+    """The default output handler: ``[worker 0] line`` on stdout. Never blocks long."""
+    sys.stdout.write(f"[{source}] {line}\n")
+    sys.stdout.flush()
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """In a child before exec: if the launcher is killed outright, the kernel stops its
+    children too (Linux's PR_SET_PDEATHSIG). Never raises."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclasses.dataclass
+class Proc:
+    """A process the launcher started: its name in the output, its handle, and the thread
+    reading its output."""
+
+    source: str
+    popen: subprocess.Popen[bytes]
+    reader: threading.Thread
+
+
+def describe(code: int) -> str:
+    """An exit status for a message: ``-9 (killed by SIGKILL)``, or the number."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)

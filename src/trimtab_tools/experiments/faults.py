@@ -1,0 +1,158 @@
+"""``trimtab experiment faults``: does a job lose nothing and roll nothing back when its
+processes die?
+
+Runs BSP jobs of 2 workers and 3 servers with ``--replicas 1`` (each one ``trimtab run``
+driven through its flags and judged from its outputs, :mod:`.faultjob`):
+
+- ``mixed``: a server killed with SIGKILL at 1/4 of the run, a worker at 1/2, a worker
+  joining at 3/4 (``--fault server:1:kill@T1 worker:1:kill@T2 worker:+1@T3``);
+- ``three_servers``: three server kills in one run, of 5 servers (so that two remain to
+  hold each chunk and its re-created backup);
+- ``replicas_cost``: the same job without faults, with and without ``--replicas 1``;
+  ``step_ratio`` is the median step time with replicas over without.
+
+For each fault run it prints ``faults_injected``, ``lost_updates`` (per chunk, the
+steps completed minus the updates the servers applied), ``equivalent`` (the final
+parameters equal, to 1e-5, one process's SGD over the samples the workers logged as
+processed), ``recovery_s`` (from each kill to the next completed step), and
+``leaked_processes`` (processes of the job alive after ``trimtab run`` ended). A job
+that did not finish says why (``reason``); where this build has no ``--replicas``
+flag, the runs go without it and ``replicas`` is false. Where it has ``--min-workers``,
+every run has ``--min-workers 1`` (a lost worker is dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+
+def scenarios(steps: int) -> dict[str, tuple[list[str], int]]:
+    """Name -> (fault specs, servers) of each fault run of ``steps`` steps."""
+    q = steps // 4
+    return {
+        "mixed": (
+            [f"server:1:kill@{q}", f"worker:1:kill@{2 * q}", f"worker:+1@{3 * q}"],
+            3,
+        ),
+        # Five servers, so that two remain to hold a chunk and its re-created backup.
+        "three_servers": (
+            [f"server:1:kill@{q}", f"server:2:kill@{2 * q}", f"server:0:kill@{3 * q}"],
+            5,
+        ),
+    }
+
+
+def job_flags() -> tuple[list[str], bool]:
+    """The flags of every run: ``--replicas 1``, and ``--min-workers 1`` (a lost worker
+    is dropped, not the job's end), where this build has them; and whether it has
+    replicas. Blocks (one subprocess)."""
+    text = subprocess.run(
+        [sys.executable, "-m", "trimtab", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    replicas = "--replicas" in text
+    flags = ["--replicas", "1"] if replicas else []
+    if "--min-workers" in text:
+        flags += ["--min-workers", "1"]
+    return flags, replicas
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run the arguments ask for. Blocks (minutes)."""
+    from trimtab_tools.experiments.faultjob import judge, run_job  # loads torch
+
+    base, replicas = job_flags()
+    out: dict[str, Any] = {
+        "workers": 2,
+        "servers": 3,
+        "steps": args.steps,
+        "replicas": replicas,
+        "runs": {},
+    }
+    if not replicas:
+        out["note"] = "this build's trimtab run has no --replicas: the runs go without it"
+    wanted = args.runs.split(",")
+    for name, (faults, servers) in scenarios(args.steps).items():
+        if name not in wanted:
+            continue
+        _say(f"{name}: {servers} servers, --fault {' '.join(faults)}")
+        seen = run_job(
+            args.steps,
+            faults,
+            base,
+            servers=servers,
+            pause_s=args.pause,
+            hidden=args.hidden,
+            stall_s=args.stall,
+            deadline_s=args.deadline,
+        )
+        out["runs"][name] = judge(seen, args.steps, args.hidden)
+    if "replicas_cost" in wanted:
+        cost: dict[str, Any] = {}
+        for label, flags in (("without", []), ("with", base))[: 2 if replicas else 1]:
+            _say(f"replicas_cost: {label} replicas")
+            seen = run_job(
+                args.steps,
+                [],
+                flags,
+                hidden=args.hidden,
+                stall_s=args.stall,
+                deadline_s=args.deadline,
+            )
+            cost[f"step_s_{label}"] = judge(seen, args.steps, args.hidden)["step_s"]
+        a, b = cost.get("step_s_with"), cost["step_s_without"]
+        cost["step_ratio"] = round(a / b, 3) if a and b else None
+        cost["hidden"] = args.hidden
+        out["runs"]["replicas_cost"] = cost
+    return out
+
+
+def _say(text: str) -> None:
+    print(f"trimtab experiment faults: {text}", file=sys.stderr, flush=True)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runs",
+        default="mixed,three_servers,replicas_cost",
+        help="comma-separated subset of mixed, three_servers, replicas_cost",
+    )
+    p.add_argument("--steps", type=int, default=80, help="steps per run (80)")
+    p.add_argument(
+        "--pause", type=float, default=0.02, help="seconds each worker rests per step (0.02)"
+    )
+    p.add_argument("--hidden", type=int, default=64, help="the model's hidden width (64)")
+    p.add_argument(
+        "--stall", type=float, default=20.0, help="stop a run with no step done for S s (20)"
+    )
+    p.add_argument("--deadline", type=float, default=180.0, help="per run, seconds (180)")
+    p.add_argument("--json", action="store_true", help="last line: one JSON object")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = run(args)
+    if args.json:
+        print(json.dumps(out), flush=True)
+        return 0
+    print(f"replicas: {out['replicas']}" + (f" ({out['note']})" if "note" in out else ""))
+    for name, r in out["runs"].items():
+        if name == "replicas_cost":
+            print(
+                f"  replicas_cost: step {r.get('step_s_with')} s with, {r['step_s_without']} s "
+                f"without: x{r['step_ratio']}"
+            )
+            continue
+        print(
+            f"  {name}: faults_injected {r['faults_injected']} ({', '.join(r['faults'])}), "
+            f"lost_updates {r['lost_updates']}, equivalent {r['equivalent']} "
+            f"(max diff {r['max_diff']}), recovery_s {r['recovery_s']}, "
+            f"leaked_processes {r['leaked_processes']}, completed {r['completed']}"
+            + (f"\n    reason: {r['reason']}" if "reason" in r else "")
+        )
+    return 0
