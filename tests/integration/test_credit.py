@@ -22,7 +22,7 @@ import trimtab.roles.server.node
 from tests.conftest import processes_of
 from trimtab import Context, WorkerConfig
 from trimtab.launch.job import Job, LaunchConfig
-from trimtab.protocol.messages import Data
+from trimtab.protocol.messages import Data, decode
 from trimtab.roles.server.receipt import acknowledge
 
 CHUNK = 64 * 1024  # bytes: each parameter below is one chunk
@@ -44,19 +44,19 @@ def test_held_pushes_reach_the_server_first_layers_first(
     cluster_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One worker, one server, room for one chunk: backward pushes d, c, b, a; d goes,
-    the rest are held (the server is made slow to read, so all three are held by the
-    time d's credit returns), then a, b, c go in that order."""
+    the rest are held (the server holds d's credit back for a second, so all three are
+    held by the time it returns, however busy the machine), then a, b, c go in that
+    order."""
     received: list[int] = []
     stalled = threading.Event()
 
     def slow_receipts(batch: list[Any], loop: Any) -> list[Any]:
+        pushes = [decode(frames[0], loop.job).get("o") == Data.PUSH for _, frames, _ in batch]
+        if any(pushes) and not stalled.is_set():  # the first push: its credit waits
+            stalled.set()
+            time.sleep(1.0)
         out = acknowledge(batch, loop)
-        for _, _, header in out:
-            if header is not None and header.get("o") == Data.PUSH:
-                received.append(header["c"])
-                if not stalled.is_set():  # the first push: read it, then pause
-                    stalled.set()
-                    time.sleep(1.0)
+        received.extend(h["c"] for _, _, h in out if h is not None and h.get("o") == Data.PUSH)
         return out
 
     monkeypatch.setattr(trimtab.roles.server.node, "acknowledge", slow_receipts)
