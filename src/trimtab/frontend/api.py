@@ -11,6 +11,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import sys
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +39,8 @@ _forget_state: Callable[[], None] | None = None  # takes the context's state dum
 # its place or the process ends (then it says DONE).
 _left: Context | None = None
 _at_exit_set = False
+# Why the process is ending badly (an uncaught exception), for the DONE at exit.
+_failure: str | None = None
 
 
 def _env(*names: str) -> str | None:
@@ -119,6 +123,7 @@ def init(config: WorkerConfig | None = None) -> None:
     add_stragglers(ctx, stragglers)
     if not _at_exit_set:
         atexit.register(_at_exit)
+        _watch_failures()
         _at_exit_set = True
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
     _forget_state = add_state_dump(ctx.describe)
@@ -148,16 +153,32 @@ def shutdown() -> None:
         _left = ctx
 
 
+def _watch_failures() -> None:
+    """Chain ``sys.excepthook``: an exception that ends the script is remembered, so
+    that :func:`_at_exit` tells the job this worker failed (the job ends at once)
+    rather than that it is done (the others would wait for it until their requests
+    time out). ``sys.exit(n)`` is an exit, not a failure: the hook does not see it."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> None:
+        global _failure
+        _failure = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
 def _at_exit() -> None:
     """The process ends: tell the job this worker is done (DONE), whether it called
-    :func:`shutdown` or not, and close its connection. Never raises."""
+    :func:`shutdown` or not, or that it failed (an uncaught exception), and close its
+    connection. Never raises."""
     global _default, _left
     ctx = _default or _left
     _default = _left = None
     if ctx is not None:
         if _forget_state is not None:
             _forget_state()
-        ctx.close()
+        ctx.close(failed=_failure)
 
 
 def is_initialized() -> bool:

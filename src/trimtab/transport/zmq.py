@@ -153,6 +153,8 @@ class ZmqTransport(Transport):
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
+        # Peers whose lane closed, for lost() (bounded: a node that never asks).
+        self._gone: collections.deque[Peer] = collections.deque(maxlen=4096)
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
         if bind:
@@ -335,6 +337,7 @@ class ZmqTransport(Transport):
         if self._lane_fds.pop(conn.fd, None) is None:
             return
         self._poller.unregister(conn.fd)
+        self._gone.append(conn.peer)
         if conn.peer.startswith(b"i:"):
             self._lane_in.pop(conn.peer[2:], None)
         else:
@@ -347,6 +350,7 @@ class ZmqTransport(Transport):
         if self._ready:
             return self._ready.popleft()
         timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
             events = self._poll(timeout_ms)
@@ -359,6 +363,7 @@ class ZmqTransport(Transport):
                 return self._ready.popleft()
             # Only what was handled, nothing for the node (a handshake's step, an
             # accepted connection, a message dropped): wait on, unless woken or late.
+            woken = woken or len(self._gone) > gone  # a lane closed: the node wants to know
             if woken or (deadline is not None and time.monotonic() >= deadline):
                 return None
             if deadline is not None:
@@ -431,6 +436,12 @@ class ZmqTransport(Transport):
 
     def recv_queued(self) -> Envelope | None:
         return self._ready.popleft() if self._ready else None
+
+    def lost(self) -> list[Peer]:
+        """As :meth:`Transport.lost`: peers whose local lane closed (seen at once)."""
+        gone = list(self._gone)
+        self._gone.clear()
+        return gone
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):  # full pipe: already woken; closed: nothing to wake

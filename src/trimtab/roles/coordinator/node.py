@@ -27,6 +27,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_of
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
+from trimtab.roles.coordinator.liveness import Liveness, lost_message
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
@@ -103,6 +104,7 @@ class Coordinator:
             job_clock=lambda: self._steps.job_clock,
         )
         self._collectives = Collectives(config.num_workers)
+        self._liveness = Liveness(config.dead_after_s)
         #: The member key: every member's credential is made from it (REGISTERED).
         self._key = credentials.new_key()
         self._ticket = (
@@ -203,10 +205,11 @@ class Coordinator:
         forget_state_dump = add_state_dump(self.describe)
         try:
             while not self._stop and self._abort is None:
-                env = self._transport.recv(self.config.heartbeat_s)
+                env = self._transport.recv(self._liveness.wait_s(self.config.heartbeat_s))
                 if env is not None:
                     self._dispatch(env.peer, env.frames)
-                self._check_liveness()
+                for member, why in self._liveness.lost(self._members, self._transport.lost()):
+                    self.member_lost(member, why)
             if self._abort is not None:
                 for member in self._members.by_peer.values():
                     self._loop.send(member.peer, headers.abort(why=self._abort))
@@ -241,14 +244,13 @@ class Coordinator:
             lines.append(f"  collectives waiting (key: ranks arrived): {gathers}")
         return "\n".join(lines)
 
-    def _check_liveness(self) -> None:
-        now = time.monotonic()
-        m = self._members.silent(now, self.config.dead_after_s)
-        if m is not None:
-            self._abort = (
-                f"{m.role.value} {m.rank} has been silent for "
-                f"{now - m.last_seen:.0f}s; stopping the job"
-            )
+    def member_lost(self, member: Member, why: str) -> None:
+        """Every loss of a member comes here (:mod:`.liveness`: its connection closed,
+        it failed, or it fell silent). Today any loss ends the job: the message names a
+        server's chunks, or a worker's rank, and ``why``. Loop thread only; never blocks
+        (the loop sends ABORT to every member as it ends)."""
+        if self._abort is None and not member.finished:
+            self._abort = lost_message(member, why, self._maps.map)
             log.error(self._abort)
 
     def _dispatch(self, peer: Peer, frames: list[memoryview]) -> None:
@@ -432,6 +434,9 @@ class Coordinator:
         out.append(Send(member.peer, headers.ok(rid=header["i"])))
 
     def _on_done(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        if (failed := headers.read_done(header)) is not None:  # lost, not done
+            out.append(Send(member.peer, headers.ok(rid=header["i"])))
+            return self.member_lost(member, f"it failed: {failed}")
         everyone = self._members.worker_done(member)
         out.append(Send(member.peer, headers.ok(rid=header["i"])))
         out += self._collectives.left(member.rank)  # no collective waits for it forever

@@ -173,8 +173,9 @@ class Server:
                 if self.state is ServerState.SERVING and time.monotonic() >= self._load_due:
                     self._report_load()
                 if env is None:
-                    if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
-                        self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
+                    gone = self._heartbeat.gone(self._transport.lost(), self._coord)
+                    if gone is not None:
+                        self._abort = gone
                         break
                     continue
                 for peer, frames, header in self._by_priority(env):
