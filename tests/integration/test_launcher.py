@@ -105,7 +105,13 @@ def test_crashed_server_ends_the_job(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_ctrl_c_or_sigterm_stops_everything(
+    tmp_path: Path, sig: signal.Signals, status: int, said: str
+) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     proc = subprocess.Popen(
@@ -135,10 +141,10 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert len(children) == 4  # coordinator, server, 2 workers
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 130
-    assert "interrupted; stopping every process of the job" in rest
+    assert proc.returncode == status  # 128 + the signal, as a shell reports it
+    assert f"{said}; stopping every process of the job" in rest
     time.sleep(0.5)
     alive = [
         pid

@@ -92,7 +92,8 @@ class Job:
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
-        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C,
+        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C, 143 on
+        SIGTERM,
         :data:`DEADLINE_STATUS` past ``config.deadline_s``)."""
         self._started = time.monotonic()
         previous = signal.getsignal(signal.SIGTERM)
@@ -102,9 +103,12 @@ class Job:
             self._make_secret()
             self._start()
             return self._supervise()
-        except KeyboardInterrupt:
-            self._say("interrupted; stopping every process of the job")
-            return 130
+        except KeyboardInterrupt as exc:
+            term = isinstance(exc, _Terminated)
+            self._say(
+                f"{'terminated' if term else 'interrupted'}; stopping every process of the job"
+            )
+            return 128 + (signal.SIGTERM if term else signal.SIGINT)  # as the shell says
         except ConfigError as exc:
             self._say(str(exc))
             return 2
@@ -388,5 +392,9 @@ def _describe(code: int) -> str:
     return str(code)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping the launcher as Ctrl-C does (but its status is 143)."""
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated
