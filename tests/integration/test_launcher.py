@@ -272,3 +272,58 @@ def test_job_past_its_deadline_prints_every_stack_and_stops(tmp_path: Path) -> N
         assert f"[{source}] {state}" in out, (source, out[-3000:])
     assert "  optimizer: clock " in out
     assert processes_of(str(script)) == []
+
+
+BIG_SCRIPT = textwrap.dedent("""
+    import time, torch, trimtab
+    trimtab.init()
+    model = torch.nn.Linear(256, 64)  # 64 KiB of weights: pushed through shared memory
+    opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       model.named_parameters())
+    for step in range(100_000):
+        if step == 2:
+            print("READY", flush=True)
+        model(torch.ones(2, 256)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_launcher_killed_outright_leaves_no_arena(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(BIG_SCRIPT)
+    argv = [sys.executable, "-m", "trimtab", "run", "-w", "2", "-s", "1", "--"]
+    proc = subprocess.Popen(
+        [*argv, sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ready = 0
+    for line in proc.stdout:
+        ready += "READY" in line
+        if ready == 2:
+            break
+    children = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    jobs = {
+        item.split("=", 1)[1]
+        for pid in children
+        for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        if item.startswith("TRIMTAB_JOB=")
+    }
+    assert len(jobs) == 1
+    job = jobs.pop()
+    arenas = lambda: sorted(p.name for p in Path("/dev/shm").glob(f"trimtab-{job}-*"))  # noqa: E731
+    assert len(arenas()) == 2, arenas()  # one per worker
+    proc.kill()  # no chance to clean up: its children get SIGTERM from the kernel
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while processes_of(job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_of(job) == []
+    assert arenas() == []

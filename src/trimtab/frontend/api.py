@@ -11,7 +11,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -30,6 +32,7 @@ from trimtab.roles.worker.client import WorkerConfig
 from trimtab.roles.worker.context import Context
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
 from trimtab.transport.auth import auth_from_env
+from trimtab.transport.shm import remove_own_arenas
 from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
@@ -124,6 +127,7 @@ def init(config: WorkerConfig | None = None) -> None:
     if not _at_exit_set:
         atexit.register(_at_exit)
         _watch_failures()
+        _remove_arenas_on_sigterm()
         _at_exit_set = True
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
     _forget_state = add_state_dump(ctx.describe)
@@ -166,6 +170,24 @@ def _watch_failures() -> None:
         previous(kind, exc, tb)
 
     sys.excepthook = hook
+
+
+def _remove_arenas_on_sigterm() -> None:
+    """Where SIGTERM would end the process at once (its default, as when a launcher
+    killed outright stops its children), remove this worker's shared memory first,
+    then die of SIGTERM as before: atexit handlers do not run then. A handler the
+    script set is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def terminated(signum: int, frame: types.FrameType | None) -> None:
+        remove_own_arenas()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def _at_exit() -> None:

@@ -36,7 +36,7 @@ from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.protocol import headers
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
-from trimtab.transport.shm import remove_job_arenas
+from trimtab.transport.shm import remove_job_arenas, remove_stale_arenas
 from trimtab.transport.spin import SPIN_DEFAULT_US, parse_spin
 
 __all__ = ["DEADLINE_STATUS", "Job", "LaunchConfig", "OutputHandler", "print_prefixed"]
@@ -100,6 +100,7 @@ class Job:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
+            remove_stale_arenas()  # what jobs killed outright (SIGKILL) left behind
             self._make_secret()
             self._start()
             return self._supervise()
