@@ -1,7 +1,7 @@
 """Worker script of the liveness tests (a job started by hand): trains a small model
 and says what happened, one line each: ``READY`` after two steps, ``ABORTED <type>``
-when it catches :class:`trimtab.JobAborted`, ``STEP_MAX <seconds>`` and ``FINISHED`` at
-the end of a job that ran its course.
+when it catches :class:`trimtab.JobAborted` (then ``AT <time.time()>``), ``STEP_MAX
+<seconds>`` and ``FINISHED`` at the end of a job that ran its course.
 
 Usage: liveness_worker.py MODE STEPS, MODE one of ``train`` (just train), ``raise`` (rank
 1 raises an uncaught ValueError at step 2)."""
@@ -37,6 +37,7 @@ try:
         time.sleep(0.02)
 except trimtab.JobAborted as exc:
     print(f"ABORTED {type(exc).__name__}: {exc}", flush=True)
+    print(f"AT {time.time():.2f}", flush=True)
     sys.exit(7)
 print(f"STEP_MAX {longest:.3f}", flush=True)
 print("FINISHED", flush=True)
