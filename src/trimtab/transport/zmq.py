@@ -57,6 +57,7 @@ from trimtab.transport.spin import (
     parse_spin,
     spin_from_env,
 )
+from trimtab.transport.watch import DisconnectWatch
 from trimtab.transport.zap import SharedContext, secure_client, secure_server
 
 __all__ = [
@@ -155,6 +156,7 @@ class ZmqTransport(Transport):
         self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
         # Peers whose lane closed, for lost() (bounded: a node that never asks).
         self._gone: collections.deque[Peer] = collections.deque(maxlen=4096)
+        self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
         if bind:
@@ -170,6 +172,7 @@ class ZmqTransport(Transport):
             self._address = f"tcp://{host}:{port}"
             self._router = router
             self._poller.register(router, zmq.POLLIN)
+            self._router_watch = self._watch(DisconnectWatch(router))  # (with the router)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -234,6 +237,7 @@ class ZmqTransport(Transport):
             self._dealers[address] = dealer
             self._dealer_peer[dealer] = out_peer(address)
             self._poller.register(dealer, zmq.POLLIN)
+            self._watch(DisconnectWatch(dealer, out_peer(address)))
             hello = self._sessions.opened(address)
             if hello is not None:
                 dealer.send_multipart(hello)
@@ -269,6 +273,11 @@ class ZmqTransport(Transport):
             self.send(peer, frames)
         else:
             raise KeyError(peer)
+
+    def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
+        self._watches[watch.monitor] = watch
+        self._poller.register(watch.monitor, zmq.POLLIN)
+        return watch
 
     def through_lane(self, peer: Peer) -> bool:
         """Whether messages to and from ``peer`` take the local lane now. Never blocks."""
@@ -380,6 +389,9 @@ class ZmqTransport(Transport):
                 elif self._listener is not None and sock == self._listener.fileno():
                     self._accept()
                 continue
+            if sock in self._watches:  # a connection closed (or its monitor chatted)
+                self._gone.extend(self._watches[sock].closed())
+                continue
             for _ in range(_BURST):
                 try:
                     parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -402,6 +414,7 @@ class ZmqTransport(Transport):
                 self._router.send_multipart([identity, *reply])
             if frames is not None:
                 self._ready.append(Envelope(in_peer(identity), frames))
+                self._router_watch.seen(in_peer(identity), parts[-1])
             return
         peer = self._dealer_peer[sock]
         frames, out = self._sessions.on_dealer(peer[2:].decode(), [p.buffer for p in parts])
@@ -474,6 +487,8 @@ class ZmqTransport(Transport):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        for watch in self._watches.values():
+            watch.close()
         for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
             sock.close()
         self._dealers.clear()

@@ -9,8 +9,8 @@ A member is lost when:
   way. The member has :data:`CLOSED_GRACE_S` to have said DONE first: a message sent
   just before the close may still be queued behind it;
 - it **said it failed** (DONE with a failure, the worker's uncaught exception);
-- it has been **silent** for ``dead_after_s`` (the last resort, for a member whose
-  connection the transport cannot watch: ZeroMQ over TCP, or a host that vanished).
+- it has been **silent** for ``dead_after_s`` (the last resort, for a host that
+  vanished without closing its connections, or a transport that cannot watch them).
 
 Each loss goes to one place, :meth:`Coordinator.member_lost`, which decides what the
 job does about it; :func:`lost_message` says it in words.
