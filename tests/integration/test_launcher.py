@@ -105,7 +105,13 @@ def test_crashed_server_ends_the_job(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_ctrl_c_or_sigterm_stops_everything(
+    tmp_path: Path, sig: signal.Signals, status: int, said: str
+) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     proc = subprocess.Popen(
@@ -135,10 +141,10 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert len(children) == 4  # coordinator, server, 2 workers
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 130
-    assert "interrupted; stopping every process of the job" in rest
+    assert proc.returncode == status  # 128 + the signal, as a shell reports it
+    assert f"{said}; stopping every process of the job" in rest
     time.sleep(0.5)
     alive = [
         pid
@@ -266,3 +272,58 @@ def test_job_past_its_deadline_prints_every_stack_and_stops(tmp_path: Path) -> N
         assert f"[{source}] {state}" in out, (source, out[-3000:])
     assert "  optimizer: clock " in out
     assert processes_of(str(script)) == []
+
+
+BIG_SCRIPT = textwrap.dedent("""
+    import time, torch, trimtab
+    trimtab.init()
+    model = torch.nn.Linear(256, 64)  # 64 KiB of weights: pushed through shared memory
+    opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       model.named_parameters())
+    for step in range(100_000):
+        if step == 2:
+            print("READY", flush=True)
+        model(torch.ones(2, 256)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_launcher_killed_outright_leaves_no_arena(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(BIG_SCRIPT)
+    argv = [sys.executable, "-m", "trimtab", "run", "-w", "2", "-s", "1", "--"]
+    proc = subprocess.Popen(
+        [*argv, sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ready = 0
+    for line in proc.stdout:
+        ready += "READY" in line
+        if ready == 2:
+            break
+    children = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    jobs = {
+        item.split("=", 1)[1]
+        for pid in children
+        for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        if item.startswith("TRIMTAB_JOB=")
+    }
+    assert len(jobs) == 1
+    job = jobs.pop()
+    arenas = lambda: sorted(p.name for p in Path("/dev/shm").glob(f"trimtab-{job}-*"))  # noqa: E731
+    assert len(arenas()) == 2, arenas()  # one per worker
+    proc.kill()  # no chance to clean up: its children get SIGTERM from the kernel
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while processes_of(job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_of(job) == []
+    assert arenas() == []

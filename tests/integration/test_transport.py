@@ -292,3 +292,40 @@ def test_a_polling_receive_reads_what_arrives_and_waits_out_its_timeout(use_lane
     finally:
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize("use_lane", [True, False], ids=["lane", "zeromq"])
+def test_a_peer_whose_process_ends_is_lost_at_once_both_ways(use_lane: bool) -> None:
+    # A peer in another process, killed outright: the node that serves it, and the one
+    # that connected to that node, each learn its connection closed (Transport.lost()),
+    # over the local lane as over ZeroMQ's TCP, with no silence to wait out.
+    node = ZmqTransport(bind=True, lane=use_lane)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from trimtab.transport import ZmqTransport
+        t = ZmqTransport(bind=True, lane={use_lane})
+        peer = t.connect({node.address!r})
+        t.send(peer, [b"hello from " + t.address.encode()])
+        print(t.address, flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        out = node.connect(address)  # this node connects to it too
+        node.send(out, [b"hi"])
+        env = node.recv(30)
+        assert env is not None and bytes(env.frames[0]) == b"hello from " + address.encode()
+        assert node.through_lane(env.peer) is use_lane
+        proc.kill()
+        proc.wait()
+        lost: list[Peer] = []
+        deadline = time.monotonic() + 20
+        while {env.peer, out} - set(lost) and time.monotonic() < deadline:
+            node.recv(0.2)
+            lost += node.lost()
+        assert {env.peer, out} <= set(lost)
+    finally:
+        proc.kill()
+        node.close()

@@ -248,7 +248,8 @@ def test_a_worker_that_left_and_died_ends_the_job(cluster_factory) -> None:
     deadline = time.monotonic() + 20
     while other.client.dead is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert other.client.dead is not None and "worker 0 has been silent" in other.client.dead
+    assert other.client.dead is not None
+    assert "worker 0 was lost: it has been silent" in other.client.dead
     other.client.close(done=False)
 
 

@@ -150,6 +150,9 @@ class ThrottledTransport(Transport):
     def through_lane(self, peer: Peer) -> bool:
         return self._inner.through_lane(peer)
 
+    def lost(self) -> list[Peer]:
+        return self._inner.lost()
+
     def wake(self) -> None:
         self._inner.wake()
 

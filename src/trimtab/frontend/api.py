@@ -12,6 +12,10 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import signal
+import sys
+import threading
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +37,7 @@ from trimtab.roles.worker.context import Context
 from trimtab.roles.worker.credit import window_from_env
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
 from trimtab.transport.auth import auth_from_env
+from trimtab.transport.shm import remove_own_arenas
 from trimtab.transport.shm import turned_off as shm_turned_off
 from trimtab.transport.zmq import ZmqTransport, lane_from_env, spin_from_env
 
@@ -42,6 +47,8 @@ _forget_state: Callable[[], None] | None = None  # takes the context's state dum
 # its place or the process ends (then it says DONE).
 _left: Context | None = None
 _at_exit_set = False
+# Why the process is ending badly (an uncaught exception), for the DONE at exit.
+_failure: str | None = None
 
 
 def _env(*names: str) -> str | None:
@@ -131,6 +138,8 @@ def init(config: WorkerConfig | None = None) -> None:
     add_stragglers(ctx, stragglers)
     if not _at_exit_set:
         atexit.register(_at_exit)
+        _watch_failures()
+        _remove_arenas_on_sigterm()
         _at_exit_set = True
     enable_stack_dumps()  # kill -USR1 prints where this worker is (a hung job)
     _forget_state = add_state_dump(ctx.describe)
@@ -160,16 +169,50 @@ def shutdown() -> None:
         _left = ctx
 
 
+def _watch_failures() -> None:
+    """Chain ``sys.excepthook``: an exception that ends the script is remembered, so
+    that :func:`_at_exit` tells the job this worker failed (the job ends at once)
+    rather than that it is done (the others would wait for it until their requests
+    time out). ``sys.exit(n)`` is an exit, not a failure: the hook does not see it."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> None:
+        global _failure
+        _failure = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
+def _remove_arenas_on_sigterm() -> None:
+    """Where SIGTERM would end the process at once (its default, as when a launcher
+    killed outright stops its children), remove this worker's shared memory first,
+    then die of SIGTERM as before: atexit handlers do not run then. A handler the
+    script set is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def terminated(signum: int, frame: types.FrameType | None) -> None:
+        remove_own_arenas()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def _at_exit() -> None:
     """The process ends: tell the job this worker is done (DONE), whether it called
-    :func:`shutdown` or not, and close its connection. Never raises."""
+    :func:`shutdown` or not, or that it failed (an uncaught exception), and close its
+    connection. Never raises."""
     global _default, _left
     ctx = _default or _left
     _default = _left = None
     if ctx is not None:
         if _forget_state is not None:
             _forget_state()
-        ctx.close()
+        ctx.close(failed=_failure)
 
 
 def is_initialized() -> bool:

@@ -47,7 +47,7 @@ from trimtab.protocol.messages import Header
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.settings import CheckpointSettings
 from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
-from trimtab.transport.shm import remove_job_arenas
+from trimtab.transport.shm import remove_job_arenas, remove_stale_arenas
 from trimtab.transport.spin import SPIN_DEFAULT_US, parse_spin
 
 __all__ = ["DEADLINE_STATUS", "Job", "LaunchConfig", "OutputHandler", "print_prefixed"]
@@ -95,20 +95,25 @@ class Job:
 
     def run(self) -> int:
         """Start everything, supervise, tear down. Blocks. Returns the job's exit status
-        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C,
+        (the first failing worker's, 1 for a failed server, 130 on Ctrl-C, 143 on
+        SIGTERM,
         :data:`DEADLINE_STATUS` past ``config.deadline_s``)."""
         self._started = time.monotonic()
         previous = signal.getsignal(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
+            remove_stale_arenas()  # what jobs killed outright (SIGKILL) left behind
             self._make_secret()
             self._place()
             self._start()
             return self._supervise()
-        except KeyboardInterrupt:
-            self._say("interrupted; stopping every process of the job")
-            return 130
+        except KeyboardInterrupt as exc:
+            term = isinstance(exc, _Terminated)
+            self._say(
+                f"{'terminated' if term else 'interrupted'}; stopping every process of the job"
+            )
+            return 128 + (signal.SIGTERM if term else signal.SIGINT)  # as the shell says
         except ConfigError as exc:
             self._say(str(exc))
             return 2
@@ -486,5 +491,9 @@ class Job:
         self.output("trimtab", message)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping the launcher as Ctrl-C does (but its status is 143)."""
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated

@@ -163,11 +163,27 @@ def read_floor(header: Header) -> int | None:
 
 class DoneHeader(WireHeader):
     """DONE, worker -> coordinator: my process ends (it may have sent LEAVE before);
-    answered OK. The job ends once every worker said DONE."""
+    answered OK. The job ends once every worker said DONE. With ``why``, the process
+    ends because it failed (an uncaught exception): the worker is lost, not done."""
+
+    why: NotRequired[str]  # the failure, e.g. ``ValueError: bad batch``
 
 
-def done() -> DoneHeader:
-    return {"o": _DONE}
+#: The longest failure a DONE carries (the rest is cut: the worker's own output has it).
+DONE_WHY_CHARS = 500
+
+
+def done(*, failed: str | None = None) -> DoneHeader:
+    if failed is None:
+        return {"o": _DONE}
+    return {"o": _DONE, "why": failed[:DONE_WHY_CHARS]}
+
+
+def read_done(header: Header) -> str | None:
+    """The failure a DONE reports, or None for a process that ended normally. Raises
+    a MALFORMED :class:`ProtocolError` if ``why`` is not a string."""
+    why = optional(header, "why", str)
+    return None if why is None else str(why)[:DONE_WHY_CHARS]
 
 
 class LeaveHeader(WireHeader):

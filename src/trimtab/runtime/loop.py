@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from trimtab.protocol.headers import HeartbeatHeader, heartbeat
 from trimtab.protocol.messages import Header, WireHeader, encode, error_header
@@ -59,6 +59,16 @@ class Heartbeat:
 
     def silent_for(self) -> float:
         return time.monotonic() - self.last_heard
+
+    def gone(self, closed: Iterable[Peer], coordinator: Peer) -> str | None:
+        """Why the coordinator is gone, or None: its connection is among ``closed``
+        (the transport's ``lost()``: it exited or was killed, seen at once), or it has
+        been silent for more than ``timeout_s``. Never blocks."""
+        if coordinator in closed:
+            return "the coordinator's connection closed (it exited or was killed)"
+        if self.silent_for() > self.timeout_s:
+            return f"the coordinator has been silent for {self.silent_for():.0f}s"
+        return None
 
     def header(self) -> HeartbeatHeader:
         """A server's HEARTBEAT (a worker's carries its floor: ``worker_heartbeat``)."""

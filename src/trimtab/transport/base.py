@@ -81,6 +81,13 @@ class Transport(abc.ABC):
         Never blocks."""
         return self.recv(0)
 
+    def lost(self) -> list[Peer]:
+        """The peers whose connection closed (the process at the other end exited,
+        or was killed) since the last call, oldest first; a transport that cannot
+        tell returns none. A peer that is merely slow keeps its connection, so it is
+        never listed. Never blocks."""
+        return []
+
     @abc.abstractmethod
     def wake(self) -> None:
         """Make a blocked :meth:`recv` return ``None`` soon. Thread-safe, never blocks."""

@@ -39,6 +39,8 @@ log = logging.getLogger("trimtab.shm")
 ENV = "TRIMTAB_SHM"
 SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"trimtab-[A-Za-z0-9_.-]+")
+#: The end of an arena's name: ``-<owner pid>-<8 hex digits>``.
+_OWNER = re.compile(r"-(\d+)-[0-9a-f]{8}$")
 
 
 def turned_off(environ: Mapping[str, str]) -> bool:
@@ -79,8 +81,10 @@ class Arena:
 
     @classmethod
     def create(cls, job: str, label: str, size: int) -> Arena:
-        """A new arena for this process. Raises ``OSError`` if ``/dev/shm`` cannot hold
-        ``size`` bytes."""
+        """A new arena for this process, named after it (:func:`owner_of`); first
+        removes the arenas of processes that are gone (:func:`remove_stale_arenas`).
+        Raises ``OSError`` if ``/dev/shm`` cannot hold ``size`` bytes."""
+        remove_stale_arenas()
         name = f"{job_prefix(job)}{label}-{host_id()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         path = SHM_DIR / name
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -226,6 +230,49 @@ class SlotMap:
             self.arena.close()
             self.arena = None
             self.slots = {}
+
+
+def owner_of(name: str) -> int | None:
+    """The process id of the process that made arena ``name``, or None for a name that
+    does not say it. Pure."""
+    match = _OWNER.search(name) if _NAME.fullmatch(name) else None
+    return int(match.group(1)) if match else None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def remove_stale_arenas(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Remove the arenas whose owner process is gone (a worker killed outright, or a
+    launcher's: SIGKILL leaves no chance to clean up); returns their names. Each new
+    arena and each launcher start do it. An arena of a live process, or of another
+    user's, stays. Never raises; never blocks (one directory listing)."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in shm_dir.glob("trimtab-*"):
+            pid = owner_of(path.name)
+            if pid is not None and pid != os.getpid() and _gone(pid):
+                with contextlib.suppress(OSError):  # another process removed it first
+                    path.unlink()
+                    removed.append(path.name)
+    return removed
+
+
+def remove_own_arenas(shm_dir: Path = SHM_DIR) -> None:
+    """Remove every arena this process made (it is about to die of a signal: its
+    atexit handlers will not run). Never raises."""
+    pid = os.getpid()
+    with contextlib.suppress(OSError):
+        for path in shm_dir.glob(f"trimtab-*-{pid}-*"):
+            if owner_of(path.name) == pid:
+                path.unlink(missing_ok=True)
 
 
 def remove_job_arenas(job: str) -> None:

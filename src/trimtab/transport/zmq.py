@@ -57,6 +57,7 @@ from trimtab.transport.spin import (
     parse_spin,
     spin_from_env,
 )
+from trimtab.transport.watch import DisconnectWatch
 from trimtab.transport.zap import SharedContext, secure_client, secure_server
 
 __all__ = [
@@ -153,6 +154,9 @@ class ZmqTransport(Transport):
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
+        # Peers whose lane closed, for lost() (bounded: a node that never asks).
+        self._gone: collections.deque[Peer] = collections.deque(maxlen=4096)
+        self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
         if bind:
@@ -168,6 +172,7 @@ class ZmqTransport(Transport):
             self._address = f"tcp://{host}:{port}"
             self._router = router
             self._poller.register(router, zmq.POLLIN)
+            self._router_watch = self._watch(DisconnectWatch(router))  # (with the router)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -232,6 +237,7 @@ class ZmqTransport(Transport):
             self._dealers[address] = dealer
             self._dealer_peer[dealer] = out_peer(address)
             self._poller.register(dealer, zmq.POLLIN)
+            self._watch(DisconnectWatch(dealer, out_peer(address)))
             hello = self._sessions.opened(address)
             if hello is not None:
                 dealer.send_multipart(hello)
@@ -267,6 +273,11 @@ class ZmqTransport(Transport):
             self.send(peer, frames)
         else:
             raise KeyError(peer)
+
+    def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
+        self._watches[watch.monitor] = watch
+        self._poller.register(watch.monitor, zmq.POLLIN)
+        return watch
 
     def through_lane(self, peer: Peer) -> bool:
         """Whether messages to and from ``peer`` take the local lane now. Never blocks."""
@@ -335,6 +346,7 @@ class ZmqTransport(Transport):
         if self._lane_fds.pop(conn.fd, None) is None:
             return
         self._poller.unregister(conn.fd)
+        self._gone.append(conn.peer)
         if conn.peer.startswith(b"i:"):
             self._lane_in.pop(conn.peer[2:], None)
         else:
@@ -347,6 +359,7 @@ class ZmqTransport(Transport):
         if self._ready:
             return self._ready.popleft()
         timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
             events = self._poll(timeout_ms)
@@ -359,6 +372,7 @@ class ZmqTransport(Transport):
                 return self._ready.popleft()
             # Only what was handled, nothing for the node (a handshake's step, an
             # accepted connection, a message dropped): wait on, unless woken or late.
+            woken = woken or len(self._gone) > gone  # a lane closed: the node wants to know
             if woken or (deadline is not None and time.monotonic() >= deadline):
                 return None
             if deadline is not None:
@@ -374,6 +388,9 @@ class ZmqTransport(Transport):
                     self._on_lane(conn, flags)
                 elif self._listener is not None and sock == self._listener.fileno():
                     self._accept()
+                continue
+            if sock in self._watches:  # a connection closed (or its monitor chatted)
+                self._gone.extend(self._watches[sock].closed())
                 continue
             for _ in range(_BURST):
                 try:
@@ -397,6 +414,7 @@ class ZmqTransport(Transport):
                 self._router.send_multipart([identity, *reply])
             if frames is not None:
                 self._ready.append(Envelope(in_peer(identity), frames))
+                self._router_watch.seen(in_peer(identity), parts[-1])
             return
         peer = self._dealer_peer[sock]
         frames, out = self._sessions.on_dealer(peer[2:].decode(), [p.buffer for p in parts])
@@ -432,6 +450,12 @@ class ZmqTransport(Transport):
     def recv_queued(self) -> Envelope | None:
         return self._ready.popleft() if self._ready else None
 
+    def lost(self) -> list[Peer]:
+        """As :meth:`Transport.lost`: peers whose local lane closed (seen at once)."""
+        gone = list(self._gone)
+        self._gone.clear()
+        return gone
+
     def wake(self) -> None:
         with contextlib.suppress(OSError):  # full pipe: already woken; closed: nothing to wake
             os.write(self._wake_w, b"w")
@@ -463,6 +487,8 @@ class ZmqTransport(Transport):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        for watch in self._watches.values():
+            watch.close()
         for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
             sock.close()
         self._dealers.clear()

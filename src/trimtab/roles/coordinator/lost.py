@@ -15,9 +15,11 @@ from trimtab.errors import ProtocolError
 from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
 from trimtab.protocol import elastic, headers
 from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.coordinator.checkpoint import Checkpoints
 from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.elastic import Elastic
+from trimtab.roles.coordinator.liveness import lost_message
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Send
@@ -39,6 +41,7 @@ class MemberLoss:
     _collectives: Collectives
     _elastic: Elastic | None
     _recovery: Recovery
+    checkpoints: Checkpoints
     _abort: str | None
     _stop: bool
 
@@ -75,17 +78,21 @@ class MemberLoss:
         ignored. Never blocks; loop thread only."""
         if member.finished or self._abort is not None:
             return
-        if member.role is Role.SERVER or self._elastic is None:
-            # A server's backups take over (:mod:`.recovery`), or the job ends naming
-            # the chunks lost; a worker of a job that is not elastic ends it.
+        if member.role is Role.SERVER:
+            # Its backups take over (:mod:`.recovery`), or the job ends naming the
+            # chunks lost and the checkpoint to resume from.
             out: Outbox = []
             try:
                 abort = self._recovery.member_lost(member, why, out)
             finally:
                 self._send(out)
             if abort is not None:
-                self._abort = abort
-                log.error(abort)
+                last = self.checkpoints.last_checkpoint
+                resume = f" The newest checkpoint: trimtab run --resume {last} ..." if last else ""
+                self._end(abort + resume)
+            return
+        if self._elastic is None:  # a worker of a job that is not elastic ends it
+            self._end(lost_message(member, why, self._maps.map))
             return
         out, fatal = self._elastic.lost(member, why)
         # If it lives after all (silent, not dead), it must not push again.
@@ -97,8 +104,12 @@ class MemberLoss:
             self._stop = True
         self._send(out)
         if fatal is not None:
-            self._abort = fatal
-            log.error(fatal)
+            self._end(fatal)
+
+    def _end(self, why: str) -> None:
+        """End the job for ``why`` (the loop sends every member ABORT as it ends)."""
+        self._abort = why
+        log.error(why)
 
     def _answer_report(
         self, member: Member, rid: int, clock: int, sample: WorkerSample, epoch: int

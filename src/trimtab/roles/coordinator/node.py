@@ -29,6 +29,7 @@ from trimtab.roles.coordinator.checkpoint import Checkpoints
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.dump import describe
+from trimtab.roles.coordinator.liveness import Liveness
 from trimtab.roles.coordinator.lost import MemberLoss
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
@@ -111,6 +112,7 @@ class Coordinator(MemberLoss):
         self._collectives = Collectives(config.num_workers)
         self._elastic = self._make_elastic(batching, consistency.synchronous)
         self._recovery = Recovery(self._members, self._maps, config.replicas)
+        self._liveness = Liveness(config.dead_after_s)
         #: The member key: every member's credential is made from it (REGISTERED).
         self._key = credentials.new_key()
         self._ticket = (
@@ -216,10 +218,11 @@ class Coordinator(MemberLoss):
         forget_state_dump = add_state_dump(self.describe)
         try:
             while not self._stop and self._abort is None:
-                env = self._transport.recv(self.config.heartbeat_s)
+                env = self._transport.recv(self._liveness.wait_s(self.config.heartbeat_s))
                 if env is not None:
                     self._dispatch(env.peer, env.frames)
-                self._check_liveness()
+                for member, why in self._liveness.lost(self._members, self._transport.lost()):
+                    self.member_lost(member, why)
             if self._abort is not None:
                 for member in self._members.by_peer.values():
                     self._loop.send(member.peer, headers.abort(why=self._abort))
@@ -233,12 +236,6 @@ class Coordinator(MemberLoss):
         """Its protocol state, for a hung job's dump (:data:`STACK_SIGNAL`): see
         :func:`.dump.describe`. Only reads; never blocks."""
         return describe(self._maps, self._rebalancer, self._members, self._steps, self._collectives)
-
-    def _check_liveness(self) -> None:
-        now = time.monotonic()
-        m = self._members.silent(now, self.config.dead_after_s)
-        if m is not None:
-            self.member_lost(m, f"has been silent for {now - m.last_seen:.0f}s")
 
     def _dispatch(self, peer: Peer, frames: list[memoryview]) -> None:
         """Handle one message. What the handler produced is sent even if it then failed
@@ -425,6 +422,9 @@ class Coordinator(MemberLoss):
         out.append(Send(member.peer, headers.ok(rid=header["i"])))
 
     def _on_done(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        if (failed := headers.read_done(header)) is not None:  # lost, not done
+            out.append(Send(member.peer, headers.ok(rid=header["i"])))
+            return self.member_lost(member, f"it failed: {failed}")
         everyone = self._members.worker_done(member)
         out.append(Send(member.peer, headers.ok(rid=header["i"])))
         out += self._collectives.left(member.rank)  # no collective waits for it forever

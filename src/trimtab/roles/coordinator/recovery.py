@@ -24,6 +24,7 @@ from trimtab.errors import ProtocolError
 from trimtab.policies import replicas
 from trimtab.protocol import replica
 from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.coordinator.liveness import lost_message
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Send
@@ -77,8 +78,8 @@ class Recovery:
         owned = [c for c, o in enumerate(current.owners) if o == member.rank]
         if not self.replicas:
             return (
-                f"{who} {why}; its chunks {_ranges(owned)} had no replica and are lost "
-                "(run with --replicas 1 to survive a server's death); stopping the job"
+                lost_message(member, why, current) + ". They had no replica and are lost: "
+                "run with --replicas 1 to survive a server's death."
             )
         if self.failing is not None:
             return f"{who} {why} during the failover to map {self.failing.epoch}; stopping the job"

@@ -174,8 +174,9 @@ class Server:
                     self._report_load()
                 self._checkpoints.poll()  # files written by its thread: say so
                 if env is None:
-                    if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
-                        self._abort = f"coordinator silent for {self._heartbeat.silent_for():.0f}s"
+                    gone = self._heartbeat.gone(self._transport.lost(), self._coord)
+                    if gone is not None:
+                        self._abort = gone
                         break
                     continue
                 for peer, frames, header in acknowledge(self._by_priority(env), self._loop):

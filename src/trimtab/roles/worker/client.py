@@ -138,6 +138,7 @@ class WorkerClient:
         self._outbox: collections.deque[tuple[Peer | str, list[Frame]]] = collections.deque()
         self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
         self._running = False
+        self._closing = False  # close() began: the coordinator may go any moment
         self._dead: str | None = None
         # Servers the job lost (FAILOVER): address -> the failover map's epoch.
         self._lost: dict[str, int] = {}
@@ -173,14 +174,16 @@ class WorkerClient:
         self.num_servers = reply["num_servers"]
         self.chunk_bytes = reply["chunk_bytes"]
 
-    def close(self, *, done: bool = True) -> None:
-        """Tell the coordinator this worker is done (if ``done``), stop the I/O thread.
-        Blocks briefly; never raises."""
+    def close(self, *, done: bool = True, failed: str | None = None) -> None:
+        """Tell the coordinator this worker is done (if ``done``; with ``failed``, that
+        its process ends because of that failure), stop the I/O thread. Blocks briefly;
+        never raises."""
         if not self._running:
             return
+        self._closing = True
         if done and self._dead is None:
             try:
-                wait(self.control(headers.done()), 10.0)
+                wait(self.control(headers.done(failed=failed)), 10.0)
             except Exception as exc:
                 log.warning("could not tell the coordinator we are done: %s", exc)
         self._running = False
@@ -249,15 +252,15 @@ class WorkerClient:
             if isinstance(to, str)
             else concurrent.futures.Future()
         )
+        rid = next(self._rids)
+        header["i"] = rid  # even for a job that is over: callers read the id back
+        header["j"] = self.config.job
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
             return fut
         if isinstance(fut, _DataFuture) and fut.address in self._lost:
             fut.set_exception(ChunkMoved(fut.chunk, -1, self._lost[fut.address]))
             return fut
-        rid = next(self._rids)
-        header["i"] = rid
-        header["j"] = self.config.job
         with self._lock:
             self._pending[rid] = fut
         if isinstance(to, str):
@@ -380,11 +383,9 @@ class WorkerClient:
                     self._transport.send(self._coord, [encode(beat)])
                 env = self._transport.recv(self.config.heartbeat_s)
                 if env is None:
-                    if self._heartbeat.silent_for() > self.config.coordinator_timeout_s:
-                        self._fail(
-                            f"the coordinator has been silent for "
-                            f"{self._heartbeat.silent_for():.0f}s"
-                        )
+                    gone = self._heartbeat.gone(self._transport.lost(), self._coord)
+                    if gone is not None:
+                        self._fail(gone, quiet=self._closing)
                     continue
                 if env.peer == self._coord:
                     self._heartbeat.heard()
@@ -486,10 +487,11 @@ class WorkerClient:
             news, self._news = self._news, None
         return news
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, *, quiet: bool = False) -> None:
         if self._dead is None:
             self._dead = why
-            log.error("job over: %s", why)
+            if not quiet:  # (quiet: the coordinator going after our DONE is no news)
+                log.error("job over: %s", why)
         self._running = False
         with self._lock:
             pending, self._pending = self._pending, {}

@@ -251,18 +251,20 @@ class Context:
         except Exception as exc:  # the job may be over already
             log.warning("worker %d could not tell the coordinator it left: %s", self.rank, exc)
 
-    def close(self, *, done: bool = True) -> None:
+    def close(self, *, done: bool = True, failed: str | None = None) -> None:
         """Leave the job for good: release the members (unless :meth:`leave` did) and
         close the connection, telling the coordinator this worker's process ends (DONE)
-        if ``done`` (without: a new context took this one's place). Never raises."""
+        if ``done`` (without: a new context took this one's place), or ``failed``, so
+        the job ends now. Never raises."""
         if not self._left:
-            self._release()
-        self.client.close(done=done)
+            self._release(drain=failed is None)  # a failed step's answers never come
+        self.client.close(done=done, failed=failed)
 
-    def _release(self) -> None:
+    def _release(self, *, drain: bool = True) -> None:
         for member in self.members:
             with contextlib.suppress(Exception):  # the job may be over already
-                member.drain()
+                if drain:
+                    member.drain()
             member.close()
         for close in self._closers:
             try:
@@ -400,8 +402,7 @@ class Context:
         )
         log.debug("worker %d: placement epoch %d", self.rank, reply["epoch"])
 
-    def _drain(self) -> None:
-        """Write every answer this worker's members are still owed. Blocks."""
+    def _drain(self) -> None:  # every answer this worker's members are still owed; blocks
         for member in self.members:
             member.drain()
 
