@@ -16,16 +16,14 @@ steps completed minus the updates the servers applied), ``equivalent`` (the fina
 parameters equal, to 1e-5, one process's SGD over the samples the workers logged as
 processed), ``recovery_s`` (from each kill to the next completed step), and
 ``leaked_processes`` (processes of the job alive after ``trimtab run`` ended). A job
-that did not finish says why (``reason``); where this build has no ``--replicas``
-flag, the runs go without it and ``replicas`` is false. Where it has ``--min-workers``,
-every run has ``--min-workers 1`` (a lost worker is dropped).
+that did not finish says why (``reason``). Every fault run has ``--min-workers 1`` (a
+lost worker is dropped, the job goes on).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from typing import Any
 
@@ -46,37 +44,17 @@ def scenarios(steps: int) -> dict[str, tuple[list[str], int]]:
     }
 
 
-def job_flags() -> tuple[list[str], bool]:
-    """The flags of every run: ``--replicas 1``, and ``--min-workers 1`` (a lost worker
-    is dropped, not the job's end), where this build has them; and whether it has
-    replicas. Blocks (one subprocess)."""
-    text = subprocess.run(
-        [sys.executable, "-m", "trimtab", "run", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    replicas = "--replicas" in text
-    flags = ["--replicas", "1"] if replicas else []
-    if "--min-workers" in text:
-        flags += ["--min-workers", "1"]
-    return flags, replicas
+#: The flags of every run: a backup of each chunk, and a lost worker dropped (not the
+#: job's end) while one remains.
+JOB_FLAGS = ["--replicas", "1", "--min-workers", "1"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every run the arguments ask for. Blocks (minutes)."""
     from trimtab_tools.experiments.faultjob import judge, run_job  # loads torch
 
-    base, replicas = job_flags()
-    out: dict[str, Any] = {
-        "workers": 2,
-        "servers": 3,
-        "steps": args.steps,
-        "replicas": replicas,
-        "runs": {},
-    }
-    if not replicas:
-        out["note"] = "this build's trimtab run has no --replicas: the runs go without it"
+    base = JOB_FLAGS
+    out: dict[str, Any] = {"workers": 2, "servers": 3, "steps": args.steps, "runs": {}}
     wanted = args.runs.split(",")
     for name, (faults, servers) in scenarios(args.steps).items():
         if name not in wanted:
@@ -95,7 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["runs"][name] = judge(seen, args.steps, args.hidden)
     if "replicas_cost" in wanted:
         cost: dict[str, Any] = {}
-        for label, flags in (("without", []), ("with", base))[: 2 if replicas else 1]:
+        for label, flags in (("without", []), ("with", ["--replicas", "1"])):
             _say(f"replicas_cost: {label} replicas")
             seen = run_job(
                 args.steps,
@@ -140,7 +118,6 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out), flush=True)
         return 0
-    print(f"replicas: {out['replicas']}" + (f" ({out['note']})" if "note" in out else ""))
     for name, r in out["runs"].items():
         if name == "replicas_cost":
             print(

@@ -8,9 +8,10 @@ of the three first servers, unless the job may start more), worker kills at a ra
 phase (never rank 0, which writes the final parameters) each followed by a join, and
 ``--rebalance-every K`` (K drawn from 5..20) moving every chunk live. A job that ends
 early (aborted, or hung: no step for ``--stall`` seconds) is followed by a fresh one
-until the time is up; the job running then is stopped. ``--replicas 1`` and
-``--min-workers 1`` where this build has them; where it refuses ``--rebalance-every``
-beside them, the soak goes on without forced migrations and says so (``notes``).
+until the time is up; the job running then is stopped. Every job has
+``--replicas 1`` and ``--min-workers 1``; where ``--rebalance-every`` is refused beside
+them (replicas and live migration do not combine yet), the soak goes on without forced
+migrations and says so (``notes``).
 
 Figures: ``jobs``, ``faults_injected``, ``lost_updates`` (over the jobs whose servers
 could be asked), ``hung``, ``leaked_processes``, ``equivalent`` per job, and the RSS of
@@ -26,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from trimtab_tools.experiments.faults import job_flags
+from trimtab_tools.experiments.faults import JOB_FLAGS
 
 
 def plan(rng: random.Random, steps: int, servers: int, workers: int) -> tuple[list[str], int]:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from trimtab_tools.experiments.faultjob import judge, run_job  # loads torch
 
     rng = random.Random(args.seed)
-    base, replicas = job_flags()
+    base = JOB_FLAGS
     migrations = True  # --rebalance-every, unless this build refuses it beside the rest
     notes: list[str] = []
     started = time.monotonic()
@@ -97,7 +98,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "minutes": args.minutes,
         "seed": args.seed,
-        "replicas": replicas,
         "jobs": len(jobs),
         "faults_injected": sum(j["faults_injected"] for j in jobs),
         "lost_updates": sum(j["lost_updates"] for j in known) if known else None,
@@ -135,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     rss = out["rss_mb"]
     print(
-        f"soak of {out['minutes']} min (seed {out['seed']}, replicas {out['replicas']}): "
+        f"soak of {out['minutes']} min (seed {out['seed']}): "
         f"{out['jobs']} jobs, {out['completed_jobs']} completed, faults_injected "
         f"{out['faults_injected']}, lost_updates {out['lost_updates']} (unknown in "
         f"{out['lost_unknown_jobs']} jobs), hung {out['hung']}, leaked_processes "
