@@ -25,7 +25,10 @@ from trimtab.faults.kills import read_marker
 STEP = 4
 
 
-def start(tmp: Path, fault: str) -> subprocess.Popen[bytes]:
+def start(tmp: Path, fault: str, *flags: str) -> subprocess.Popen[bytes]:
+    """``trimtab run`` of 2 workers and 3 servers with ``--fault fault`` and ``flags``,
+    40 steps of at least 50 ms each (long enough for the launcher to see a step's clock
+    before the job ends, however fast the machine)."""
     out = (tmp / "out.txt").open("wb")
     return subprocess.Popen(
         [
@@ -41,12 +44,14 @@ def start(tmp: Path, fault: str) -> subprocess.Popen[bytes]:
             fault,
             "--deadline",
             "120",
+            *flags,
             "--",
             sys.executable,
             "-m",
             "trimtab_tools.experiments._faults_worker",
             str(tmp),
             "40",
+            "0.05",
         ],
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -154,7 +159,7 @@ def test_a_server_dies_as_it_applies_its_step(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_join_starts_a_worker_once_the_job_reached_its_step(tmp_path: Path) -> None:
-    job = start(tmp_path, f"worker:+1@{STEP}")
+    job = start(tmp_path, f"worker:+1@{STEP}", "--max-workers", "3")
     try:
         note = "[trimtab] --fault: a worker joins the job (worker 2)"
         wait_for("the launcher's note", lambda: note in output(tmp_path))
