@@ -5,7 +5,7 @@ Runs BSP jobs of 2 workers and 3 servers with ``--replicas 1`` (each one ``trimt
 driven through its flags and judged from its outputs, :mod:`.faultjob`):
 
 - ``mixed``: a server killed with SIGKILL at 1/4 of the run, a worker at 1/2, a worker
-  joining at 3/4 (``--fault server:1:kill@T1 worker:1:kill@T2 worker:+1@T3``);
+  joining at 5/8 (``--fault server:1:kill@T1 worker:1:kill@T2 worker:+1@T3``);
 - ``three_servers``: three server kills in one run, of 5 servers (so that two remain to
   hold each chunk and its re-created backup);
 - ``replicas_cost``: the same job without faults, with and without ``--replicas 1``;
@@ -33,7 +33,9 @@ def scenarios(steps: int) -> dict[str, tuple[list[str], int]]:
     q = steps // 4
     return {
         "mixed": (
-            [f"server:1:kill@{q}", f"worker:1:kill@{2 * q}", f"worker:+1@{3 * q}"],
+            # The join leaves the new worker 30 steps (3 s at --pause 0.1) to start
+            # Python and torch and reach a step boundary before the job ends.
+            [f"server:1:kill@{q}", f"worker:1:kill@{2 * q}", f"worker:+1@{2 * q + q // 2}"],
             3,
         ),
         # Five servers, so that two remain to hold a chunk and its re-created backup.
@@ -103,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=80, help="steps per run (80)")
     p.add_argument(
-        "--pause", type=float, default=0.02, help="seconds each worker rests per step (0.02)"
+        "--pause", type=float, default=0.1, help="seconds each worker rests per step (0.1)"
     )
     p.add_argument("--hidden", type=int, default=64, help="the model's hidden width (64)")
     p.add_argument(

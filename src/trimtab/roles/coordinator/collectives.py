@@ -195,6 +195,20 @@ class Collectives:
             for p in parts.values()
         ]
 
+    def resize(self, num_workers: int) -> Outbox:
+        """An elastic job now has ``num_workers`` workers taking part (one was lost, or
+        joiners were admitted): barriers count them from now on, and one that every
+        worker taking part reached is released. Never blocks."""
+        self.num_workers = max(1, num_workers)
+        out: Outbox = []
+        for name, arrived in list(self._barriers.items()):
+            if len(arrived) >= self.num_workers:
+                del self._barriers[name]
+                for p, _ in arrived:
+                    self._released(p)
+                out += [Send(p, headers.ok(rid=r)) for p, r in arrived]
+        return out
+
     def left(self, rank: int) -> Outbox:
         """Worker ``rank`` left the job: refuse (BAD_STATE) every gather waiting without
         its part, and each one sent from now on, rather than keep them waiting forever."""

@@ -27,9 +27,9 @@ from typing import Any, cast
 
 from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
 from trimtab.protocol import elastic, headers
-from trimtab.protocol.messages import Header
+from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.coordinator.members import Member, Members, MemberState
-from trimtab.roles.coordinator.outbox import Outbox, Send
+from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.steps import Steps
 from trimtab.transport.base import Peer
 
@@ -163,6 +163,13 @@ class Elastic:
         log.info("worker %d joins: it starts at the next step boundary", member.rank)
         self._joiners.append((member, header))
         return []
+
+    def refuse_held(self) -> Outbox:
+        """Every worker taking part is done: the new workers still waiting for a step
+        boundary get none. Their DECLAREs are refused, saying so. Never blocks."""
+        joiners, self._joiners = self._joiners, []
+        why = "the job ended before its next step boundary: there is no step left to join"
+        return [Refuse(m.peer, h["i"], ErrorCode.BAD_STATE.value, why) for m, h in joiners]
 
     @property
     def held(self) -> list[int]:

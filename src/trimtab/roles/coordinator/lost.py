@@ -95,6 +95,7 @@ class MemberLoss:
             self._end(lost_message(member, why, self._maps.map))
             return
         out, fatal = self._elastic.lost(member, why)
+        out += self.elastic_changed()
         # If it lives after all (silent, not dead), it must not push again.
         out.append(Send(member.peer, headers.abort(why=f"worker {member.rank} was dropped")))
         out += self._collectives.left(member.rank)
@@ -117,7 +118,7 @@ class MemberLoss:
         """A REPORT's answer: at the elastic job's step boundary, else as :class:`Steps`
         answers it."""
         if self._elastic is not None and self._elastic.synchronous:
-            return self._elastic.report(member, rid, clock, sample)
+            return self._elastic.report(member, rid, clock, sample) + self.elastic_changed()
         return self._steps.reply(member, rid, clock, sample, epoch)
 
     def _hold_joiner(self, member: Member, header: Header, out: Outbox) -> bool:
@@ -135,6 +136,18 @@ class MemberLoss:
     ) -> None:
         if self._elastic is not None:
             out += self._elastic.on_ack(member.rank, header)
+            out += self.elastic_changed()
+
+    def elastic_changed(self) -> Outbox:
+        """After a loss, a join or a DONE in an elastic job: barriers count the workers
+        taking part, and once each of them is done, new workers still waiting for a
+        step boundary are refused (no step is left to join). Never blocks."""
+        if self._elastic is None:
+            return []
+        m = self._members
+        live = [r for r in m.taking_part() if r in m.workers and not m.workers[r].finished]
+        out = self._collectives.resize(len(live))
+        return out + (self._elastic.refuse_held() if not live else [])
 
     def _on_scale_workers(self, peer: Peer, header: Header, out: Outbox) -> None:
         wanted = elastic.read_scale_workers(header)["workers"]

@@ -428,6 +428,7 @@ class Coordinator(MemberLoss):
         everyone = self._members.worker_done(member)
         out.append(Send(member.peer, headers.ok(rid=header["i"])))
         out += self._collectives.left(member.rank)  # no collective waits for it forever
+        out += self.elastic_changed()
         if everyone:
             log.info("every worker is done; shutting the job down")
             out += self._members.shutdown()
