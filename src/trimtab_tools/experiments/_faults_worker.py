@@ -18,6 +18,7 @@ from pathlib import Path
 
 import trimtab
 from trimtab.data import BalancedSampler
+from trimtab.frontend.api import default_context
 from trimtab_tools.experiments.samples import (
     SAMPLES,
     SampleLog,
@@ -59,7 +60,9 @@ def main() -> None:
                 time.sleep(pause)  # steps long enough for faults to land mid-training
         epoch += 1
     log.close()
-    trimtab.barrier()  # every worker's last step is applied everywhere
+    # Every worker's last step is applied everywhere. Named: unnamed barriers are counted
+    # per process, and a worker that joined mid-run starts its count at 0.
+    default_context().barrier("end")
     if rank == 0:
         final = {
             "clock": opt.clock,
