@@ -291,15 +291,21 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scale(args: argparse.Namespace) -> int:
+def _tool_key(args: argparse.Namespace) -> JobKey | None:
+    """The job key a tool command (scale, checkpoint) proves itself with. Raises
+    :class:`ConfigError` if it was not told which job (or as :func:`auth_from_env`)."""
     if args.coordinator is None:
         raise ConfigError(
-            "which job? give --coordinator tcp://HOST:PORT and --job ID (trimtab run "
-            "prints both when started with --max-servers)"
+            "which job? give --coordinator tcp://HOST:PORT and --job ID (or "
+            "TRIMTAB_COORDINATOR and TRIMTAB_JOB; trimtab run prints both)"
         )
+    return auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
+
+
+def _scale(args: argparse.Namespace) -> int:
     if args.servers is None and args.workers is None:
         raise ConfigError("scale to what? give --servers K, --workers K, or both")
-    key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
+    key = _tool_key(args)
     if args.servers is not None:
         reply = ask_coordinator(
             args.coordinator, args.job, headers.scale(servers=args.servers), 10.0, key
@@ -316,12 +322,7 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
-    if args.coordinator is None:
-        raise ConfigError(
-            "which job? give --coordinator tcp://HOST:PORT and --job ID (or "
-            "TRIMTAB_COORDINATOR and TRIMTAB_JOB)"
-        )
-    key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
+    key = _tool_key(args)
     reply = ask_coordinator(args.coordinator, args.job, headers.checkpoint(), args.timeout, key)
     done = headers.read_checkpoint_reply(reply)
     print(f"trimtab: checkpoint at step {done['k']} written to {done['path']}", flush=True)
