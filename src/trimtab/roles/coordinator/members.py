@@ -321,8 +321,12 @@ class Members:
 
     def wanted_workers(self) -> int:
         """How many worker processes the job wants started in all (the launcher polls
-        it): those registered plus those the target still lacks."""
-        lacking = max(0, min(self.target_workers, self.max_workers) - len(self.live_workers()))
+        it): those registered plus those the target still lacks. A worker that is done
+        finished its work (it is not lacking); only a job that takes joins wants more."""
+        if not self.joins:
+            return len(self.workers)
+        staying = [m for m in self.workers.values() if m.state is not MemberState.LOST]
+        lacking = max(0, min(self.target_workers, self.max_workers) - len(staying))
         return len(self.workers) + lacking
 
     def shutdown(self) -> Outbox:
