@@ -355,17 +355,11 @@ class JobSettings:
 
 
 def _check_replicas(job: JobSettings) -> None:
-    """Raise :class:`ConfigError` unless a job with replicas can run: 2+ servers, bsp,
-    no live migration (a migration does not move backups yet)."""
+    """Raise :class:`ConfigError` unless a job with replicas can run: 2+ servers, bsp."""
     if job.servers < 2:
         raise ConfigError("--replicas 1 puts each chunk's backup on another server: --servers 2+")
     if job.consistency.mode != "bsp":
         raise ConfigError(f"--replicas needs --mode bsp, not {job.consistency.mode}")
-    if job.migrates:
-        raise ConfigError(
-            "--replicas does not combine with live migration yet (--placement psld, "
-            "--max-servers, --rebalance-every)"
-        )
 
 
 #: The components a job's flags are built from, in the order ``--help`` lists them.

@@ -26,7 +26,7 @@ import trimtab
 from tests.equivalence_job import Setup, settled_stats, train_worker
 
 optimizer, sizes, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-kills = [int(k) for k in sys.argv[4].split(",")]
+kills = [int(k) for k in sys.argv[4].split(",") if k]
 nowait = os.environ.get("REPLICA_NOWAIT") == "1"
 trimtab.init()
 setup = Setup(optimizer, tuple(int(s) for s in sizes.split(",")))

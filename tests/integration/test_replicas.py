@@ -71,24 +71,37 @@ def _run_and_kill(
 
 
 KILLS = [
-    # (optimizer, servers, {after step: the server process killed}, rank 0 waits for it)
-    ("sgd", 3, {7: "server 1"}, True),
-    ("adam", 3, {4: "server 2", 12: "server 0"}, True),  # replicas re-created, then lost
-    ("sgd", 3, {5: "server 0"}, False),  # killed while rounds and replications fly
+    # (optimizer, servers, {after step: the server process killed}, rank 0 waits for it,
+    #  --rebalance-every: forced migrations of every chunk, moving roles)
+    ("sgd", 3, {7: "server 1"}, True, 0),
+    ("adam", 3, {4: "server 2", 12: "server 0"}, True, 0),  # replicas re-created, then lost
+    ("sgd", 3, {5: "server 0"}, False, 0),  # killed while rounds and replications fly
+    ("adam", 3, {}, False, 2),  # every chunk's roles move every 2 steps: nothing lost
+    ("sgd", 3, {9: "server 2"}, False, 3),  # migrations, a death, migrations again
 ]
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
-    ("optimizer", "servers", "victims", "waits"),
+    ("optimizer", "servers", "victims", "waits", "rebalance"),
     KILLS,
-    ids=[f"{o}-{s}s-{len(v)}kills{'' if w else '-flying'}" for o, s, v, w in KILLS],
+    ids=[
+        f"{o}-{s}s-{len(v)}kills{'' if w else '-flying'}{f'-moves{r}' if r else ''}"
+        for o, s, v, w, r in KILLS
+    ],
 )
 def test_servers_killed_mid_training_lose_nothing_with_replicas(
-    tmp_path: Path, optimizer: str, servers: int, victims: dict[int, str], waits: bool
+    tmp_path: Path,
+    optimizer: str,
+    servers: int,
+    victims: dict[int, str],
+    waits: bool,
+    rebalance: int,
 ) -> None:
     sizes = (5, 19)
-    config = LaunchConfig(workers=2, servers=servers, chunk_bytes=512, replicas=1)
+    config = LaunchConfig(
+        workers=2, servers=servers, chunk_bytes=512, replicas=1, rebalance_every=rebalance
+    )
     env = None if waits else {"REPLICA_NOWAIT": "1"}
     status, lines = _run_and_kill(config, sizes, tmp_path, victims, optimizer, env)
     assert status == 0, "\n".join(lines[-60:])
@@ -110,6 +123,10 @@ def test_servers_killed_mid_training_lose_nothing_with_replicas(
     live = {s["index"] for s in stats["servers"]}
     assert set(stats["job"]["owners"]) <= live  # the dead servers own nothing
     assert sum("its backups take over" in line for line in lines) == len(victims)
+    if rebalance:  # roles moved, never bytes: each chunk onto its backup
+        assert stats["job"]["migrations"] >= 2, stats["job"]
+        assert all(s["moved_in"] == 0 for s in stats["servers"])  # no HANDOVER
+        assert sum(s["promoted"] for s in stats["servers"]) > len(victims)
     # From each kill to the next step either worker completed (reported, not asserted:
     # it is TRIMTAB_DEAD_AFTER_S, the silence that declares a server dead, and more).
     ends = sorted(t for r in (0, 1) for t in json.loads((tmp_path / f"steps{r}.json").read_text()))

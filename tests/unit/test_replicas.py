@@ -23,7 +23,8 @@ from trimtab.roles.coordinator.members import Members, MemberState
 from trimtab.roles.coordinator.outbox import Send
 from trimtab.roles.coordinator.recovery import Recovery
 from trimtab.roles.server.meter import LoadMeter
-from trimtab.roles.server.replica import ReplicaLink, Replicas
+from trimtab.roles.server.replica import Replicas
+from trimtab.roles.server.replica_link import ReplicaLink
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.store import ChunkStore
 from trimtab.runtime.credentials import Credentials
@@ -104,7 +105,7 @@ def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover
     replies = push(primary.store, 1, [3, 2, 1, 0])
     assert len(replies) == 2  # round 0 complete: to be released once replicated
     released: list[str] = []
-    message = primary.replicate(0, [lambda: released.append("values")])
+    message = primary.replicate(0, [lambda: released.append("values")], [])
     assert message is not None
     address, header, frames = message
     assert address == "inproc://s1"
@@ -124,7 +125,7 @@ def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover
     # The failover: server 0 is dead, its chunk 0 goes to its backup, server 1.
     failover = replica.failover(epoch=2, dead=0, owners=[1, 1], backups=[-1, -1], servers=[])
     got_failover, _ = wire(failover, [])
-    changed = backup.failover(replica.read_failover(got_failover))
+    changed, _ = backup.failover(replica.read_failover(got_failover))
     assert backup.store.chunks[0] is copy and backup.fence == 2 and backup.store.epoch == 2
     assert sorted(changed) == [0, 1]  # both lost their backup (no other server is live)
     # A worker resends its push of clock 0, answered already by no one: applied once.
@@ -136,12 +137,12 @@ def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover
 
 def test_a_write_of_a_stale_epoch_from_a_fenced_off_primary_is_refused() -> None:
     old_primary, backup = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
-    first = old_primary.replicate(0, [])
+    first = old_primary.replicate(0, [], [])
     assert first is not None
     backup.take(*wire(first[1], first[2]), sender=0)
     failover = replica.failover(epoch=2, dead=0, owners=[1, 1], backups=[-1, -1], servers=[])
     backup.failover(replica.read_failover(wire(failover, [])[0]))
-    message = old_primary.replicate(0, [])  # it was only slow: it still thinks it owns 0
+    message = old_primary.replicate(0, [], [])  # it was only slow: it still thinks it owns 0
     assert message is not None
     got, views = wire(message[1], message[2])
     before = backup.store.chunks[0].value.clone()
@@ -153,7 +154,7 @@ def test_a_write_of_a_stale_epoch_from_a_fenced_off_primary_is_refused() -> None
 
 def test_only_the_chunk_s_owner_may_write_its_backup() -> None:
     a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
-    message = a.replicate(0, [])
+    message = a.replicate(0, [], [])
     assert message is not None
     got, views = wire(message[1], message[2])
     with pytest.raises(ProtocolError) as refused:
@@ -164,7 +165,7 @@ def test_only_the_chunk_s_owner_may_write_its_backup() -> None:
 
 def test_a_malformed_replicate_is_refused_before_anything_changes() -> None:
     a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
-    message = a.replicate(0, [])
+    message = a.replicate(0, [], [])
     assert message is not None
     got, views = wire(message[1], message[2])
     got["lc"] = [[0, "x"]]
@@ -276,22 +277,39 @@ def link(replicas: Replicas) -> tuple[ReplicaLink, _Loop, list[Any], list[str]]:
 def test_replies_wait_for_the_backup_s_ack_and_a_refusal_stops_the_primary() -> None:
     primary, loop, _, stops = link(server(0, [0, 1], [1, 0]))
     released: list[int] = []
-    primary.after(0, [lambda: released.append(0)])
+    primary.after(0, [lambda: released.append(0)], [])
     assert released == [] and loop.sent[0][0] == b"inproc://s1"
     rid = loop.sent[0][1]["i"]
     assert primary.answer(b"inproc://s1", int(Data.ACK), rid, {}) and released == [0]
     assert not primary.answer(b"inproc://s1", int(Data.ACK), rid, {})  # settled once
-    primary.after(0, [lambda: released.append(1)])
+    primary.after(0, [lambda: released.append(1)], [])
     rid = loop.sent[1][1]["i"]
-    refusal = {"code": ErrorCode.STALE_EPOCH.value, "msg": "fenced"}
+    refusal = {"code": ErrorCode.FORBIDDEN.value, "msg": "not yours"}
     assert primary.answer(b"inproc://s1", int(Data.ERROR), rid, refusal)
-    assert released == [0] and stops and "fenced" in stops[0]
+    assert released == [0] and stops and "not yours" in stops[0]
+
+
+def test_a_stale_epoch_refusal_holds_the_replies_until_the_new_map_moves_them() -> None:
+    """A backup that took a newer map refuses a REPLICATE of the old one: the primary
+    neither stops nor releases; the MIGRATE moving the chunk away (on its way) answers
+    the held replies *moved*, to be resent to the new owner."""
+    primary, loop, _, stops = link(server(0, [0, 1], [1, 0]))
+    released: list[int] = []
+    primary.after(0, [lambda: released.append(0)], [(b"inproc://w0", 7)])
+    rid = loop.sent[0][1]["i"]
+    refusal = {"code": ErrorCode.STALE_EPOCH.value, "msg": "older map"}
+    assert primary.answer(b"inproc://s1", int(Data.ERROR), rid, refusal)
+    assert released == [] and stops == []
+    store = primary.replicas.store
+    changed, moved = primary.replicas.remap((1, 1), [0, 0], store.servers, 2)
+    assert moved == [(b"inproc://w0", 7, 0)] and changed == []  # it owns nothing now
+    assert 0 not in store.chunks and 0 in primary.replicas.copies  # now its backup
 
 
 def test_without_a_backup_replies_go_at_once() -> None:
     alone, loop, _, _ = link(server(0, [0, 0], [-1, -1]))
     released: list[int] = []
-    alone.after(1, [lambda: released.append(1)])
+    alone.after(1, [lambda: released.append(1)], [])
     assert released == [1] and loop.sent == []
 
 
@@ -317,7 +335,7 @@ def test_a_replicate_of_a_failover_map_not_yet_taken_waits_for_it() -> None:
     failover = replica.failover(epoch=2, dead=2, owners=[1, 0], backups=[0, 1], servers=servers)
     got = replica.read_failover(wire(failover, [])[0])
     new_owner.failover(got)
-    message = new_owner.replicate(1, [])
+    message = new_owner.replicate(1, [], [])
     assert message is not None
     backup, loop, _, _ = link(server(1, owners, backups))
     header, frames = wire(message[1], message[2])
@@ -342,7 +360,7 @@ def test_any_replicate_is_taken_or_refused_never_a_crash(
     key: str, value: Any, extra: list[bytes]
 ) -> None:
     a, b = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
-    message = a.replicate(0, [])
+    message = a.replicate(0, [], [])
     assert message is not None
     header, views = wire(message[1], message[2])
     header[key] = value
@@ -352,7 +370,7 @@ def test_any_replicate_is_taken_or_refused_never_a_crash(
         assert 0 not in b.copies  # refused: nothing taken
 
 
-def test_replicas_need_bsp_two_servers_and_no_live_migration() -> None:
+def test_replicas_need_bsp_and_two_servers() -> None:
     from trimtab.errors import ConfigError
     from trimtab.settings import (
         ConsistencySettings,
@@ -366,11 +384,12 @@ def test_replicas_need_bsp_two_servers_and_no_live_migration() -> None:
     for bad in (
         {"servers": 1, "elastic": one},
         {"servers": 2, "elastic": one, "consistency": ConsistencySettings("asp")},
-        {"servers": 2, "elastic": one, "placement": PlacementSettings("psld")},
-        {"servers": 2, "elastic": ElasticSettings(rebalance_every=3, replicas=1)},
     ):
         with pytest.raises(ConfigError):
             JobSettings(workers=2, **bad)  # type: ignore[arg-type]
+    # Live placement moves roles in a job with replicas (role_moves): it is allowed.
+    psld = JobSettings(workers=2, servers=2, elastic=one, placement=PlacementSettings("psld"))
+    assert psld.migrates and psld.elastic.replicas == 1
     with pytest.raises(ConfigError, match="0 or 1"):
         ElasticSettings(replicas=2)
 
@@ -398,7 +417,7 @@ def test_a_backup_that_cannot_map_shared_memory_gets_the_bytes_instead() -> None
     primary.replicas.store.servers = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # local
     released: list[int] = []
     try:
-        primary.after(0, [lambda: released.append(0)])
+        primary.after(0, [lambda: released.append(0)], [])
         first = loop.sent[-1][1]
         assert "sm" in first  # through this server's arena
         refusal = {"code": ErrorCode.NO_SHM.value, "msg": "cannot map"}
@@ -409,3 +428,40 @@ def test_a_backup_that_cannot_map_shared_memory_gets_the_bytes_instead() -> None
         assert released == [0]
     finally:
         primary.replicas.arenas.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    servers=st.integers(2, 5),
+    chunks=st.integers(1, 12),
+    data=st.data(),
+)
+def test_role_moves_reach_any_wanted_map_in_two_steps_always_held_twice(
+    servers: int, chunks: int, data: st.DataObject
+) -> None:
+    """Live placement with replicas: each step moves a chunk only onto its backup (which
+    holds it) or gives it a new backup, never co-locates a chunk and its backup, and two
+    steps reach any map the policy wants."""
+    sizes = data.draw(st.lists(st.integers(1, 1000), min_size=chunks, max_size=chunks))
+    server = st.integers(0, servers - 1)
+    owners = data.draw(st.lists(server, min_size=chunks, max_size=chunks))
+    wanted = data.draw(st.lists(server, min_size=chunks, max_size=chunks))
+    backups = policy.backups(owners, sizes, range(servers))
+    for _ in range(2):
+        new_owners, new_backups = policy.role_moves(
+            owners, backups, wanted, sizes, range(servers)
+        )
+        for cid in range(chunks):
+            assert new_owners[cid] in (owners[cid], backups[cid])  # only onto the backup
+            assert new_backups[cid] != new_owners[cid] and new_backups[cid] >= 0
+            if new_owners[cid] != owners[cid]:  # the old owner still holds it: the backup
+                assert new_backups[cid] == owners[cid]
+        owners, backups = new_owners, new_backups
+    assert owners == wanted
+
+
+def test_role_moves_take_backups_off_a_draining_server() -> None:
+    owners, backups = [0, 1, 2], [1, 2, 0]
+    new_owners, new_backups = policy.role_moves(owners, backups, [1, 1, 0], [8, 8, 8], [0, 1])
+    assert new_owners == [1, 1, 0]  # chunks 0 and 2 swap onto their backups
+    assert new_backups[1] == 0 and 2 not in new_backups  # chunk 1's backup leaves 2

@@ -5,7 +5,8 @@ are chosen here, after it, so no policy can put a chunk and its backup on one se
 :func:`backups` never gives a chunk's backup to its owner, and balances the bytes each
 server backs up. :func:`failover` is the map after a server's death: its chunks go to
 their backups, and every chunk left without a backup (its backup died, or was just
-promoted) gets a new one on another live server.
+promoted) gets a new one on another live server. :func:`role_moves` is a step of live
+placement: chunks move only onto their backups, so every chunk is held twice throughout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,33 @@ def backups(
             out[cid] = best
             load[best] += sizes[cid]
     return out
+
+
+def role_moves(
+    owners: Sequence[int],
+    backup_of: Sequence[int],
+    wanted: Sequence[int],
+    sizes: Sequence[int],
+    active: Collection[int],
+) -> tuple[list[int], list[int]]:
+    """One step of moving chunks to the owners ``wanted`` in a job with replicas, where
+    a chunk moves only onto its backup (which holds it): (new owners, new backups).
+
+    A chunk wanted on its backup swaps: the backup owns it, and the old owner backs it
+    up if it is still ``active`` (else another server does). A chunk wanted on a third
+    server gets that server as its backup now (a fresh copy), to swap onto it in the
+    next step. Other chunks keep their backup while it is active and not their owner.
+    Chunks wanted where they are stay. Pure; never blocks."""
+    new_owners = list(owners)
+    keep = list(backup_of[: len(owners)]) + [NONE] * (len(owners) - len(backup_of))
+    for cid, (owner, want) in enumerate(zip(owners, wanted, strict=True)):
+        if want == owner:
+            continue
+        if want == keep[cid]:
+            new_owners[cid], keep[cid] = want, owner
+        else:
+            keep[cid] = want
+    return new_owners, backups(new_owners, sizes, active, keep)
 
 
 def failover(

@@ -9,9 +9,9 @@ phase (never rank 0, which writes the final parameters) each followed by a join,
 ``--rebalance-every K`` (K drawn from 5..20) moving every chunk live. A job that ends
 early (aborted, or hung: no step for ``--stall`` seconds) is followed by a fresh one
 until the time is up; the job running then is stopped. Every job has
-``--replicas 1`` and ``--min-workers 1``; where ``--rebalance-every`` is refused beside
-them (replicas and live migration do not combine yet), the soak goes on without forced
-migrations and says so (``notes``).
+``--replicas 1`` and ``--min-workers 1`` (the migrations move roles: a chunk onto its
+backup); were ``--rebalance-every`` refused beside them, the soak would go on without
+forced migrations and say so (``notes``).
 
 Figures: ``jobs``, ``faults_injected``, ``lost_updates`` (over the jobs whose servers
 could be asked), ``hung``, ``leaked_processes``, ``equivalent`` per job, and the RSS of

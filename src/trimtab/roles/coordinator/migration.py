@@ -35,6 +35,9 @@ class Migration:
         acks: servers still to acknowledge the new map.
         cuts: chunk -> the clock from which its new owner holds it (from the acks).
         moving: chunks not yet handed over to their new owners.
+        backups: each chunk's backup in the new map (empty without replicas: then no
+            chunk is handed over, roles move: see :func:`trimtab.policies.replicas.
+            role_moves`).
     """
 
     epoch: int
@@ -42,6 +45,7 @@ class Migration:
     acks: frozenset[int]
     cuts: Mapping[int, int]
     moving: frozenset[int]
+    backups: tuple[int, ...] = ()
 
     @property
     def acked(self) -> bool:
@@ -60,10 +64,12 @@ def start(
     base: JobMapHeader | None,
     owners: Sequence[int],
     servers: Sequence[Member],
+    backups: Sequence[int] = (),
 ) -> tuple[Migration, Outbox]:
     """Begin moving chunks from ``current`` to ``owners``: MIGRATE (``base``, the first
     MAP's header, with the new epoch, owners and server addresses) to every server not
-    retired, each of which must acknowledge. Raises :class:`UsageError` if no map exists
+    retired, each of which must acknowledge. With ``backups`` (a job with replicas), the
+    MIGRATE carries them and nothing is handed over. Raises :class:`UsageError` if no map exists
     yet, a migration is in flight, or ``owners`` does not give every chunk to a server
     of ``servers`` that is not retired."""
     if current is None or base is None:
@@ -79,10 +85,15 @@ def start(
         c for c, (a, b) in enumerate(zip(current.owners, owners, strict=True)) if a != b
     )
     live = [m for m in servers if not m.finished]
-    migration = Migration(epoch, tuple(owners), frozenset(m.rank for m in live), {}, moving)
+    acks = frozenset(m.rank for m in live)
+    migration = Migration(
+        epoch, tuple(owners), acks, {}, frozenset() if backups else moving, tuple(backups)
+    )
     header = headers.migrate(
         job_map=base, epoch=epoch, owners=list(owners), servers=[m.addr for m in servers]
     )
+    if backups:
+        header["bk"] = list(backups)
     return migration, [Send(m.peer, header) for m in live]
 
 

@@ -111,7 +111,7 @@ class Coordinator(MemberLoss):
         )
         self._collectives = Collectives(config.num_workers)
         self._elastic = self._make_elastic(batching, consistency.synchronous)
-        self._recovery = Recovery(self._members, self._maps, config.replicas)
+        self._recovery = Recovery(self._members, self._maps, config.replicas, self._rebalancer)
         self._liveness = Liveness(config.dead_after_s)
         #: The member key: every member's credential is made from it (REGISTERED).
         self._key = credentials.new_key()

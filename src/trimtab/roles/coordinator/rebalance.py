@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from trimtab.errors import ProtocolError, UsageError
+from trimtab.policies import replicas
 from trimtab.policies.psld import PsldController, SpeedEstimator, chunk_costs, rebalance
 from trimtab.policies.scaling import ScalingPolicy
 from trimtab.protocol.messages import ErrorCode, Header
@@ -69,6 +70,9 @@ class Rebalancer:
         self.migrations = 0
         self.bytes_moved = 0
         self._last = 0  # the clock of the last migration a policy started
+        # With replicas: the owners a policy asked for, reached in role moves (a chunk
+        # moves onto its backup), one migration after another.
+        self._wanted: tuple[int, ...] | None = None
         #: While this says so, no migration starts at a step boundary (a checkpoint
         #: waits for its chunks where they are).
         self.paused: Callable[[], bool] = lambda: False
@@ -200,16 +204,30 @@ class Rebalancer:
         chunks are being placed, or ``owners`` names a server that is not there."""
         if self.maps.pending:
             raise UsageError("a map is being placed on the servers: migrate once it is held")
+        backups: list[int] = []
+        current = self.maps.map
+        if self.maps.replicas and current is not None and self.migrating is None:
+            self._wanted = tuple(owners)
+            active = [s for s, a in enumerate(self.members.active_mask()) if a]
+            owners, backups = replicas.role_moves(
+                current.owners, self.maps.backups, owners, self.maps.sizes, active
+            )
+            if tuple(owners) == current.owners and backups == self.maps.backups:
+                self._wanted = None
+                return
         self.migrating, sends = migration.start(
-            self.migrating, self.maps.map, self.maps.header, owners, self.members.servers
+            self.migrating, current, self.maps.header, owners, self.members.servers, backups
         )
-        moving = self.migrating.moving
+        moving = [c for c, o in enumerate(owners) if current and o != current.owners[c]]
+        old = self.maps.backups
+        rebacked = sum(a != b for a, b in zip(backups, old, strict=False))
         log.info(
-            "migration to epoch %d at step %d: %d chunks (%d bytes) move",
+            "migration to epoch %d at step %d: %d chunks (%d bytes) move%s",
             self.migrating.epoch,
             self.job_clock(),
             len(moving),
             sum(self.maps.sizes[c] for c in moving),
+            f" onto their backups, {rebacked} chunks get a new backup" if backups else "",
         )
         out += sends
 
@@ -222,6 +240,14 @@ class Rebalancer:
         self.migrating = after = migration.ack(before, rank, header)
         if before is not None and not before.acked and after.acked:
             addrs = [m.addr for m in self.members.servers]
+            if after.backups:  # roles moved: what the new backups were sent is moved
+                old = self.maps.backups
+                self.bytes_moved += sum(
+                    size
+                    for size, a, b in zip(self.maps.sizes, after.backups, old, strict=False)
+                    if a != b
+                )
+                self.maps.backups = list(after.backups)
             out += self.maps.publish(after.epoch, after.owners, addrs, after.cuts)
             self.members.placed(after.owners)
             if self.maps.published is not None:
@@ -240,7 +266,8 @@ class Rebalancer:
         """Retire the drained servers no request can reach any more (see
         :meth:`Members.retire_empty`)."""
         if self.maps.map is not None:
-            out += self.members.retire_empty(self.maps.map.owners, self.maps.map.epoch)
+            held = (*self.maps.map.owners, *self.maps.backups)  # a backup is held too
+            out += self.members.retire_empty(held, self.maps.map.epoch)
 
     def _finish_if_done(self, out: Outbox) -> None:
         done = self.migrating
@@ -254,6 +281,13 @@ class Rebalancer:
             self.job_clock(),
             self.migrations,
         )
+        wanted, self._wanted = self._wanted, None
+        if wanted is not None and self.maps.map is not None and wanted != self.maps.map.owners:
+            active = self.members.active_mask()
+            if all(active[o] for o in wanted if o < len(active)):
+                self.migrate(wanted, out)  # the next role move toward it
+                if self.migrating is not None:
+                    return
         self.retire(out)
         out += self.place()  # a table every worker declared meanwhile
         # A server draining, or one that joined during the migration (not yet given

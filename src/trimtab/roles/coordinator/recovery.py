@@ -28,6 +28,7 @@ from trimtab.roles.coordinator.liveness import lost_message
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Send
+from trimtab.roles.coordinator.rebalance import Rebalancer
 
 log = logging.getLogger("trimtab.coordinator")
 
@@ -50,11 +51,15 @@ class Recovery:
         members: the job's members.
         maps: the placement map (its backup table is set up here: ``maps.replicas``).
         replicas: backups per chunk (0 or 1).
+        rebalancer: live placement, whose migration in flight a failover cannot join.
     """
 
-    def __init__(self, members: Members, maps: Maps, replicas: int) -> None:
+    def __init__(
+        self, members: Members, maps: Maps, replicas: int, rebalancer: Rebalancer | None = None
+    ) -> None:
         self._members = members
         self._maps = maps
+        self._rebalancer = rebalancer
         self.replicas = replicas
         maps.replicas = replicas
         #: The failover in flight, if any.
@@ -83,6 +88,14 @@ class Recovery:
             )
         if self.failing is not None:
             return f"{who} {why} during the failover to map {self.failing.epoch}; stopping the job"
+        moving = self._rebalancer.migrating if self._rebalancer is not None else None
+        if moving is not None:
+            # Its new backups may not hold their chunks yet: which copy is the newest is
+            # not known here, so nothing is promoted on a guess.
+            return (
+                f"{who} {why} while chunks moved to map {moving.epoch} (new backups still "
+                "being filled); stopping the job: resume it from its last checkpoint"
+            )
         live = [m.rank for m in self._members.servers if not m.finished and m is not member]
         owners, backups, lost = replicas.failover(
             current.owners, self._maps.backups, self._maps.sizes, member.rank, live

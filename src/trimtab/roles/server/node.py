@@ -37,7 +37,8 @@ from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
 from trimtab.roles.server.receipt import acknowledge
-from trimtab.roles.server.replica import ReplicaLink, Replicas
+from trimtab.roles.server.replica import Replicas
+from trimtab.roles.server.replica_link import ReplicaLink
 from trimtab.roles.server.slots import SharedArenas, Slot
 from trimtab.roles.server.state import load_state, state_reply
 from trimtab.roles.server.store import Chunk, ChunkStore, Reply
@@ -257,6 +258,8 @@ class Server:
             log.info("server %d: the job has %d chunks now (epoch %d); %d new ones are mine",
                      self.index, len(self._store.specs), self._store.epoch, len(added))  # fmt: skip
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
+        elif op == Control.MIGRATE and self._replicas.replicas.backup_of:
+            self._replicas.move_roles(headers.read_migrate(header))  # roles, not bytes
         elif op == Control.MIGRATE:
             cuts = self._handover.plan(headers.read_migrate(header))
             self._loop.send(self._coord, headers.migrate_ack(epoch=self._store.epoch, cuts=cuts))
@@ -378,7 +381,7 @@ class Server:
                     peer, header, frames[1:], self._transport.through_lane(peer)
                 )
                 if replies:  # sent once the chunk's backup (if any) holds the round
-                    self._replicas.after(replies[0].chunk.spec.id, [lambda: self._answer(replies)])
+                    self._replicas.after_rounds(replies, self._answer)
             elif op == Data.PULL:
                 chunk = self._store.owned(headers.read_pull(header)["c"])
                 self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)

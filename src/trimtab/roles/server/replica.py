@@ -14,16 +14,21 @@ dead server's chunk promotes its copy to the chunk itself; every chunk whose bac
 changed is replicated afresh to its new one (what waited for the dead backup's
 acknowledgement waits for the new one's). The epoch is a fencing token: a REPLICATE
 from a server that is not the chunk's owner under a newer failover map is refused
-(STALE_EPOCH), and its sender, a primary the job declared dead, stops.
+(STALE_EPOCH), and its sender, a primary the job declared dead, holds its replies.
 
 Workers resend the pushes the dead server left unanswered; a push for a clock the
 promoted copy has applied already is answered with the value, not applied again
-(:meth:`Replicas.applied`). Nothing here sends: the server's loop does.
+(:meth:`Replicas.applied`).
+
+Live placement moves *roles*, not bytes (:meth:`Replicas.remap`, a MIGRATE of a job
+with replicas): a chunk moves only onto its backup, which promotes its copy while the
+old owner demotes the chunk to a copy (or drops it) and answers what it held of the
+chunk *moved*; a backup moves by a fresh REPLICATE to the new one. So a chunk is on two
+servers at every step of a move. Nothing here sends: :mod:`.replica_link` does.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -32,12 +37,11 @@ from typing import cast
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers, replica
-from trimtab.protocol.messages import Data, ErrorCode, Header, error_of, payload_frames
+from trimtab.protocol.messages import ErrorCode, Header, payload_frames
 from trimtab.roles.server.handover import decode_state, encode_state
 from trimtab.roles.server.replica_shm import ReplicaArenas
-from trimtab.roles.server.store import Chunk, ChunkStore, Reply
+from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.credentials import Credentials
-from trimtab.runtime.loop import NodeLoop
 from trimtab.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES, as_bytes, check_tensor_frames
 from trimtab.transport import Frame, Peer
 from trimtab.transport.shm import is_local
@@ -46,6 +50,13 @@ log = logging.getLogger("trimtab.server")
 
 #: What runs once a replication is acknowledged: sends the replies it held back.
 Release = Callable[[], None]
+
+#: The requests a release answers, (peer, request id): told *moved* instead if the
+#: chunk leaves this server before its backup acknowledged.
+Waiting = list[tuple[Peer, int]]
+
+#: Requests to answer *moved*: (peer, request id, chunk id).
+Moved = list[tuple[Peer, int, int]]
 
 #: REPLICATEs of a failover map not yet received, held at most (each is a chunk's
 #: value and state: the chunks a dead server's death gives new backups, at most).
@@ -59,13 +70,14 @@ class _InFlight:
     """A REPLICATE awaiting its ACK: its chunk, the backup it went to, its peer, and
     what its acknowledgement releases."""
 
-    __slots__ = ("backup", "chunk", "peer", "releases")
+    __slots__ = ("backup", "chunk", "peer", "releases", "waiting")
 
-    def __init__(self, chunk: int, backup: int, releases: list[Release]) -> None:
+    def __init__(self, chunk: int, backup: int, releases: list[Release], waiting: Waiting) -> None:
         self.chunk = chunk
         self.backup = backup
         self.peer: Peer | None = None
         self.releases = releases
+        self.waiting = waiting
 
 
 class Replicas:
@@ -119,12 +131,12 @@ class Replicas:
     # -- the primary's side ------------------------------------------------------------
 
     def replicate(
-        self, cid: int, releases: list[Release]
+        self, cid: int, releases: list[Release], waiting: Waiting
     ) -> tuple[str, replica.ReplicateHeader, list[Frame]] | None:
         """Chunk ``cid`` (held here) as of its last applied round, for its backup:
-        the backup's address, the REPLICATE and its frames; ``releases`` run once the
-        backup acknowledged it (:meth:`acked`). None if the chunk has no backup: the
-        caller runs ``releases`` now."""
+        the backup's address, the REPLICATE and its frames; ``releases`` (answering
+        ``waiting``) run once the backup acknowledged it (:meth:`acked`). None if the
+        chunk has no backup: the caller runs ``releases`` now."""
         backup = self.backup(cid)
         if backup < 0 or backup == self.store.index:
             return None
@@ -156,7 +168,7 @@ class Replicas:
             if shared is not None:
                 header["sm"], frames = shared, []
                 self.shared += 1
-        self.in_flight[rid] = _InFlight(cid, backup, releases)
+        self.in_flight[rid] = _InFlight(cid, backup, releases, waiting)
         return address, header, frames
 
     def sent(self, rid: int, peer: Peer) -> None:
@@ -199,13 +211,16 @@ class Replicas:
         if not 0 <= cid < len(store.specs):
             raise ProtocolError(ErrorCode.UNKNOWN_CHUNK.value, f"no chunk {cid} in this job")
         owner = store.owners[cid] if cid < len(store.owners) else -1
+        if (sender != owner or self.backup(cid) != store.index) and msg["e"] < store.epoch:
+            # Sent under an older map: its sender is to take the newer one (which moved
+            # the chunk or its backup) or was declared dead; either way it holds on.
+            raise ProtocolError(
+                ErrorCode.STALE_EPOCH.value,
+                f"chunk {cid}: a write of map epoch {msg['e']} from server {sender}; at "
+                f"epoch {store.epoch} its owner is server {owner}, its backup server "
+                f"{self.backup(cid)}",
+            )
         if sender != owner:
-            if msg["e"] < self.fence:
-                raise ProtocolError(
-                    ErrorCode.STALE_EPOCH.value,
-                    f"chunk {cid}: a write of map epoch {msg['e']} from server {sender}, "
-                    f"which is not its owner since failover epoch {self.fence}",
-                )
             raise ProtocolError(
                 ErrorCode.FORBIDDEN.value, f"chunk {cid} is server {owner}'s, not {sender}'s"
             )
@@ -248,20 +263,42 @@ class Replicas:
 
     # -- failover ----------------------------------------------------------------------
 
-    def failover(self, msg: replica.FailoverHeader) -> list[int]:
-        """Take a FAILOVER (read): the new owners and backups under epoch ``e``. The
-        copies of chunks now owned here become the chunks; copies no longer backed up
-        here are dropped. Returns the chunks owned here whose backup changed: each must
-        be replicated to its new backup (:meth:`resync`)."""
+    def failover(self, msg: replica.FailoverHeader) -> tuple[list[int], Moved]:
+        """Take a FAILOVER (read): server ``dead`` is gone; the new owners and backups
+        under epoch ``e``. As :meth:`remap`."""
+        return self.remap(
+            tuple(msg.get("owners", ())),
+            list(msg.get("bk", ())),
+            tuple(msg.get("servers", self.store.servers)),
+            msg["e"],
+            int(msg["dead"]),
+        )
+
+    def remap(
+        self,
+        owners: tuple[int, ...],
+        backups: list[int],
+        servers: tuple[str, ...],
+        epoch: int,
+        dead: int = -1,
+    ) -> tuple[list[int], Moved]:
+        """Take a map of new owners and backups under ``epoch`` (a FAILOVER, server
+        ``dead`` lost; or a MIGRATE of a job with replicas, ``dead`` -1). Copies of
+        chunks now owned here become the chunks; chunks held here and now owned
+        elsewhere are demoted (:meth:`demote`); copies no longer backed up here are
+        dropped. Returns the chunks owned here that must be replicated afresh (their
+        backup changed, or what was in flight went to ``dead``), and the requests to
+        answer *moved* (what this server held of the chunks it gave up)."""
         store = self.store
-        owners = tuple(msg.get("owners", ()))
-        backups = list(msg.get("bk", ()))
         old = list(self.backup_of)
-        store.owners = owners
-        store.servers = tuple(msg.get("servers", store.servers))
-        store.epoch = max(store.epoch, msg["e"])
-        self.fence = msg["e"]
+        store.servers = servers
+        store.epoch = max(store.epoch, epoch)
+        self.fence = epoch
         self.backup_of = backups
+        moved: Moved = []
+        for cid in [c for c in store.chunks if c < len(owners) and owners[c] != store.index]:
+            moved += [(peer, rid, cid) for peer, rid in self.demote(cid)]
+        store.owners = owners
         for cid, owner in enumerate(owners):
             if owner == store.index and cid not in store.chunks:
                 copy = self.copies.pop(cid, None)
@@ -279,26 +316,51 @@ class Replicas:
             cid
             for cid in store.chunks
             if self.backup(cid) != (old[cid] if cid < len(old) else -1)
-            or any(f.chunk == cid and f.backup == msg["dead"] for f in self.in_flight.values())
+            or any(f.chunk == cid and f.backup == dead for f in self.in_flight.values())
         ]
         log.info(
-            "server %d: failover to epoch %d (server %d lost): owns %d chunks, %d to "
-            "replicate afresh",
+            "server %d: map epoch %d (%s): owns %d chunks, %d to replicate afresh, %d "
+            "requests moved",
             store.index,
             store.epoch,
-            msg["dead"],
+            f"server {dead} lost" if dead >= 0 else "roles moved",
             len(store.chunks),
             len(changed),
+            len(moved),
         )
-        return changed
+        return changed, moved
 
-    def resync(self, cid: int) -> list[Release]:
-        """Take off the replications of chunk ``cid`` in flight (their backup changed):
-        their releases, to wait on the fresh REPLICATE to the new backup."""
-        releases: list[Release] = []
+    def demote(self, cid: int) -> Waiting:
+        """Chunk ``cid``, held here, is another server's now: it becomes this server's
+        copy if this server is its backup (else it goes), its round in progress is
+        dropped, and its replications in flight are taken off. Returns the requests
+        that waited on it (pushes of the round in progress, replies held for an ACK):
+        each is to be answered *moved*, and resent by its worker to the new owner,
+        which holds the chunk as of the last round released (or a later one: a resent
+        push of a round applied there is answered, not applied again)."""
+        chunk = self.store.chunks.pop(cid)
+        waiting: Waiting = [(r.peer, r.rid) for r in chunk.waiting]
         for rid in [r for r, f in self.in_flight.items() if f.chunk == cid]:
-            releases += self.in_flight.pop(rid).releases
-        return releases
+            waiting += self.in_flight.pop(rid).waiting
+        chunk.waiting = []
+        chunk.arrived.clear()
+        chunk.any_grad = chunk.mean_only = False
+        chunk.scale = chunk.weight_sum = 0.0
+        if self.backup(cid) == self.store.index:
+            self.copies[cid] = chunk
+        return waiting
+
+    def resync(self, cid: int) -> tuple[list[Release], Waiting]:
+        """Take off the replications of chunk ``cid`` in flight (their backup changed):
+        their releases and what they answer, to wait on the fresh REPLICATE to the
+        new backup."""
+        releases: list[Release] = []
+        waiting: Waiting = []
+        for rid in [r for r, f in self.in_flight.items() if f.chunk == cid]:
+            flight = self.in_flight.pop(rid)
+            releases += flight.releases
+            waiting += flight.waiting
+        return releases, waiting
 
 
 def _check_state(msg: replica.ReplicateHeader, frames: Sequence[memoryview]) -> None:
@@ -324,139 +386,3 @@ def _check_state(msg: replica.ReplicateHeader, frames: Sequence[memoryview]) -> 
             raise ProtocolError(
                 ErrorCode.MALFORMED.value, f"REPLICATE: state {key!r} has the wrong bytes"
             )
-
-
-class ReplicaLink:
-    """The server loop's replication executor: it sends what :class:`Replicas`
-    decides and answers what replication brings (ACKs, REPLICATE, FAILOVER, a resent
-    push). Kept beside the loop so the loop stays one line per case.
-
-    Args:
-        replicas: the decisions.
-        loop: the server's :class:`~trimtab.runtime.loop.NodeLoop`.
-        connect: the transport's ``connect`` (address -> peer).
-        coordinator: the coordinator's peer.
-        send_value: the server's VALUE sender ``(peer, rid, chunk, round)``, for a
-            resent push of a round applied already.
-        stop: stops the server with a reason (a primary fenced off).
-
-    Not thread-safe: the server's loop owns it. Nothing blocks but sends.
-    """
-
-    def __init__(
-        self,
-        replicas: Replicas,
-        loop: NodeLoop,
-        connect: Callable[[str], Peer],
-        coordinator: Peer,
-        send_value: Callable[[Peer, int, Chunk, int], None],
-        stop: Callable[[str], None],
-    ) -> None:
-        self.replicas = replicas
-        self._loop = loop
-        self._connect = connect
-        self._coord = coordinator
-        self._send_value = send_value
-        self._stop = stop
-        # REPLICATEs of a failover map this server has not taken yet, held until it has.
-        self._early: list[tuple[Peer, list[memoryview], Header, int]] = []
-
-    def after(self, cid: int, releases: list[Release]) -> None:
-        """Run ``releases`` (send a round's replies) once chunk ``cid``'s backup holds
-        the chunk as it is now; at once if it has none."""
-        message = self.replicas.replicate(cid, releases)
-        if message is None:
-            for release in releases:
-                release()
-            return
-        address, header, frames = message
-        peer = self._connect(address)
-        self.replicas.sent(header["i"], peer)
-        self._loop.send(peer, header, frames)
-
-    def after_rounds(
-        self, replies: Sequence[Reply], answer: Callable[[Sequence[Reply]], None]
-    ) -> None:
-        """Answer ``replies`` (rounds of several chunks completed at once, e.g. by a lost
-        worker: see :meth:`ChunkStore.set_workers`) chunk by chunk, each once its backup
-        holds it. Never blocks."""
-        by_chunk: dict[int, list[Reply]] = {}
-        for r in replies:
-            by_chunk.setdefault(r.chunk.spec.id, []).append(r)
-        for cid, rs in by_chunk.items():
-            self.after(cid, [functools.partial(answer, rs)])
-
-    def ack_after(self, cid: int, peer: Peer, rid: int) -> None:
-        """ACK request ``rid`` of ``peer`` (an INIT or STATE_SET of chunk ``cid``) once the
-        chunk's backup holds the chunk as it is now."""
-        self.after(cid, [lambda: self._loop.send(peer, headers.ack(rid=rid))])
-
-    def answer(self, peer: Peer, op: int, rid: int, header: Header) -> bool:
-        """An ACK or ERROR ``header`` from ``peer``: if it settles a REPLICATE, release
-        what waited for it (ACK); send it again through the sockets (NO_SHM: the backup
-        cannot map this server's shared memory); or stop this server (any other refusal,
-        e.g. STALE_EPOCH: the job declared it dead and its backups own its chunks).
-        Whether it was one."""
-        if op == Data.ERROR:
-            flight = self.replicas.settle(rid, peer)
-            if flight is None:
-                return False
-            if header.get("code") == ErrorCode.NO_SHM.value:
-                log.info("server %d: replicating through the sockets", self.replicas.store.index)
-                self.replicas.arenas.enabled = False
-                self.after(flight.chunk, flight.releases)
-                return True
-            self._stop(f"replication refused by the backup: {header.get('msg')}")
-            return True
-        releases = self.replicas.acked(rid, peer)
-        if releases is None:
-            return False
-        for release in releases:
-            release()
-        return True
-
-    def take(self, peer: Peer, frames: list[memoryview], header: Header, sender: int) -> None:
-        """A REPLICATE from server ``sender`` (credential checked): hold the copy, ACK.
-        One of a map newer than this server's (its sender took a FAILOVER first) waits
-        for this server's FAILOVER. Raises as :meth:`Replicas.take`, and a TOO_LARGE
-        :class:`ProtocolError` past :data:`EARLY_MAX` held."""
-        epoch = header.get("e")
-        if type(epoch) is int and epoch > self.replicas.store.epoch:
-            if len(self._early) >= EARLY_MAX:
-                raise ProtocolError(
-                    ErrorCode.TOO_LARGE.value, f"{EARLY_MAX} REPLICATEs of a newer map held"
-                )
-            self._early.append((peer, frames, header, sender))
-            return
-        self.replicas.take(header, frames[1:], sender)
-        self._loop.send(peer, headers.ack(rid=header["i"]))
-
-    def resent(self, peer: Peer, header: Header, chunks: dict[int, Chunk]) -> bool:
-        """Whether a PUSH (``header`` decoded, credential checked) is one a worker
-        resent after a failover for a round applied already: then it is answered with
-        the chunk's value, and not applied again. Only after a failover (a peek of
-        ``c`` and ``k``; the push's reader judges the rest)."""
-        if not self.replicas.fence:
-            return False
-        chunk = chunks.get(header.get("c", -1))
-        clock = header.get("k")
-        if chunk is None or type(clock) is not int or not self.replicas.applied(chunk, clock):
-            return False
-        self._send_value(peer, header["i"], chunk, clock)
-        return True
-
-    def failover(self, header: Header) -> None:
-        """A FAILOVER from the coordinator: promote, replicate afresh where a backup
-        changed (what waited for the old one waits for the new), FAILOVER_ACK. Raises a
-        MALFORMED :class:`ProtocolError` for a bad FAILOVER."""
-        msg = replica.read_failover(header)
-        for cid in self.replicas.failover(msg):
-            self.after(cid, self.replicas.resync(cid))
-        self._loop.send(self._coord, replica.failover_ack(epoch=msg["e"]))
-        early, self._early = self._early, []
-        for peer, frames, held, sender in early:
-            try:
-                self.take(peer, frames, held, sender)
-            except ProtocolError as exc:
-                code, text = error_of(exc)
-                self._loop.refuse(peer, held["i"], code, text, data=True)
