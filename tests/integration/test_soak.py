@@ -26,6 +26,9 @@ def test_one_minute_soak() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     soak = json.loads(out.stdout.strip().splitlines()[-1])
     assert soak["jobs"] >= 1
+    # Forced migrations ran beside the replicas (they move roles), none dropped.
+    assert soak["notes"] == [], soak["notes"]
+    assert all(job["rebalance_every"] for job in soak["runs"])
     assert soak["faults_injected"] >= 1
     assert soak["leaked_processes"] == 0
     assert soak["rss_mb"] and all(mb >= 0 for _, mb in soak["rss_mb"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -105,6 +106,8 @@ def test_soak_plans_are_seeded_and_keep_rank_0_and_a_server() -> None:
     specs = parse_faults(faults)
     assert 5 <= every <= 20
     assert len(specs) >= 5
+    steps = sorted({sp.step for sp in specs if sp.count == 0})
+    assert all(b - a >= 40 for a, b in itertools.pairwise(steps))  # a join is up
     assert all(s.index != 0 for s in specs if s.role == "worker")
     assert len({s.index for s in specs if s.role == "server"}) <= 2
     for s in specs:

@@ -448,9 +448,7 @@ def test_role_moves_reach_any_wanted_map_in_two_steps_always_held_twice(
     wanted = data.draw(st.lists(server, min_size=chunks, max_size=chunks))
     backups = policy.backups(owners, sizes, range(servers))
     for _ in range(2):
-        new_owners, new_backups = policy.role_moves(
-            owners, backups, wanted, sizes, range(servers)
-        )
+        new_owners, new_backups = policy.role_moves(owners, backups, wanted, sizes, range(servers))
         for cid in range(chunks):
             assert new_owners[cid] in (owners[cid], backups[cid])  # only onto the backup
             assert new_backups[cid] != new_owners[cid] and new_backups[cid] >= 0

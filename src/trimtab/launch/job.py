@@ -38,13 +38,12 @@ from trimtab.launch.hosts import Layout, place
 from trimtab.launch.procs import Proc as _Proc
 from trimtab.launch.procs import describe as _describe
 from trimtab.launch.procs import die_with_parent as _die_with_parent
-from trimtab.launch.procs import print_prefixed
+from trimtab.launch.procs import dump_stacks, print_prefixed, stop_late
 from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.launch.testbed import Host, Testbed
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Header
-from trimtab.runtime.diagnostics import STACK_SIGNAL
 from trimtab.settings import CheckpointSettings
 from trimtab.transport.auth import JobKey, make_secret_file, read_secret_file
 from trimtab.transport.shm import remove_job_arenas, remove_stale_arenas
@@ -374,11 +373,21 @@ class Job:
         next_poll = next_join = time.monotonic()
         deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
         lost: set[str] = set()
+        ended = 0.0  # when the coordinator exited 0: the job is over
         while True:
             workers = [p for p in self._procs if p.source.startswith("worker")]
             others = [p for p in self._procs if not p.source.startswith("worker")]
+            if not ended and any(p.source == "coordinator" and p.popen.poll() == 0 for p in others):
+                ended = time.monotonic()
+            if ended and time.monotonic() - ended > c.grace_s:  # joiners that came too late
+                joiners = [p for p in workers if int(p.source.split()[-1]) >= c.workers]
+                lost.update(p.source for p in stop_late(joiners, self._say))
             if deadline is not None and time.monotonic() >= deadline:
-                self._dump_stacks()
+                self._say(
+                    f"the job ran past its deadline ({c.deadline_s:g} s): every process "
+                    "prints its threads' stacks, then the job stops"
+                )
+                dump_stacks(self._procs)
                 return DEADLINE_STATUS
             if elastic and time.monotonic() >= next_poll:
                 self._grow()
@@ -449,18 +458,6 @@ class Job:
         for rank in range(started, started + due):
             self._say(f"--fault: a worker joins the job (worker {rank})")
             self._spawn_worker(rank)  # the coordinator gives it the next free rank
-
-    def _dump_stacks(self) -> None:
-        """Ask every live process for its threads' stacks (they print them and go on)."""
-        self._say(
-            f"the job ran past its deadline ({self.config.deadline_s:g} s): every process "
-            "prints its threads' stacks, then the job stops"
-        )
-        for p in self._procs:
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.popen.pid, STACK_SIGNAL)
-        time.sleep(1.0)  # the stacks reach the output through the readers
 
     def _await_exit(self, procs: list[_Proc]) -> None:
         deadline = time.monotonic() + self.config.grace_s

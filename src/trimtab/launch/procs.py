@@ -5,12 +5,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterable
 
-__all__ = ["Proc", "describe", "die_with_parent", "print_prefixed"]
+from trimtab.runtime.diagnostics import STACK_SIGNAL
+
+__all__ = ["Proc", "describe", "die_with_parent", "dump_stacks", "print_prefixed", "stop_late"]
 
 
 def print_prefixed(source: str, line: str) -> None:
@@ -42,3 +47,25 @@ def describe(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"{code} (killed by {signal.Signals(-code).name})"
     return str(code)
+
+
+def dump_stacks(procs: Iterable[Proc]) -> None:
+    """Ask every live process of ``procs`` for its threads' stacks (each prints them and
+    goes on). Blocks one second, for the stacks to reach the output."""
+    for p in procs:
+        if p.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.popen.pid, STACK_SIGNAL)
+    time.sleep(1.0)
+
+
+def stop_late(procs: Iterable[Proc], say: Callable[[str], None]) -> list[Proc]:
+    """Stop (SIGTERM) each process of ``procs`` still running: workers started to join a
+    job that has ended since (the coordinator exited normally, so every worker it knew
+    said it was done). Returns those stopped. Never blocks."""
+    stopped = [p for p in procs if p.popen.poll() is None]
+    for p in stopped:
+        say(f"{p.source} was started to join the job, which ended first: stopping it")
+        with contextlib.suppress(ProcessLookupError):
+            p.popen.terminate()
+    return stopped
