@@ -170,3 +170,23 @@ def test_a_join_starts_a_worker_once_the_job_reached_its_step(tmp_path: Path) ->
         stop(job)
     assert output(tmp_path).count("a worker joins the job") == 1
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("steps", [40, 140])
+def test_a_worker_started_to_join_as_the_job_ends_does_not_hang_it(steps: int) -> None:
+    """A join due near the end: the new worker is still importing torch when the others
+    finish (40 steps), or registers while they run and declares once they are done (140
+    steps, about 3 s after the join, on this machine). Either way the job ends with 0:
+    the launcher stops a joiner whose job ended first, the coordinator refuses a DECLARE
+    that has no step left to join (both hung until stopped)."""
+    from trimtab_tools.experiments.faultjob import judge, run_job
+    from trimtab_tools.experiments.faults import JOB_FLAGS
+
+    faults = ["worker:1:kill@30:after-reply", "worker:+1@32"]
+    seen = run_job(steps, faults, JOB_FLAGS, pause_s=0.02, stall_s=40, deadline_s=90)
+    verdict = judge(seen, steps)
+    assert seen.status == 0 and not seen.hung, "\n".join(seen.lines[-30:])
+    assert verdict["completed"] and verdict["lost_updates"] == 0
+    assert verdict["leaked_processes"] == 0
+    assert any("a worker joins the job" in line for line in seen.lines)

@@ -128,7 +128,9 @@ class MemberLoss:
             return False
         if not self._elastic.joining(member):
             return False
-        out += self._elastic.hold(member, header)
+        # Held for the next step boundary; refused at once if none is left (every worker
+        # taking part is done already: its DECLARE came after the last DONE).
+        out += self._elastic.hold(member, header) + self.elastic_changed()
         return True
 
     def _on_workers_ack(
