@@ -93,3 +93,32 @@ def test_a_handover_nobody_expects_is_refused() -> None:
     assert message is not None
     with pytest.raises(ProtocolError, match="does not expect it"):
         new.arrive(message[1], [memoryview(bytes(f)) for f in message[2]], sender=0)
+
+
+def test_between_servers_of_one_machine_the_bytes_go_through_shared_memory() -> None:
+    """A HANDOVER to a server on this machine carries only its header (the value and the
+    optimizer state are in the old owner's arena); the new owner copies them out, so
+    the arena may be reused once it acknowledged."""
+    old, new = servers()
+    try:
+        push(old.store, 0, [1, 1, 1, 1], chunk=0)
+        push(old.store, 1, [3, 3, 3, 3], chunk=0)
+        old.plan(migrate([1, 0]))
+        new.plan(migrate([1, 0]))
+        old.store.servers = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+        message = old.ready(0)
+        assert message is not None
+        _, header, frames = message
+        assert frames == [] and header["sm"][2] == 4 * 4 * 2  # value and momentum, fp32
+        new.arrive(header, [], sender=0)
+        got = new.store.chunks[0]
+        assert got.value.tolist() == [-1.0] * 4 and (got.version, got.round) == (1, 1)
+        assert got.optimizer is not None
+        buf = got.optimizer.optimizer.state[got.optimizer.param]["momentum_buffer"]
+        assert torch.equal(buf, torch.full((4,), 2.0))
+        header["sm"][0] = header["sm"][0].replace("s0-", "s1-")  # not the sender's arena
+        with pytest.raises(ProtocolError, match="arena"):
+            Handover(new.store, new.credentials).arenas.read(header, header["sm"], [])
+    finally:
+        old.arenas.close()
+        new.arenas.close()

@@ -354,6 +354,8 @@ class HandoverHeader(WireHeader):
     hp: NotRequired[dict[str, Any]]  # server mode: the optimizer's hyperparameters
     st: NotRequired[dict[str, list[Any]]]  # server mode: state key -> ["t", dtype, shape]
     # (a tensor: the next frame) or ["v", value]
+    sm: NotRequired[list[Any]]  # [arena, offset, bytes]: the frames' bytes in the sender's
+    # shared memory, one after the other (one machine; no frame follows the header)
 
 
 def handover(
@@ -406,7 +408,9 @@ _HANDOVER_KEYS: KeySpec = (
 
 def read_handover(header: Header) -> HandoverHeader:
     """Checks every key's type, and that ``p`` is three ints."""
-    fields(header, _HANDOVER_KEYS, (("hp", dict), ("st", dict), ("s", int), ("t", bytes)))
+    fields(
+        header, _HANDOVER_KEYS, (("hp", dict), ("st", dict), ("s", int), ("t", bytes), ("sm", list))
+    )
     if len(int_list(header, "p")) != 3:
         raise ProtocolError(ErrorCode.MALFORMED.value, "'p' must be [pushes, dropped, discounted]")
     return cast(HandoverHeader, header)

@@ -10,13 +10,26 @@ on their way when the new map came were all answered *moved* and sent again, and
 step paid for the round trips (issue 20's migration pause); cut after it, the step runs
 as if nothing moved, the chunks go as their round is answered, during the workers'
 next compute, and the workers route the next step by the new map (MAP_NEWS).
+
+A big move is spread over :data:`SPREAD_STEPS` steps (:func:`spread`): the chunks
+leaving a server are cut at successive rounds, a like share of their bytes at each, so
+no one step pays for moving them all (issue 20's migration pause: a forced migration of
+every chunk of a 32 MiB model, on 2 cores, made its step up to 2 x its neighbours). A
+move of at most :data:`SPREAD_MIN_BYTES` goes at once, as a PSLD move of a few chunks
+off a slow server should.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from trimtab.roles.server.store import Chunk, ChunkStore
+
+#: Steps a big move is spread over (each cut one round after the previous share's).
+SPREAD_STEPS = 4
+
+#: Bytes leaving a server at once, at most, before a move is spread.
+SPREAD_MIN_BYTES = 4 << 20
 
 
 def rounds_under_way(store: ChunkStore) -> dict[int, int]:
@@ -36,3 +49,19 @@ def cut_of(chunk: Chunk, table: int, under_way: Mapping[int, int]) -> int:
     :func:`rounds_under_way`), else at it. Pure."""
     started = bool(chunk.arrived) or under_way.get(table) == chunk.round
     return chunk.round + (1 if started else 0)
+
+
+def spread(store: ChunkStore, leaving: Sequence[int]) -> dict[int, int]:
+    """Per chunk of ``leaving`` (held here, in order), the rounds its cut comes after the
+    first: 0 for all if they hold at most :data:`SPREAD_MIN_BYTES`, else 0 to
+    ``SPREAD_STEPS - 1``, each value for a like share of their bytes. Pure."""
+    sizes = [store.chunks[c].spec.nbytes for c in leaving]
+    total = sum(sizes)
+    if total <= SPREAD_MIN_BYTES:
+        return dict.fromkeys(leaving, 0)
+    out: dict[int, int] = {}
+    before = 0
+    for cid, size in zip(leaving, sizes, strict=True):
+        out[cid] = before * SPREAD_STEPS // total
+        before += size
+    return out

@@ -95,7 +95,7 @@ class Server:
         self._arenas = SharedArenas(config.job)
         self._store = ChunkStore(self.meter, self._arenas)
         self._credentials = Credentials(config.job)
-        self._handover = Handover(self._store, self._credentials)
+        self._handover = Handover(self._store, self._credentials, config.shared_memory)
         self._replicas = ReplicaLink(
             Replicas(self._store, self._credentials, config.shared_memory),
             self._loop,
