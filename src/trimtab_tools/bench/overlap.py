@@ -11,7 +11,12 @@ is the data path's overlap, not 2 cores' contention. In one run, side by side:
   * ``overlap_fifo``: ``DistributedOptimizer(model=...)``, servers merge in arrival order;
   * ``overlap``: ``model=`` with the servers' priority (first layers first).
 
-``ideal_step_s`` = max(compute, comm): the step no overlap can beat.
+``ideal_step_s`` = max(compute, comm): the step no overlap can beat. On a shaped bed it
+is not reachable either: backward makes the first layer's gradient last, and the next
+forward needs that layer's new value first, so at least its push and its value cross the
+link after the compute. ``bound_step_s`` = compute + 2 x the first layer's bytes / the
+link rate is that floor (``overlap_over_bound``: how close the overlap comes to it);
+with few, big layers it is well above ``ideal_step_s``.
 
 ``--testbed``: each role on its own host of a test bed, every link shaped by ``tc`` to
 ``--rate-mbit`` (default 800), so that the links, not the cores, bound communication
@@ -162,7 +167,16 @@ def main(args: argparse.Namespace) -> int:
                 bed = stack.enter_context(shaped_bed(HOSTS, args.rate_mbit))
             result = measure(args.layers, args.width, forward_ms, args.steps, args.chunk_bytes, bed)
         if bed is not None:
-            result.update(testbed=True, hosts=HOSTS, rate_mbit=args.rate_mbit)
+            link = args.rate_mbit * 1e6 / 8  # bytes/s, each way
+            first = (args.width * args.width + args.width) * 4
+            bound = result["compute_step_s"] + 2 * first / link
+            result.update(
+                testbed=True,
+                hosts=HOSTS,
+                rate_mbit=args.rate_mbit,
+                bound_step_s=round(bound, 5),
+                overlap_over_bound=round(result["overlap_step_s"] / bound, 3),
+            )
     except RuntimeError as exc:
         print(f"trimtab bench overlap: {exc}", file=sys.stderr)
         return 1

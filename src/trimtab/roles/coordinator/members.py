@@ -184,7 +184,8 @@ class Members:
             elif rank >= self.num_workers or rank < 0:
                 raise ProtocolError(
                     ErrorCode.BAD_STATE.value,
-                    f"no worker rank free (the job has {self.num_workers})",
+                    f"no worker rank free (the job has {self.num_workers}; workers join a "
+                    "running job started with --max-workers K, under --mode bsp)",
                 )
             left = self.workers.get(rank)
             if left is not None and left.state not in (MemberState.LEFT, MemberState.DONE):
