@@ -463,3 +463,23 @@ def test_role_moves_take_backups_off_a_draining_server() -> None:
     new_owners, new_backups = policy.role_moves(owners, backups, [1, 1, 0], [8, 8, 8], [0, 1])
     assert new_owners == [1, 1, 0]  # chunks 0 and 2 swap onto their backups
     assert new_backups[1] == 0 and 2 not in new_backups  # chunk 1's backup leaves 2
+
+
+def test_with_psld_s_speeds_a_chunk_moved_off_a_slow_server_is_not_backed_up_there() -> None:
+    """A swap would leave the slow old owner as the backup, and every round's values
+    would wait for its acknowledgement: with speeds, backups go to fast servers, and a
+    slow server keeps none; a chunk wanted on it still gets there (two steps)."""
+    owners, backups = [2, 2, 0, 1], [0, 1, 2, 2]
+    speeds = [1.0, 1.0, 0.2]
+    new_owners, new_backups = policy.role_moves(
+        owners, backups, [0, 1, 0, 1], [8] * 4, [0, 1, 2], speeds
+    )
+    assert new_owners == [0, 1, 0, 1]  # both swapped onto their backups
+    assert 2 not in new_backups and all(
+        b != o for b, o in zip(new_backups, new_owners, strict=True)
+    )
+    wanted = [2, 1, 0, 1]  # the policy gives chunk 0 back to the slow server
+    step, backed = policy.role_moves(new_owners, new_backups, wanted, [8] * 4, [0, 1, 2], speeds)
+    assert backed[0] == 2  # first its backup
+    step, backed = policy.role_moves(step, backed, wanted, [8] * 4, [0, 1, 2], speeds)
+    assert step == wanted

@@ -16,31 +16,52 @@ from collections.abc import Collection, Sequence
 #: A backup table's entry for a chunk without a backup.
 NONE = -1
 
+#: With speeds known (PSLD), a server slower than this share of the fastest keeps no
+#: backup: a round's values wait for its backup's acknowledgement, so a slow backup
+#: stalls its chunks as a slow owner would.
+SLOW_BACKUP = 0.5
+
 
 def backups(
     owners: Sequence[int],
     sizes: Sequence[int],
     live: Collection[int],
     keep: Sequence[int] = (),
+    speeds: Sequence[float] | None = None,
 ) -> list[int]:
     """Each chunk's backup server: another of ``live`` than its owner, the one backing
     up the fewest bytes so far (ties: the lowest index), or :data:`NONE` where no other
     live server exists. ``keep``: a backup table to keep where its entry is still
-    valid (live, not the owner); the others are chosen anew. Pure; never blocks."""
+    valid (live, not the owner); the others are chosen anew. With ``speeds`` (each
+    server's measured speed), bytes are weighed by speed, and a server slower than
+    :data:`SLOW_BACKUP` of the fastest keeps nothing and gets nothing while another
+    server can take it. Pure; never blocks."""
     servers = sorted(live)
     load = dict.fromkeys(servers, 0)
+    rate = dict.fromkeys(servers, 1.0)
+    if speeds:
+        known = [speeds[s] for s in servers if s < len(speeds) and speeds[s] > 0]
+        for s in servers:
+            if known:
+                rate[s] = speeds[s] if s < len(speeds) and speeds[s] > 0 else max(known)
+        fastest = max(rate.values(), default=1.0)
+        slow = {s for s in servers if rate[s] < SLOW_BACKUP * fastest}
+    else:
+        slow = set()
     out = [NONE] * len(owners)
     for cid, backup in enumerate(keep[: len(owners)]):
-        if backup in load and backup != owners[cid]:
+        if backup in load and backup != owners[cid] and backup not in slow:
             out[cid] = backup
             load[backup] += sizes[cid]
-    # The biggest chunks first: a greedy balance of bytes.
+    # The biggest chunks first: a greedy balance of bytes (by speed, where known).
     for cid in sorted(range(len(owners)), key=lambda c: -sizes[c]):
         if out[cid] != NONE:
             continue
         candidates = [s for s in servers if s != owners[cid]]
+        fast = [s for s in candidates if s not in slow]
+        candidates = fast or candidates
         if candidates:
-            best = min(candidates, key=lambda s: (load[s], s))
+            best = min(candidates, key=lambda s: ((load[s] + sizes[cid]) / rate[s], s))
             out[cid] = best
             load[best] += sizes[cid]
     return out
@@ -52,6 +73,7 @@ def role_moves(
     wanted: Sequence[int],
     sizes: Sequence[int],
     active: Collection[int],
+    speeds: Sequence[float] | None = None,
 ) -> tuple[list[int], list[int]]:
     """One step of moving chunks to the owners ``wanted`` in a job with replicas, where
     a chunk moves only onto its backup (which holds it): (new owners, new backups).
@@ -60,17 +82,24 @@ def role_moves(
     up if it is still ``active`` (else another server does). A chunk wanted on a third
     server gets that server as its backup now (a fresh copy), to swap onto it in the
     next step. Other chunks keep their backup while it is active and not their owner.
-    Chunks wanted where they are stay. Pure; never blocks."""
+    Chunks wanted where they are stay. With ``speeds`` (PSLD's), backups avoid slow
+    servers (see :func:`backups`): a chunk moved off a slow server does not leave it as
+    that chunk's backup. Pure; never blocks."""
     new_owners = list(owners)
     keep = list(backup_of[: len(owners)]) + [NONE] * (len(owners) - len(backup_of))
+    toward: dict[int, int] = {}  # chunk -> the server it is wanted on, its next backup
     for cid, (owner, want) in enumerate(zip(owners, wanted, strict=True)):
         if want == owner:
             continue
         if want == keep[cid]:
             new_owners[cid], keep[cid] = want, owner
         else:
-            keep[cid] = want
-    return new_owners, backups(new_owners, sizes, active, keep)
+            keep[cid] = toward[cid] = want
+    out = backups(new_owners, sizes, active, keep, speeds)
+    for cid, want in toward.items():  # the step toward the wanted owner, slow or not
+        if want in active:
+            out[cid] = want
+    return new_owners, out
 
 
 def failover(

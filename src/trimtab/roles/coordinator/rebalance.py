@@ -209,8 +209,10 @@ class Rebalancer:
         if self.maps.replicas and current is not None and self.migrating is None:
             self._wanted = tuple(owners)
             active = [s for s, a in enumerate(self.members.active_mask()) if a]
+            n = len(self.members.servers)
+            speeds = self.speeds.speeds(n) if self.psld is not None else None
             owners, backups = replicas.role_moves(
-                current.owners, self.maps.backups, owners, self.maps.sizes, active
+                current.owners, self.maps.backups, owners, self.maps.sizes, active, speeds
             )
             if tuple(owners) == current.owners and backups == self.maps.backups:
                 self._wanted = None
