@@ -141,8 +141,18 @@ def test_ctrl_c_or_sigterm_stops_everything(
         ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert len(children) == 4  # coordinator, server, 2 workers
+    before = _signal_state(proc.pid)
     proc.send_signal(sig)
-    rest = proc.communicate(timeout=30)[0]
+    try:
+        rest = proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        # Seen twice in full runs of the suite (never alone): say where the launcher was.
+        state = _signal_state(proc.pid)
+        proc.kill()
+        raise AssertionError(
+            f"the launcher did not stop within 30 s of {sig.name}; before it: {before}; "
+            f"after: {state}"
+        ) from None
     assert proc.returncode == status  # 128 + the signal, as a shell reports it
     assert f"{said}; stopping every process of the job" in rest
     time.sleep(0.5)
@@ -327,3 +337,23 @@ def test_a_launcher_killed_outright_leaves_no_arena(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert processes_of(job) == []
     assert arenas() == []
+
+
+def _signal_state(pid: int) -> str:
+    """A process's signal masks and each thread's state and kernel wait channel, from
+    /proc (for a failure message)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        masks = [line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
+        threads = []
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            state = next(
+                (x for x in (task / "status").read_text().splitlines() if x.startswith("State")),
+                "",
+            )
+            threads.append(
+                f"{task.name}:{state.split(':')[-1].strip()}:{(task / 'wchan').read_text()}"
+            )
+        return f"{masks}; threads {threads}"
+    except OSError as exc:
+        return f"unreadable ({exc})"
