@@ -284,9 +284,10 @@ class Rebalancer:
             self.migrations,
         )
         wanted, self._wanted = self._wanted, None
-        if wanted is not None and self.maps.map is not None and wanted != self.maps.map.owners:
+        current = self.maps.map
+        if wanted is not None and current is not None and wanted != current.owners:
             active = self.members.active_mask()
-            if all(active[o] for o in wanted if o < len(active)):
+            if not self.maps.pending and all(o < len(active) and active[o] for o in wanted):
                 self.migrate(wanted, out)  # the next role move toward it
                 if self.migrating is not None:
                     return
