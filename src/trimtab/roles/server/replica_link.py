@@ -94,9 +94,9 @@ class ReplicaLink:
     def answer(self, peer: Peer, op: int, rid: int, header: Header) -> bool:
         """An ACK or ERROR ``header`` from ``peer``: if it settles a REPLICATE, release
         what waited for it (ACK); send it again through the sockets (NO_SHM: the backup
-        cannot map this server's shared memory); or stop this server (any other refusal,
-        e.g. STALE_EPOCH: the job declared it dead and its backups own its chunks).
-        Whether it was one."""
+        cannot map this server's shared memory); hold its replies (STALE_EPOCH: a newer
+        map, on its way here, moves them, or the job declared this server dead); or stop
+        this server (any other refusal). Whether it was one."""
         if op == Data.ERROR:
             flight = self.replicas.settle(rid, peer)
             if flight is None:
@@ -187,11 +187,12 @@ class ReplicaLink:
         for peer, rid, cid in moved:
             owner = store.owners[cid]
             self._loop.send(peer, headers.moved(rid=rid, chunk=cid, owner=owner, epoch=store.epoch))
-        left = [len(changed)]
+        left = len(changed)
 
         def one_held() -> None:
-            left[0] -= 1
-            if left[0] == 0:
+            nonlocal left
+            left -= 1
+            if left == 0:
                 ack()
 
         for cid in changed:
