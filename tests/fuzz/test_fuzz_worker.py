@@ -16,8 +16,9 @@ from tests.fuzz.strategies import frames, headers_of, values
 from trimtab.errors import ChunkMoved, JobAborted, ProtocolError, RemoteError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, Data, encode
-from trimtab.roles.worker.client import Reply, SharedMemoryRefused, WorkerClient
+from trimtab.roles.worker.client import WorkerClient
 from trimtab.roles.worker.config import WorkerConfig
+from trimtab.roles.worker.replies import Reply, SharedMemoryRefused
 from trimtab.transport import Fabric
 
 JOB = "fuzz"

@@ -1,8 +1,9 @@
-"""P3's send side over real sockets: a worker with a bound on push bytes in flight per
+"""P3's credit over real sockets: a worker with a bound on push bytes in flight per
 server holds later layers' pushes back and sends them first layers first as credit
 returns; credit returns on receipt, so two workers that push in opposite orders, each
 with room for one chunk, never wait on each other (credit on reply would deadlock them:
-each one's first push waits for the other's, held behind it)."""
+each one's first push waits for the other's, held behind it). The servers hold their
+values to the same window, and each value the worker reads is credited back."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from tests.conftest import processes_of
 from trimtab import Context, WorkerConfig
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.protocol.messages import Data, decode
-from trimtab.roles.server.receipt import acknowledge
+from trimtab.roles.server.receipt import Receipts
+from trimtab.runtime.credit import window_from_env
 
 CHUNK = 64 * 1024  # bytes: each parameter below is one chunk
 NUMEL = CHUNK // 4
@@ -50,16 +52,18 @@ def test_held_pushes_reach_the_server_first_layers_first(
     received: list[int] = []
     stalled = threading.Event()
 
-    def slow_receipts(batch: list[Any], loop: Any) -> list[Any]:
-        pushes = [decode(frames[0], loop.job).get("o") == Data.PUSH for _, frames, _ in batch]
+    acknowledge = Receipts.acknowledge
+
+    def slow_receipts(self: Receipts, batch: list[Any]) -> list[Any]:
+        pushes = [decode(frames[0], self._loop.job).get("o") == Data.PUSH for _, frames, _ in batch]
         if any(pushes) and not stalled.is_set():  # the first push: its credit waits
             stalled.set()
             time.sleep(1.0)
-        out = acknowledge(batch, loop)
+        out = acknowledge(self, batch)
         received.extend(h["c"] for _, _, h in out if h is not None and h.get("o") == Data.PUSH)
         return out
 
-    monkeypatch.setattr(trimtab.roles.server.node, "acknowledge", slow_receipts)
+    monkeypatch.setattr(Receipts, "acknowledge", slow_receipts)
     cluster = cluster_factory(workers=1, servers=1, transport="tcp", chunk_bytes=CHUNK)
     ctx = Context(
         WorkerConfig(
@@ -89,6 +93,11 @@ def test_held_pushes_reach_the_server_first_layers_first(
         # Step 1: d first (nothing was in flight), then the held ones, first layers first.
         assert received[:4] == [3, 0, 1, 2], received
         assert sorted(received[4:]) == [0, 1, 2, 3]
+        # The server held its values to the same window: room for one, each credited
+        # back as the worker read it (else the second step would never have ended).
+        values = cluster.servers[0]._receipts.values.stats
+        assert values.admitted + values.held == 8, values
+        assert values.peak_bytes == CHUNK, values
         # Every chunk was updated once per step, as one process's SGD does it.
         local = [torch.nn.Parameter(torch.ones(NUMEL)) for _ in NAMES]
         sgd = torch.optim.SGD(local, lr=0.5)
@@ -98,6 +107,25 @@ def test_held_pushes_reach_the_server_first_layers_first(
             sgd.step()
         for got, want in zip(params, local, strict=True):
             assert torch.allclose(got.detach(), want.detach())
+    finally:
+        ctx.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_default_window_is_one_chunk_of_the_job(cluster_factory) -> None:
+    """Unset, TRIMTAB_CREDIT_BYTES leaves one chunk in flight each way: the window is the
+    job's chunk size, which the worker learns when it registers."""
+    cluster = cluster_factory(workers=1, servers=1, transport="tcp", chunk_bytes=CHUNK)
+    config = WorkerConfig(
+        coordinator=cluster.coordinator.address,
+        job=cluster.job,
+        rank=0,
+        shared_memory=False,
+        credit_bytes=window_from_env({}),
+    )
+    ctx = Context(config)
+    try:
+        assert ctx.client.credit is not None and ctx.client.credit.window == CHUNK
     finally:
         ctx.close()
 

@@ -1,6 +1,7 @@
-"""P3's send side as pure logic: the worker's credit gate (a bound on push bytes in
-flight per server, held pushes released first layers first), the server's receipts
-(a CREDIT per push that asks for one, before anything is merged), and CREDIT's codec."""
+"""P3's credit as pure logic: the gate (a bound on bytes in flight per peer, held
+messages released first layers first), the server's receipts (a CREDIT per push that
+asks for one, before anything is merged; its values held to each worker's window and
+released by that worker's CREDITs), and CREDIT's codec."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ from typing import Any
 
 import pytest
 
+from trimtab.core.chunks import ChunkSpec
 from trimtab.errors import ConfigError, ProtocolError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, Data, decode, encode
-from trimtab.roles.server.receipt import acknowledge
-from trimtab.roles.worker.credit import DEFAULT_WINDOW, ENV, CreditGate, window_from_env
+from trimtab.roles.server.meter import LoadMeter
+from trimtab.roles.server.receipt import Receipts
+from trimtab.roles.server.store import Chunk
+from trimtab.runtime.credit import ENV, ONE_CHUNK, CreditGate, window_from_env
 
 MIB = 1 << 20
 
 
 def test_pushes_within_the_window_go_at_once_the_rest_wait_for_credit() -> None:
-    gate: CreditGate[str] = CreditGate(2 * MIB)
+    gate: CreditGate[str, str] = CreditGate(2 * MIB)
     assert gate.admit("s0", 1, MIB, 5, "c5")
     assert gate.admit("s0", 2, MIB, 4, "c4")
     assert not gate.admit("s0", 3, MIB, 3, "c3")  # the window is full: held
@@ -35,7 +39,7 @@ def test_pushes_within_the_window_go_at_once_the_rest_wait_for_credit() -> None:
 def test_held_pushes_are_released_first_layers_first() -> None:
     """Backward pushes the last layers first; once credit returns, the held push of the
     lowest chunk id goes, whatever order they were pushed in."""
-    gate: CreditGate[int] = CreditGate(MIB)
+    gate: CreditGate[str, int] = CreditGate(MIB)
     assert gate.admit("s", 100, MIB, 7, 7)
     for rid, chunk in enumerate((6, 5, 4, 3, 2, 1, 0), start=101):
         assert not gate.admit("s", rid, MIB, chunk, chunk)
@@ -53,7 +57,7 @@ def test_held_pushes_are_released_first_layers_first() -> None:
 def test_a_push_of_higher_priority_waits_behind_none_held_after_it() -> None:
     """A new push while others are held is held too (it may not overtake the window),
     but it goes before them if its priority is higher."""
-    gate: CreditGate[str] = CreditGate(MIB)
+    gate: CreditGate[str, str] = CreditGate(MIB)
     assert gate.admit("s", 1, MIB, 9, "c9")
     assert not gate.admit("s", 2, MIB, 8, "c8")
     assert not gate.admit("s", 3, MIB // 2, 0, "c0")
@@ -63,7 +67,7 @@ def test_a_push_of_higher_priority_waits_behind_none_held_after_it() -> None:
 
 
 def test_release_fills_the_window_in_priority_order() -> None:
-    gate: CreditGate[str] = CreditGate(MIB)
+    gate: CreditGate[str, str] = CreditGate(MIB)
     assert gate.admit("s", 1, MIB, 9, "c9")
     assert not gate.admit("s", 2, MIB // 2, 8, "c8")
     assert not gate.admit("s", 3, MIB // 2, 0, "c0")
@@ -73,7 +77,7 @@ def test_release_fills_the_window_in_priority_order() -> None:
 
 
 def test_arrival_order_when_not_ordered() -> None:
-    gate: CreditGate[str] = CreditGate(MIB, ordered=False)
+    gate: CreditGate[str, str] = CreditGate(MIB, ordered=False)
     assert gate.admit("s", 1, MIB, 9, "c9")
     for rid, chunk in ((2, 8), (3, 0), (4, 5)):
         assert not gate.admit("s", rid, MIB, chunk, f"c{chunk}")
@@ -81,7 +85,7 @@ def test_arrival_order_when_not_ordered() -> None:
 
 
 def test_a_push_bigger_than_the_window_goes_alone() -> None:
-    gate: CreditGate[str] = CreditGate(MIB)
+    gate: CreditGate[str, str] = CreditGate(MIB)
     assert gate.admit("s", 1, 3 * MIB, 0, "big")  # nothing in flight: it goes
     assert not gate.admit("s", 2, 1, 1, "small")
     assert gate.credit("s", 1) == ["small"]
@@ -92,7 +96,7 @@ def test_a_push_bigger_than_the_window_goes_alone() -> None:
 def test_unknown_and_repeated_credit_change_nothing() -> None:
     """A reply also credits its push (in case no CREDIT came): the CREDIT that came
     first already did, and a reply to a request that was never gated does nothing."""
-    gate: CreditGate[str] = CreditGate(MIB)
+    gate: CreditGate[str, str] = CreditGate(MIB)
     assert gate.admit("s", 1, MIB, 0, "a")
     assert not gate.admit("s", 2, MIB, 1, "b")
     assert gate.credit("s", 99) == [] and gate.credit("elsewhere", 1) == []
@@ -103,7 +107,7 @@ def test_unknown_and_repeated_credit_change_nothing() -> None:
 
 
 def test_the_window_from_the_environment() -> None:
-    assert window_from_env({}) == DEFAULT_WINDOW
+    assert window_from_env({}) == ONE_CHUNK
     assert window_from_env({ENV: "0"}) == 0
     assert window_from_env({ENV: "65536"}) == 65536
     for bad in ("-1", "4MiB"):
@@ -156,7 +160,7 @@ def test_the_server_credits_each_push_that_asks_as_it_reads_it() -> None:
         (b"coord", [memoryview(encode({"o": int(Control.OK), "i": 0, "j": "job"}))], None),
         (b"i:w2", _push(10, 1, ak=True), None),
     ]
-    out = acknowledge(batch, loop)  # type: ignore[arg-type]
+    out = Receipts(loop, LoadMeter()).acknowledge(batch)  # type: ignore[arg-type]
     assert [(peer, h["o"], h["i"]) for peer, h in loop.sent] == [
         (b"i:w0", int(Data.CREDIT), 7),
         (b"i:w2", int(Data.CREDIT), 10),
@@ -166,3 +170,57 @@ def test_the_server_credits_each_push_that_asks_as_it_reads_it() -> None:
     assert [m[1] for m in out] == [m[1] for m in batch]
     assert out[0][2] is not None and out[0][2]["c"] == 3
     assert out[2][2] is None
+
+
+def _chunk(cid: int, numel: int) -> Chunk:
+    chunk = Chunk(ChunkSpec(cid, cid, 0, 0, numel, "float32"), None)
+    chunk.value.fill_(float(cid))
+    return chunk
+
+
+def _credit_from(peer: bytes, rid: int) -> tuple[bytes, list[memoryview], None]:
+    return (peer, [memoryview(encode({"o": int(Data.CREDIT), "i": rid, "j": "job"}))], None)
+
+
+def test_a_server_holds_values_to_the_workers_window_and_releases_first_layers_first() -> None:
+    """Rounds complete last layers first; past the worker's window (its pushes' vk) the
+    values wait, and each value the worker credits releases the held one of the lowest
+    chunk id. Another worker's window is its own."""
+    loop = _Loop()
+    receipts = Receipts(loop, LoadMeter())  # type: ignore[arg-type]
+    chunks = {cid: _chunk(cid, MIB // 4) for cid in range(4)}  # 1 MiB each
+    window = 2 * MIB
+    for rid, cid in zip((13, 12, 11, 10), (3, 2, 1, 0), strict=True):  # backward's order
+        receipts.value(b"i:w0", rid, chunks[cid], chunks[cid].value, 1, None, window)
+    receipts.value(b"i:w1", 20, chunks[3], chunks[3].value, 1, None, window)
+    assert [(p, h["c"], h.get("ak")) for p, h in loop.sent] == [
+        (b"i:w0", 3, True),
+        (b"i:w0", 2, True),
+        (b"i:w1", 3, True),  # not held behind w0's values
+    ]
+    loop.sent.clear()
+    # w0 read chunk 3's value: chunk 0's, the first layer's, goes before chunk 1's.
+    out = receipts.acknowledge([_credit_from(b"i:w0", 13)])  # type: ignore[list-item]
+    assert out == []  # a CREDIT is consumed here, never handled as a request
+    assert [(p, h["c"], h["i"]) for p, h in loop.sent] == [(b"i:w0", 0, 10)]
+    receipts.acknowledge([_credit_from(b"i:w0", 12)])  # type: ignore[list-item]
+    assert [h["c"] for _, h in loop.sent] == [0, 1]
+    # A credit from a peer the gate never sent to, or for a value it never held back,
+    # releases nothing.
+    receipts.acknowledge([_credit_from(b"i:w9", 10), _credit_from(b"i:w0", 99)])  # type: ignore[list-item]
+    assert len(loop.sent) == 2
+    assert receipts.values.stats.held == 2
+
+
+def test_values_into_shared_memory_or_for_an_unbounded_worker_are_never_held() -> None:
+    loop = _Loop()
+    receipts = Receipts(loop, LoadMeter())  # type: ignore[arg-type]
+    big = _chunk(0, MIB)  # 4 MiB: over any window here
+    for rid in range(1, 4):
+        receipts.value(b"i:w0", rid, big, big.value, 1, None, 0)  # no vk: not bounded
+    small = _chunk(1, 4)  # 16 bytes: inline in the header, no frame to hold
+    for rid in range(4, 7):
+        receipts.value(b"i:w1", rid, small, small.value, 1, None, 1)
+    assert len(loop.sent) == 6
+    assert all("ak" not in h for _, h in loop.sent)
+    assert receipts.values.stats.held == 0

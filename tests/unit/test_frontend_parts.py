@@ -13,8 +13,8 @@ from trimtab.faults.slowdown import WorkerSlowdown
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.frontend.reports import StepReporter, spans_of_step
 from trimtab.protocol.messages import Control
-from trimtab.roles.worker.client import Reply
 from trimtab.roles.worker.context import JobTerms
+from trimtab.roles.worker.replies import Reply
 from trimtab.transport.shm import SHM_DIR, SlotMap, job_prefix
 
 # -- reports ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from trimtab.errors import ChunkMoved
 from trimtab.frontend.pusher import Pusher, Sent
-from trimtab.roles.worker.client import Reply
+from trimtab.roles.worker.replies import Reply
 
 
 def _done(result: Reply | Exception | None) -> concurrent.futures.Future[Reply]:

@@ -34,7 +34,7 @@ from trimtab.frontend.state import broadcast_state
 from trimtab.protocol import headers
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.context import Context
-from trimtab.roles.worker.credit import window_from_env
+from trimtab.runtime.credit import window_from_env
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
 from trimtab.transport.auth import auth_from_env
 from trimtab.transport.shm import remove_own_arenas

@@ -33,8 +33,9 @@ from trimtab.protocol.headers import (
     ValueHeader,
 )
 from trimtab.protocol.messages import ErrorCode, inline
-from trimtab.roles.worker.client import Reply, SharedMemoryRefused, wait
+from trimtab.roles.worker.client import wait
 from trimtab.roles.worker.context import Context
+from trimtab.roles.worker.replies import Reply, SharedMemoryRefused
 from trimtab.runtime.tensors import as_bytes, tensor_from, wire_dtype
 from trimtab.transport.shm import SlotMap
 

@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from trimtab.protocol import headers
-from trimtab.roles.worker.client import Reply, wait
+from trimtab.roles.worker.client import wait
 from trimtab.roles.worker.context import Context
+from trimtab.roles.worker.replies import Reply
 
 #: One step's measurements: clock, batch size, compute seconds, communication seconds,
 #: CPU share, per-server spans.

@@ -1,12 +1,16 @@
-"""CREDIT, server -> worker: a push's bytes were received (P3's send side).
+"""CREDIT, both ways: a message's bytes were received (P3).
 
-A worker that bounds the bytes it has in flight to each server marks its pushes ``ak``;
-the server answers each such push with a CREDIT as soon as it reads the push off its
-socket, before merging or answering it, and the worker sends its next held push. Credit
-returns on receipt, not on the reply: under BSP a reply waits for every worker's push,
-so a credit that waited for it would let one worker's held-back pushes stall another's
-replies (:mod:`trimtab.roles.worker.credit`). One builder and one reader, as
-:mod:`.data` has them; none blocks, all are thread-safe.
+* server -> worker: a worker that bounds the bytes it has in flight to each server marks
+  its pushes ``ak``; the server answers each such push with a CREDIT as soon as it reads
+  the push off its socket, before merging or answering it, and the worker sends its next
+  held push. Credit returns on receipt, not on the reply: under BSP a reply waits for
+  every worker's push, so a credit that waited for it would let one worker's held-back
+  pushes stall another's replies (:mod:`trimtab.runtime.credit`).
+* worker -> server: such a push also says how many bytes of values the worker takes in
+  flight (``vk``); the server marks the values it counts ``ak``, and the worker answers
+  each with a CREDIT as it reads it, which releases the server's held values.
+
+One builder and one reader, as :mod:`.data` has them; none blocks, all are thread-safe.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ _CREDIT = int(Data.CREDIT)
 
 
 class CreditHeader(WireHeader):
-    """CREDIT, server -> worker: the push of request ``i`` was received. No reply; the
-    push's own reply (VALUE, MOVED or ERROR) follows as usual."""
+    """CREDIT: the push (server -> worker), or the value (worker -> server), of request
+    ``i`` was received. No reply; a push's own reply (VALUE, MOVED or ERROR) follows as
+    usual."""
 
 
 def credit(*, rid: int) -> CreditHeader:

@@ -96,6 +96,7 @@ class PushHeader(InlineHeader):
     g: NotRequired[bool]  # answer the round's mean gradient and apply no update
     sm: NotRequired[list[Any]]  # [arena name, offset, capacity] of a shared-memory slot
     ak: NotRequired[bool]  # acknowledge receipt with CREDIT (the sender's credit, P3)
+    vk: NotRequired[int]  # > 0: the sender credits values it reads; hold them to vk bytes
 
 
 def push(
@@ -136,7 +137,7 @@ def push(
 
 
 _PUSH_KEYS: KeySpec = (("c", int), ("e", int), ("r", int), ("k", int), ("w", NUMBER))
-_PUSH_OPTIONAL: KeySpec = (("v", int), ("z", bool), ("g", bool))
+_PUSH_OPTIONAL: KeySpec = (("v", int), ("z", bool), ("g", bool), ("vk", int))
 
 
 def read_push(header: Header) -> PushHeader:
@@ -155,6 +156,7 @@ def read_push(header: Header) -> PushHeader:
         and type(get("k")) is int
         and type(get("w")) in NUMBER
         and type(get("v", 0)) is int
+        and type(get("vk", 0)) is int
         and (z is False or z is True)
         and (g is False or g is True)
         and (hp is None or type(hp) is dict)
@@ -212,6 +214,7 @@ class ValueHeader(InlineHeader):
     z: NotRequired[bool]  # no value: no worker had a gradient (summation mode)
     dt: NotRequired[str]  # the value's wire dtype (absent with z)
     sm: NotRequired[int]  # IN_SLOT: the value is in the push's slot
+    ak: NotRequired[bool]  # the server counts it against the push's vk: CREDIT it on receipt
 
 
 def value(

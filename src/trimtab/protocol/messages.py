@@ -165,7 +165,9 @@ class Data(enum.IntEnum):
     REPLICATE = 84  # primary -> backup server {c, v, k, e, s, t, dt, n, p, ls, lc, hp?,
     #                 st?} + value + state tensors: the chunk as of round k; reply ACK
     CREDIT = 98  # server -> worker {i}: the PUSH of request i (sent with ak) was read off
-    #              the socket; sent on receipt, before the push is merged or answered
+    #              the socket; sent on receipt, before the push is merged or answered;
+    #              worker -> server {i}: the VALUE answering request i (sent with ak) was
+    #              read; the server sends the values it held back for that worker
 
 
 class ErrorCode(str, enum.Enum):

@@ -25,7 +25,6 @@ from trimtab.protocol.messages import (
     Header,
     decode,
     error_of,
-    inline,
     read_error,
 )
 from trimtab.roles.server import checkpoint
@@ -36,16 +35,15 @@ from trimtab.roles.server.lifecycle import ServerState
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
 from trimtab.roles.server.priority import by_priority
-from trimtab.roles.server.receipt import acknowledge
+from trimtab.roles.server.receipt import Receipts
 from trimtab.roles.server.replica import Replicas
 from trimtab.roles.server.replica_link import ReplicaLink
-from trimtab.roles.server.slots import SharedArenas, Slot
+from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.state import load_state, state_reply
-from trimtab.roles.server.store import Chunk, ChunkStore, Reply
+from trimtab.roles.server.store import ChunkStore, Reply
 from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import Heartbeat, NodeLoop
-from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
 from trimtab.transport import Envelope, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
@@ -95,13 +93,16 @@ class Server:
         self._arenas = SharedArenas(config.job)
         self._store = ChunkStore(self.meter, self._arenas)
         self._credentials = Credentials(config.job)
+        self._receipts = Receipts(self._loop, self.meter, ordered=config.priority)
         self._handover = Handover(self._store, self._credentials, config.shared_memory)
         self._replicas = ReplicaLink(
             Replicas(self._store, self._credentials, config.shared_memory),
             self._loop,
             self._transport.connect,
             self._coord,
-            lambda peer, rid, chunk, k: self._send_value(peer, rid, chunk, chunk.value, k, None),
+            lambda peer, rid, chunk, k: self._receipts.value(
+                peer, rid, chunk, chunk.value, k, None
+            ),
             self._halt,
         )
         self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
@@ -180,7 +181,7 @@ class Server:
                         self._abort = gone
                         break
                     continue
-                for peer, frames, header in acknowledge(self._by_priority(env), self._loop):
+                for peer, frames, header in self._receipts.acknowledge(self._by_priority(env)):
                     if self._stop:
                         break
                     self._serve(peer, frames, header)
@@ -384,7 +385,7 @@ class Server:
                     self._replicas.after_rounds(replies, self._answer)
             elif op == Data.PULL:
                 chunk = self._store.owned(headers.read_pull(header)["c"])
-                self._send_value(peer, rid, chunk, chunk.value, chunk.round, None)
+                self._receipts.value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
                 adoption = self._credentials.adoption(header, rank) if "ad" in header else None
                 self._store.init(header, frames[1:], rank, adoption)
@@ -413,7 +414,7 @@ class Server:
     def _answer(self, replies: Sequence[Reply]) -> None:
         """Send a completed round's replies (VALUEs); hand the chunk over if it leaves."""
         for r in replies:
-            self._send_value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot)
+            self._receipts.value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot, r.window)
         if replies and self._store.moves:
             # A leaving chunk goes once its last round is answered: only a push that got
             # replies out (its own among them) can have made it ready.
@@ -437,44 +438,6 @@ class Server:
         self._loop.send(peer, headers.ack(rid=header["i"]))
         for qpeer, qframes in queued:
             self._on_data(qpeer, qframes)
-
-    def _send_value(
-        self,
-        peer: Peer,
-        rid: int,
-        chunk: Chunk,
-        t: torch.Tensor | None,
-        round_: int,
-        slot: Slot | None,
-    ) -> None:
-        """Send a VALUE of ``chunk`` carrying ``t`` (None: no value, ``z``), into the
-        push's shared-memory ``slot`` when it has one and ``t`` fits."""
-        spec = chunk.spec
-        header = headers.value(
-            rid=rid,
-            chunk=spec.id,
-            version=chunk.version,
-            round=round_,
-            numel=spec.numel,
-            dtype=None if t is None else WIRE_DTYPES[t.dtype],
-        )
-        if t is None:
-            self._loop.send(peer, header)
-            return
-        if t is chunk.value:
-            frame = chunk.value_bytes
-        elif t is chunk.merge:
-            frame = chunk.merge_bytes
-        else:
-            frame = as_bytes(t)
-        self.meter.count(frame.nbytes)  # what this server moves, both ways, for its speed
-        if slot is not None and frame.nbytes <= slot.capacity:
-            # The push's gradient was consumed on arrival: its slot takes the value.
-            slot.arena.buf[slot.offset : slot.offset + frame.nbytes] = frame
-            header["sm"] = headers.IN_SLOT
-            self._loop.send(peer, header)
-            return
-        self._loop.send(peer, header, inline(header, frame))
 
     def describe(self) -> str:
         """Its protocol state for a hung job's dump (:data:`STACK_SIGNAL`): see

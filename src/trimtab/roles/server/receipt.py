@@ -1,38 +1,133 @@
-"""A server's receipts: the CREDIT that tells a worker a push's bytes arrived (P3).
+"""A server's side of P3's credit (:mod:`trimtab.runtime.credit`), both ways.
 
-A worker that bounds its bytes in flight per server marks its pushes ``ak``
-(:mod:`trimtab.roles.worker.credit`). The server answers each at once, as it reads the
-push off its socket and before it merges or answers any message of the batch, so the
-worker's credit never waits for a round to complete: under BSP that would wait for the
-other workers' pushes, which may themselves be held back for credit.
+- **Receipts of pushes**: a worker that bounds its push bytes in flight per server marks
+  its pushes ``ak``. The server answers each with a CREDIT at once, as it reads the push
+  off its socket and before it merges or answers any message of the batch, so the
+  worker's credit never waits for a round to complete: under BSP that would wait for
+  the other workers' pushes, which may themselves be held back for credit.
+- **Its values, held to the worker's window**: such a push also carries ``vk``, the
+  value bytes that worker takes in flight. A VALUE that goes through the socket is sent
+  marked ``ak`` while it fits; the others are held, and each CREDIT the worker sends as
+  it reads a value releases the held ones that fit, first layers first (the lowest
+  chunk id). Without it a completed round's values all go to the socket at once, and
+  the first layer's value, whose round completes last, queues behind every other one
+  on the link. Values into shared memory, and pushes without ``vk``, are not held.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
+import torch
+
+from trimtab.protocol import headers
 from trimtab.protocol.credit import credit
-from trimtab.protocol.messages import Data, decode
+from trimtab.protocol.messages import Data, Header, decode, inline
+from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.priority import Queued
+from trimtab.roles.server.slots import Slot
+from trimtab.roles.server.store import Chunk
+from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import NodeLoop
+from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
+from trimtab.transport import Peer
 
 _PUSH = int(Data.PUSH)
+_CREDIT = int(Data.CREDIT)
 
 
-def acknowledge(batch: list[Queued], loop: NodeLoop) -> list[Queued]:
-    """Send a CREDIT for each push of ``batch`` that asks for one (``ak``); return the
-    batch in the same order, each message with its header decoded (so that it is not
-    decoded twice; the coordinator's too, which its handler ignores). A message that
-    does not decode is left as it is: it is refused in its turn. Blocks only as
-    :meth:`NodeLoop.send` does; never raises for what a peer sent."""
-    out: list[Queued] = []
-    for peer, frames, header in batch:
-        if header is None and frames:
-            with contextlib.suppress(Exception):  # undecodable: answered in order
-                header = decode(frames[0], loop.job)
-        if header is not None and header.get("ak") and header.get("o") == _PUSH:
-            rid = header.get("i")
-            if isinstance(rid, int) and not isinstance(rid, bool):
-                loop.send(peer, credit(rid=rid))
-        out.append((peer, frames, header))
-    return out
+class Receipts:
+    """The credit a server answers and the values it holds back for it. Not
+    thread-safe: the server's loop owns it.
+
+    Args:
+        loop: the server's loop, which sends.
+        meter: counts the bytes of each value sent (the server's speed, for PSLD).
+        ordered: release held values first layers first (``False``: in the order their
+            rounds completed, to compare).
+    """
+
+    def __init__(self, loop: NodeLoop, meter: LoadMeter, *, ordered: bool = True) -> None:
+        self._loop = loop
+        self._meter = meter
+        #: Value bytes in flight per worker (its socket), each worker's own window (every
+        #: value held is admitted with one: the gate's own, 1 byte, is never used).
+        self.values: CreditGate[Peer, tuple[Header, list[memoryview]]] = CreditGate(
+            1, ordered=ordered
+        )
+
+    def acknowledge(self, batch: list[Queued]) -> list[Queued]:
+        """Send a CREDIT for each push of ``batch`` that asks for one (``ak``), and the
+        held values each CREDIT of a worker releases; return the rest of the batch in
+        the same order, each message with its header decoded (so that it is not decoded
+        twice; the coordinator's too, which its handler ignores). A message that does
+        not decode is left as it is: it is refused in its turn. Blocks only as
+        :meth:`NodeLoop.send` does; never raises for what a peer sent."""
+        out: list[Queued] = []
+        for peer, frames, header in batch:
+            if header is None and frames:
+                with contextlib.suppress(Exception):  # undecodable: answered in order
+                    header = decode(frames[0], self._loop.job)
+            if header is not None:
+                op = header.get("o")
+                rid = header.get("i")
+                if op == _CREDIT and len(frames) == 1:  # a worker read one of our values
+                    if isinstance(rid, int):  # (a peer the gate does not know: nothing)
+                        for held, held_frames in self.values.credit(peer, rid):
+                            self._loop.send(peer, held, held_frames)
+                    continue
+                if header.get("ak") and op == _PUSH and type(rid) is int:
+                    self._loop.send(peer, credit(rid=rid))
+            out.append((peer, frames, header))
+        return out
+
+    def value(
+        self,
+        peer: Peer,
+        rid: int,
+        chunk: Chunk,
+        t: torch.Tensor | None,
+        round_: int,
+        slot: Slot | None,
+        window: int = 0,
+    ) -> None:
+        """Send a VALUE of ``chunk`` carrying ``t`` (None: no value, ``z``), into the
+        push's shared-memory ``slot`` when it has one and ``t`` fits; through the socket
+        otherwise, held back while ``window`` (the push's ``vk``; 0: no bound) is full.
+        Blocks only as :meth:`NodeLoop.send` does."""
+        spec = chunk.spec
+        header = headers.value(
+            rid=rid,
+            chunk=spec.id,
+            version=chunk.version,
+            round=round_,
+            numel=spec.numel,
+            dtype=None if t is None else WIRE_DTYPES[t.dtype],
+        )
+        if t is None:
+            self._loop.send(peer, header)
+            return
+        if t is chunk.value:
+            frame = chunk.value_bytes
+        elif t is chunk.merge:
+            frame = chunk.merge_bytes
+        else:
+            frame = as_bytes(t)
+        self._meter.count(frame.nbytes)  # what this server moves, both ways, for its speed
+        if slot is not None and frame.nbytes <= slot.capacity:
+            # The push's gradient was consumed on arrival: its slot takes the value.
+            slot.arena.buf[slot.offset : slot.offset + frame.nbytes] = frame
+            header["sm"] = headers.IN_SLOT
+            self._loop.send(peer, header)
+            return
+        frames = inline(header, frame)
+        if window > 0 and frames:
+            # Held, the frame stays a view of the chunk's buffer, as it would queued in
+            # the socket: under BSP the chunk changes only once this worker pushed
+            # again, which it does after it read this value.
+            header["ak"] = True
+            message = (cast(Header, header), frames)
+            if not self.values.admit(peer, rid, frame.nbytes, spec.id, message, window):
+                return
+        self._loop.send(peer, header, frames)

@@ -64,13 +64,22 @@ class Reply:
     """A push waiting for its reply, and, once the store releases it, the reply to send:
     a VALUE of ``chunk`` carrying ``value`` (None: no gradient anywhere, ``z``), the
     chunk's version and ``round``, into ``slot`` when the push came through shared
-    memory. One per push (it existed before the store was split out). Not thread-safe."""
+    memory; ``window``: the value bytes the worker takes in flight (its push's ``vk``; 0:
+    no bound). One per push (it existed before the store was split out). Not thread-safe."""
 
-    __slots__ = ("chunk", "clock_after", "peer", "rank", "rid", "round", "slot", "value")
+    __slots__ = ("chunk", "clock_after", "peer", "rank", "rid", "round", "slot", "value", "window")
 
     def __init__(
-        self, peer: Peer, rid: int, rank: int, clock_after: int, chunk: Chunk, slot: Slot | None
+        self,
+        peer: Peer,
+        rid: int,
+        rank: int,
+        clock_after: int,
+        chunk: Chunk,
+        slot: Slot | None,
+        window: int = 0,
     ) -> None:
+        self.window = window
         self.peer = peer
         self.rid = rid
         self.rank = rank
@@ -306,7 +315,7 @@ class ChunkStore:
                     chunk.any_grad = True
         chunk.arrived.add(rank)
         chunk.last_clock[rank] = clock
-        chunk.waiting.append(Reply(peer, msg["i"], rank, clock + 1, chunk, slot))
+        chunk.waiting.append(Reply(peer, msg["i"], rank, clock + 1, chunk, slot, msg.get("vk", 0)))
         if self.consistency.ready(chunk.arrived, self.workers):
             return self.update(chunk)
         return NO_REPLIES

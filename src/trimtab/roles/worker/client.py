@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from typing import cast
 
 from trimtab.errors import (
     ChunkMoved,
@@ -33,9 +33,9 @@ from trimtab.errors import (
     NodeTimeout,
     ProtocolError,
     RemoteError,
-    RetryableError,
 )
 from trimtab.protocol import headers
+from trimtab.protocol.credit import credit
 from trimtab.protocol.headers import MapReplyHeader
 from trimtab.protocol.messages import (
     Control,
@@ -50,34 +50,12 @@ from trimtab.protocol.messages import (
 from trimtab.protocol.prefetch import read_map_news
 from trimtab.protocol.replica import read_failover_notice
 from trimtab.roles.worker.config import WorkerConfig
-from trimtab.roles.worker.credit import CreditGate
+from trimtab.roles.worker.replies import Reply, SharedMemoryRefused
+from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.worker")
-
-
-class SharedMemoryRefused(RetryableError):
-    """A server cannot map this worker's shared memory (another machine, another
-    ``/dev/shm``): send it the push's bytes instead, and from then on. Recovered from
-    where pushes are sent; not an error of the job.
-
-    Attributes:
-        code: ``no_shm``, the code the server answered.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.code = ErrorCode.NO_SHM.value
-
-
-class Reply(NamedTuple):
-    """A reply: its header, its buffers (which stay valid while referenced), and when
-    this process read it off its socket (``time.perf_counter()``)."""
-
-    header: Header
-    frames: list[memoryview]
-    at: float = 0.0
 
 
 class _DataFuture(concurrent.futures.Future[Reply]):
@@ -126,12 +104,17 @@ class WorkerClient:
         self._data_lock = threading.Lock()
         self._data_out: collections.deque[tuple[str, list[Frame]]] = collections.deque()
         self._rids = itertools.count(1)
-        #: The bound on push bytes in flight per server, or None (no bound).
-        self.credit: CreditGate[tuple[str, list[Frame]]] | None = None
-        if config.credit_bytes > 0:
-            self.credit = CreditGate(config.credit_bytes, ordered=config.credit_ordered)
-        # Set when the gate holds a push: the pump thread then receives its credit.
+        #: The bound on push bytes in flight per server, or None (no bound); a window of
+        #: one chunk (-1) is set once the job's chunk size is known (:meth:`start`).
+        self.credit: CreditGate[str, tuple[str, list[Frame]]] | None = None
+        if config.credit_bytes != 0:
+            window = max(config.credit_bytes, 1)
+            self.credit = CreditGate(window, ordered=config.credit_ordered)
+        # Set when the gate holds a push or a push owes a value: the pump thread then
+        # receives the credit that releases it, and the values the servers hold to a
+        # window too (crediting each as it reads it, so that the next is sent).
         self._held = threading.Event()
+        self._owed: set[int] = set()  # request ids of pushes whose reply is unread
         self._pump_thread: threading.Thread | None = None
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._lock = threading.Lock()
@@ -173,6 +156,8 @@ class WorkerClient:
         self.num_workers = reply["num_workers"]
         self.num_servers = reply["num_servers"]
         self.chunk_bytes = reply["chunk_bytes"]
+        if self.credit is not None and self.config.credit_bytes < 0:
+            self.credit.window = max(self.chunk_bytes, 1)
 
     def close(self, *, done: bool = True, failed: str | None = None) -> None:
         """Tell the coordinator this worker is done (if ``done``; with ``failed``, that
@@ -269,8 +254,12 @@ class WorkerClient:
             plain["t"] = self.credential
             gate = self.credit
             if gate is not None and frames and plain["o"] == Data.PUSH:
-                # Bytes through a socket (not shared memory, not inline): bounded.
+                # Bytes through a socket (not shared memory, not inline): bounded, and so
+                # are the values sent back (vk: the window the server holds them to).
                 plain["ak"] = True
+                plain["vk"] = gate.window
+                self._owed.add(rid)
+                self._held.set()
                 message = (to, [encode(header), *frames])
                 nbytes = sum(memoryview(f).nbytes for f in frames)
                 if not gate.admit(to, rid, nbytes, int(plain.get("c", 0)), message):
@@ -280,6 +269,7 @@ class WorkerClient:
             else:
                 if gate is not None:  # a push resent through shared memory: no credit
                     plain.pop("ak", None)
+                    plain.pop("vk", None)
                 self._data_out.append((to, [encode(header), *frames]))
             if not self._flush_data():
                 self._data.wake()  # the thread receiving on the data sockets sends it
@@ -348,7 +338,7 @@ class WorkerClient:
         while self._running:
             self._held.wait(0.1)
             self._held.clear()
-            while self._running and gate.holding():
+            while self._running and (gate.holding() or self._owed):
                 if not self._data_lock.acquire(timeout=0.05):
                     continue
                 try:
@@ -418,6 +408,12 @@ class WorkerClient:
             self._data_out.extend(released)
             if op == Data.CREDIT:
                 return
+        if gate is not None and peer != self._coord:
+            self._owed.discard(header["i"])
+            if header.get("ak"):  # a value the server counts against its window: read
+                receipt = credit(rid=header["i"])
+                receipt["j"] = self.config.job
+                self._data_out.append((peer[2:].decode(), [encode(receipt)]))
         if op == Control.MAP_NEWS and peer == self._coord:
             self._keep_news(header)
             return
@@ -464,6 +460,7 @@ class WorkerClient:
             self._lost[address] = epoch
             lost = [r for r, f in self._pending.items() if getattr(f, "address", "") == address]
             futures = [cast(_DataFuture, self._pending.pop(rid)) for rid in lost]
+            self._owed.difference_update(lost)
         log.warning("server %s is lost: %d requests go to the new owners (map %d)",
                     address, len(futures), epoch)  # fmt: skip
         for f in futures:

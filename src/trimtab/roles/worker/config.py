@@ -27,8 +27,9 @@ class WorkerConfig:
         shared_memory: whether pushes to servers on this machine may go through a
             shared-memory arena (``TRIMTAB_SHM=0`` at ``init()`` turns it off).
         credit_bytes: the push bytes sent through sockets that may be in flight to one
-            server (P3's send side, :mod:`trimtab.roles.worker.credit`); 0: no bound
-            (``TRIMTAB_CREDIT_BYTES``).
+            server, and the value bytes it may have in flight back (P3,
+            :mod:`trimtab.runtime.credit`); 0: no bound; -1: the job's chunk size
+            (``TRIMTAB_CREDIT_BYTES``, -1 if unset).
         credit_ordered: held pushes go first layers first (``False``: in the order they
             were pushed, to compare; ``TRIMTAB_PRIORITY=0``).
     """
@@ -46,8 +47,11 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         check_spin(self.spin_s)
-        if self.credit_bytes < 0:
-            raise ConfigError(f"credit_bytes must be >= 0 (0: no bound), not {self.credit_bytes}")
+        if self.credit_bytes < -1:
+            raise ConfigError(
+                f"credit_bytes must be >= 0 (0: no bound) or -1 (one chunk), "
+                f"not {self.credit_bytes}"
+            )
         if not self.coordinator.startswith(("tcp://", "inproc://")):
             raise ConfigError(
                 f"coordinator address {self.coordinator!r} must look like tcp://HOST:PORT; "

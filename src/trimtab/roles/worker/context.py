@@ -28,8 +28,9 @@ from trimtab.core.chunks import ChunkSpec, PlacementMap, TensorSpec, make_chunks
 from trimtab.errors import ConfigError, ProtocolError, UsageError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header, WireHeader
-from trimtab.roles.worker.client import Reply, WorkerClient, wait
+from trimtab.roles.worker.client import WorkerClient, wait
 from trimtab.roles.worker.config import WorkerConfig
+from trimtab.roles.worker.replies import Reply
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Frame, Transport
 from trimtab.transport.limits import BROADCAST_FRAME_BYTES  # every node's limits allow it
@@ -129,8 +130,7 @@ class Gathered(NamedTuple):
 
 class ContextMember(Protocol):
     """What joins a :class:`Context` (:meth:`Context.join`) to be drained, told of
-    broadcasts and closed with it: one table's optimizer. Methods run on the training
-    thread."""
+    broadcasts and closed with it: one table's optimizer, on the training thread."""
 
     @property
     def table(self) -> int:
