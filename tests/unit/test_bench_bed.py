@@ -38,12 +38,23 @@ def test_psld_bed_shapes_the_servers_links_and_the_slow_one_slower(
     monkeypatch.setattr(psld_bed, "unavailable", lambda: None)
     monkeypatch.setattr(psld_bed, "Testbed", lambda n: made.append(_Bed(n)) or made[-1])
     with psld_bed.shaped_bed("bandwidth", 4, 2, 80e6, 4) as bed:
-        assert len(bed.hosts) == 6
-    # 80 MB/s = 640 Mbit/s; server 3 at a quarter; the workers' hosts (4, 5) unshaped.
-    assert made[0].shaped == {0: 640.0, 1: 640.0, 2: 640.0, psld_bed.SLOW_SERVER: 160.0}
+        assert len(bed.hosts) == 7
+    # 80 MB/s = 640 Mbit/s; server 3 at a quarter; host 4, the spare server's, at the
+    # link's rate; the workers' hosts (5, 6) unshaped.
+    assert made[0].shaped == {0: 640.0, 1: 640.0, 2: 640.0, psld_bed.SLOW_SERVER: 160.0, 4: 640.0}
     with psld_bed.shaped_bed("skew", 4, 2, 80e6, 4):
         pass
-    assert made[1].shaped == dict.fromkeys(range(4), 640.0)
+    assert made[1].shaped == dict.fromkeys(range(5), 640.0)
+
+
+def test_psld_on_a_bed_starts_an_added_server_on_the_spare_host() -> None:
+    """psld's scale-out: the fifth server (index 4) goes to the spare host, shaped as the
+    others, never onto a worker's host; the workers on the hosts after it."""
+    bed = _Bed(7)
+    where = psld_bed.layout(bed, 4)  # type: ignore[arg-type]
+    assert [where.server(i) for i in range(5)] == [0, 1, 2, 3, 4]
+    assert where.coordinator == 0
+    assert [where.worker(r) for r in range(2)] == [5, 6]
 
 
 def test_a_bed_where_none_can_be_made_is_refused_with_the_reason(

@@ -32,6 +32,7 @@ from typing import Any
 from trimtab.errors import ConfigError
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.launch.testbed import Testbed
+from trimtab_tools.experiments import psld_bed
 from trimtab_tools.experiments.markers import PSLD_RESULT as RESULT
 from trimtab_tools.experiments.psld_bed import SLOW_SERVER, shaped_bed
 
@@ -90,7 +91,7 @@ def one_run(
         "psld_fixed": "psld",
         "psld_from_mxnet": "psld-mxnet",
     }.get(name, name)
-    most = SERVERS + 1 if name == "psld" and bed is None else SERVERS
+    most = SERVERS + 1 if name == "psld" else SERVERS
     if bed is not None:
         specs = []  # the kernel shapes the links
     specs = [s for s in specs if int(s.split(":")[1]) < most]
@@ -137,7 +138,8 @@ def run_job(
         "--compute-ms",
         str(args.compute_ms),
     ]
-    status = Job(config, command, output=output, testbed=bed).run()
+    where = psld_bed.layout(bed, config.servers) if bed is not None else None
+    status = Job(config, command, output=output, testbed=bed, layout=where).run()
     if status != 0 or not results:
         raise RuntimeError(f"{name} run failed (status {status}):\n" + "\n".join(log[-30:]))
     r = results[0]
