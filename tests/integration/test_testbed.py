@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 
 from tests.testbed import testbed_factory  # noqa: F401 (a fixture)
-from trimtab.launch.testbed import Testbed, list_beds, remove_stale
+from trimtab.launch.netns import NamespaceError
+from trimtab.launch.testbed import Host, Testbed, list_beds, remove_stale
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
@@ -73,6 +74,46 @@ def test_hosts_reach_each_other_and_nothing_else(testbed_factory: Factory) -> No
     assert "default" not in routes
     with pytest.raises(OSError), socket.create_connection((addresses[0], port), 1):
         pass
+
+
+def test_a_thread_of_this_process_reaches_a_host_from_inside_another(
+    testbed_factory: Factory,  # noqa: F811
+) -> None:
+    """How the launcher asks a job's coordinator on a bed for its status: a thread that
+    joined host 1's namespace connects to host 0's address (the machine's own namespace
+    cannot), and the rest of the process stays where it was."""
+    bed = testbed_factory(2)
+    address = bed.hosts[0].address
+    server = subprocess.Popen(
+        bed.exec_argv(
+            0,
+            [
+                sys.executable,
+                "-c",
+                "import socket\n"
+                f"s = socket.create_server(({address!r}, 0)); print(s.getsockname()[1],"
+                " flush=True)\nc, a = s.accept(); c.sendall(a[0].encode()); c.close()",
+            ],
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+
+        def ask() -> str:
+            with socket.create_connection((address, port), 10) as c:
+                return c.recv(100).decode()
+
+        assert bed.hosts[1].call(ask) == bed.hosts[1].address  # seen as host 1
+    finally:
+        server.kill()
+        server.wait()
+    with pytest.raises(OSError), socket.create_connection((address, port), 1):
+        pass  # this thread never left the machine's namespace
+    with pytest.raises(NamespaceError, match="no network namespace"):
+        Host(9, "ttb0z-9", "10.77.255.9", "none").call(lambda: None)
 
 
 def test_two_beds_do_not_collide(testbed_factory: Factory) -> None:  # noqa: F811

@@ -7,9 +7,12 @@ the job's secret as every member's does.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from trimtab.errors import NodeTimeout, ProtocolError
+from trimtab.launch.testbed import Host
+from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, Header, WireHeader, decode, encode, read_error
 from trimtab.transport.auth import JobKey
 from trimtab.transport.zmq import ZmqTransport
@@ -47,3 +50,15 @@ def ask_coordinator(
     if reply["o"] == Control.ERROR:
         raise ProtocolError(f"the coordinator refused: {read_error(reply)['msg']}")
     return reply
+
+
+def job_status(address: str, job: str, auth: JobKey | None, host: Host | None) -> Header | None:
+    """The coordinator's STATUS reply (read it with ``headers.read_status_reply``), or
+    None if it did not answer within 2 s. ``host``: the bed host the coordinator runs
+    on, asked from inside it (the machine's own namespace cannot reach a bed). Blocks;
+    raises :class:`ProtocolError` if the coordinator answered an error."""
+    ask = functools.partial(ask_coordinator, address, job, headers.status_request(), 2.0, auth)
+    try:
+        return ask() if host is None else host.call(ask)
+    except NodeTimeout:
+        return None

@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trimtab.errors import ConfigError, NodeTimeout
+from trimtab.errors import ConfigError
 from trimtab.faults.kills import parse_faults
 from trimtab.frontend.compression import compressor
 from trimtab.launch import env as envvars
-from trimtab.launch.control import ask_coordinator
+from trimtab.launch.control import job_status
 from trimtab.launch.cores import available_cores
 from trimtab.launch.faults import FaultWatch
 from trimtab.launch.hosts import Layout, place
@@ -332,13 +332,8 @@ class Job:
     def _status(self) -> Header | None:
         """The coordinator's STATUS reply, or None if it did not answer within 2 s (busy
         or ending: the supervisor notices a dead coordinator anyway). Blocks."""
-        try:
-            c = self.config
-            return ask_coordinator(
-                self.coordinator_address, c.job, headers.status_request(), 2.0, self._key
-            )
-        except NodeTimeout:
-            return None
+        where = self.layout.coordinator
+        return job_status(self.coordinator_address, self.config.job, self._key, where)
 
     def _grow(self) -> None:
         """Start the servers and workers the coordinator asks for (psld's scale-out,

@@ -32,11 +32,13 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from trimtab.errors import ConfigError
 from trimtab.launch import tcprate
+from trimtab.launch.netns import call_in
 
 __all__ = [
     "PREFIX",
@@ -58,6 +60,7 @@ _NS = re.compile(rf"^{PREFIX}(\d+)([a-z])-(\d+)$")
 _LINK = re.compile(rf"^{PREFIX}(\d+)([a-z])(?:br|v\d+)$")
 _SERIAL = itertools.count()
 _TOOLS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+T = TypeVar("T")
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21  # ip netns add mounts the namespace under /run/netns
 
@@ -135,6 +138,13 @@ class Host:
     def argv(self, command: Sequence[str]) -> list[str]:
         """``command`` run inside this host: ``ip netns exec NAMESPACE command...``."""
         return [_tool("ip"), "netns", "exec", self.namespace, *command]
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run inside this host, on a thread of this process that joined its
+        namespace (:func:`~trimtab.launch.netns.call_in`): what ``fn`` connects to is
+        reached as from this host. Blocks until ``fn`` returns; raises what it raises,
+        or :class:`~trimtab.launch.netns.NamespaceError`."""
+        return call_in(self.namespace, fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,10 +398,13 @@ def _has_netem(side: list[str], dev: str) -> bool:
 
 
 def _tbf(rate_mbit: float) -> list[str]:
-    """``tbf``'s arguments for ``rate_mbit`` (none for 0). The bucket holds at least a
-    GSO super-packet (64 KiB) and 4 ms of the rate, so that the rate, not the bucket,
-    limits a stream; packets wait at most 50 ms."""
+    """``tbf``'s arguments for ``rate_mbit`` (none for 0). The bucket holds a GSO
+    super-packet (64 KiB, or the link would drop it) and 2 ms of the rate (the kernel's
+    timers need that much to reach the rate), no more: a link never runs faster than
+    its rate, as a NIC cannot (a bucket of 256 KiB let a quarter-rate server send each
+    256 KiB chunk at once after a pause, and look twice as fast lightly loaded as
+    busy); packets wait at most 50 ms."""
     if rate_mbit <= 0:
         return []
-    burst = max(256 * 1024, int(rate_mbit * 1e6 / 8 * 0.004))
+    burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 * 0.002))
     return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"]
