@@ -93,7 +93,12 @@ class Server:
         self._arenas = SharedArenas(config.job)
         self._store = ChunkStore(self.meter, self._arenas)
         self._credentials = Credentials(config.job)
-        self._receipts = Receipts(self._loop, self.meter, ordered=config.priority)
+        self._receipts = Receipts(
+            self._loop,
+            self.meter,
+            ordered=config.priority,
+            synchronous=lambda: self._store.consistency.synchronous,
+        )
         self._handover = Handover(self._store, self._credentials, config.shared_memory)
         self._replicas = ReplicaLink(
             Replicas(self._store, self._credentials, config.shared_memory),

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -46,11 +47,21 @@ class Receipts:
         meter: counts the bytes of each value sent (the server's speed, for PSLD).
         ordered: release held values first layers first (``False``: in the order their
             rounds completed, to compare).
+        synchronous: whether the job's consistency is synchronous now (BSP), where a
+            chunk's value changes only once every worker pushed again.
     """
 
-    def __init__(self, loop: NodeLoop, meter: LoadMeter, *, ordered: bool = True) -> None:
+    def __init__(
+        self,
+        loop: NodeLoop,
+        meter: LoadMeter,
+        *,
+        ordered: bool = True,
+        synchronous: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._loop = loop
         self._meter = meter
+        self._synchronous = synchronous
         #: Value bytes in flight per worker (its socket), each worker's own window (every
         #: value held is admitted with one: the gate's own, 1 byte, is never used).
         self.values: CreditGate[Peer, tuple[Header, list[memoryview]]] = CreditGate(
@@ -121,12 +132,19 @@ class Receipts:
             header["sm"] = headers.IN_SLOT
             self._loop.send(peer, header)
             return
+        if t is chunk.merge:
+            # A round's sum (summation mode) or mean gradient: the next round's first
+            # push overwrites it, and may come (from another worker) before this one
+            # left the socket or, held, was sent at all. A copy.
+            frame = memoryview(bytes(frame))
         frames = inline(header, frame)
         if window > 0 and frames:
-            # Held, the frame stays a view of the chunk's buffer, as it would queued in
-            # the socket: under BSP the chunk changes only once this worker pushed
-            # again, which it does after it read this value.
             header["ak"] = True
+            if t is chunk.value and not self._synchronous():
+                # It may be held: a view of the chunk's buffer only under BSP, where the
+                # chunk changes once this worker pushed again, after reading it; else
+                # (an asynchronous push updates it any time) a copy.
+                frames = [memoryview(bytes(frame))]
             message = (cast(Header, header), frames)
             if not self.values.admit(peer, rid, frame.nbytes, spec.id, message, window):
                 return
