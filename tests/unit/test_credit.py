@@ -16,7 +16,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, Data, decode, encode
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.receipt import Receipts
-from trimtab.roles.server.store import Chunk
+from trimtab.roles.server.store import Chunk, Reply
 from trimtab.runtime.credit import ENV, ONE_CHUNK, CreditGate, window_from_env
 
 MIB = 1 << 20
@@ -257,3 +257,30 @@ def test_a_held_value_goes_out_as_it_was_when_its_round_completed(what: str) -> 
     receipts.acknowledge([_credit_from(b"i:w0", 1)])  # type: ignore[list-item]
     assert [h["c"] for _, h in loop.sent] == [0, 1]
     assert loop.payloads[1] == torch.ones(MIB // 4).numpy().tobytes()
+
+
+def test_what_is_held_for_a_worker_that_left_is_dropped() -> None:
+    """A worker that left the job (the coordinator's WORKERS) never reads nor credits
+    the values held for it; a worker joining in a lost one's place has a new socket,
+    which starts with a window of its own."""
+    loop = _Loop()
+    receipts = Receipts(loop, LoadMeter())  # type: ignore[arg-type]
+    chunks = [_chunk(cid, MIB // 4) for cid in range(3)]
+
+    def reply(peer: bytes, rank: int, rid: int, chunk: Chunk) -> None:
+        r = Reply(peer, rid, rank, 1, chunk, None, MIB)  # type: ignore[arg-type]
+        r.value, r.round = chunk.value, 1
+        receipts.reply(r)
+
+    for rid, chunk in enumerate(chunks, start=1):
+        reply(b"i:w0", 0, rid, chunk)
+        reply(b"i:w1", 1, 10 + rid, chunk)
+    assert receipts.values.stats.held == 4  # two per worker
+    receipts.workers([0])  # rank 1 left
+    assert receipts.values.in_flight(b"i:w1") == 0
+    receipts.acknowledge([_credit_from(b"i:w1", 11)])  # type: ignore[list-item]
+    assert [p for p, _ in loop.sent].count(b"i:w1") == 1  # nothing more for it
+    # Rank 0's process is replaced: its old socket's credit ends, the new one's starts.
+    reply(b"i:w0-new", 0, 1, chunks[0])
+    assert receipts.values.in_flight(b"i:w0") == 0
+    assert receipts.values.in_flight(b"i:w0-new") == MIB

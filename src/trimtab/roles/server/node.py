@@ -276,6 +276,7 @@ class Server:
         elif op == Control.WORKERS:  # a worker was lost or joined: answer what waited
             ws = elastic.read_workers(header)
             self._credentials.admit(ws["ws"])
+            self._receipts.workers(ws["ws"])
             self._replicas.after_rounds(self._store.set_workers(ws["ws"]), self._answer)
             self._loop.send(self._coord, elastic.workers_ack(generation=ws["g"]))
         elif op == Control.OK and "k" in header:
@@ -419,7 +420,7 @@ class Server:
     def _answer(self, replies: Sequence[Reply]) -> None:
         """Send a completed round's replies (VALUEs); hand the chunk over if it leaves."""
         for r in replies:
-            self._receipts.value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot, r.window)
+            self._receipts.reply(r)
         if replies and self._store.moves:
             # A leaving chunk goes once its last round is answered: only a push that got
             # replies out (its own among them) can have made it ready.

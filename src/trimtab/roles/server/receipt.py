@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import torch
@@ -28,7 +28,7 @@ from trimtab.protocol.messages import Data, Header, decode, inline
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.priority import Queued
 from trimtab.roles.server.slots import Slot
-from trimtab.roles.server.store import Chunk
+from trimtab.roles.server.store import Chunk, Reply
 from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import NodeLoop
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
@@ -62,6 +62,7 @@ class Receipts:
         self._loop = loop
         self._meter = meter
         self._synchronous = synchronous
+        self._peer_of: dict[int, Peer] = {}  # a bounded worker's rank -> its socket
         #: Value bytes in flight per worker (its socket), each worker's own window (every
         #: value held is admitted with one: the gate's own, 1 byte, is never used).
         self.values: CreditGate[Peer, tuple[Header, list[memoryview]]] = CreditGate(
@@ -92,6 +93,24 @@ class Receipts:
                     self._loop.send(peer, credit(rid=rid))
             out.append((peer, frames, header))
         return out
+
+    def reply(self, r: Reply) -> None:
+        """Send a push's reply (:meth:`value`, held to its worker's window). A rank's
+        new socket (a worker that joined in a lost one's place) ends the old one's
+        credit. Blocks only as :meth:`NodeLoop.send` does."""
+        if r.window > 0:
+            old = self._peer_of.get(r.rank)
+            if old is not None and old != r.peer:
+                self.values.forget(old)
+            self._peer_of[r.rank] = r.peer
+        self.value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot, r.window)
+
+    def workers(self, ranks: Iterable[int]) -> None:
+        """The job's workers are ``ranks`` now: drop what is held for any other (its
+        values would never be read, nor credited). Never blocks."""
+        keep = set(ranks)
+        for rank in [rank for rank in self._peer_of if rank not in keep]:
+            self.values.forget(self._peer_of.pop(rank))
 
     def value(
         self,
