@@ -34,29 +34,30 @@ def _in_host(bed: Testbed, host: int, code: str, timeout: float = 30) -> str:
     return out.stdout
 
 
+def _greeter(bed: Testbed, host: int) -> tuple[subprocess.Popen[str], int]:
+    """A process on ``host`` that answers one TCP connection with the address it came
+    from; and its port. The caller kills it."""
+    address = bed.hosts[host].address
+    code = (
+        f"import socket\ns = socket.create_server(({address!r}, 0)); "
+        "print(s.getsockname()[1], flush=True)\n"
+        "c, a = s.accept(); c.sendall(a[0].encode()); c.close()"
+    )
+    server = subprocess.Popen(
+        bed.exec_argv(host, [sys.executable, "-c", code]), stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None
+    return server, int(server.stdout.readline())
+
+
 def test_hosts_reach_each_other_and_nothing_else(testbed_factory: Factory) -> None:  # noqa: F811
     bed = testbed_factory(3)
     addresses = [h.address for h in bed.hosts]
     assert len(set(addresses)) == 3
     assert all(a.startswith("10.77.") for a in addresses)
     # Host 0 serves; host 2 reaches it by its bed address.
-    server = subprocess.Popen(
-        bed.exec_argv(
-            0,
-            [
-                sys.executable,
-                "-c",
-                "import socket\n"
-                f"s = socket.create_server(({addresses[0]!r}, 0)); print(s.getsockname()[1],"
-                " flush=True)\nc, a = s.accept(); c.sendall(a[0].encode()); c.close()",
-            ],
-        ),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, port = _greeter(bed, 0)
     try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
         seen = _in_host(
             bed,
             2,
@@ -84,23 +85,8 @@ def test_a_thread_of_this_process_reaches_a_host_from_inside_another(
     cannot), and the rest of the process stays where it was."""
     bed = testbed_factory(2)
     address = bed.hosts[0].address
-    server = subprocess.Popen(
-        bed.exec_argv(
-            0,
-            [
-                sys.executable,
-                "-c",
-                "import socket\n"
-                f"s = socket.create_server(({address!r}, 0)); print(s.getsockname()[1],"
-                " flush=True)\nc, a = s.accept(); c.sendall(a[0].encode()); c.close()",
-            ],
-        ),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, port = _greeter(bed, 0)
     try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
 
         def ask() -> str:
             with socket.create_connection((address, port), 10) as c:
