@@ -402,18 +402,18 @@ class WorkerClient:
             self._server_lost(header)
             return
         gate = self.credit
-        if gate is not None and peer != self._coord and (op == Data.CREDIT or gate.outstanding):
-            # A CREDIT, or a reply (which credits a push not yet credited: an error).
-            released = gate.credit(peer[2:].decode(), header["i"])
-            self._data_out.extend(released)
-            if op == Data.CREDIT:
-                return
         if gate is not None and peer != self._coord:
+            server = peer[2:].decode()
+            if op == Data.CREDIT or gate.outstanding:
+                # A CREDIT, or a reply (which credits a push not yet credited: an error).
+                self._data_out.extend(gate.credit(server, header["i"]))
+                if op == Data.CREDIT:
+                    return
             self._owed.discard(header["i"])
             if header.get("ak"):  # a value the server counts against its window: read
                 receipt = credit(rid=header["i"])
                 receipt["j"] = self.config.job
-                self._data_out.append((peer[2:].decode(), [encode(receipt)]))
+                self._data_out.append((server, [encode(receipt)]))
         if op == Control.MAP_NEWS and peer == self._coord:
             self._keep_news(header)
             return
