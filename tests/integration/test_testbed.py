@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.testbed import testbed_factory  # noqa: F401 (a fixture)
+from trimtab.launch import tcprate
 from trimtab.launch.netns import NamespaceError
 from trimtab.launch.testbed import Host, Testbed, list_beds, remove_stale
 
@@ -113,12 +114,23 @@ def test_two_beds_do_not_collide(testbed_factory: Factory) -> None:  # noqa: F81
     assert one.id not in ids and two.id in ids
 
 
+def test_one_stream_is_measured_with_the_cores_it_kept_busy() -> None:
+    # Two real processes on loopback (no bed needed): the floor's measure itself.
+    stream = tcprate.measure_stream([], [], "127.0.0.1", seconds=0.3)
+    assert stream.bytes_per_s > 1e6
+    # The sender and the receiver ran on the machine: something was busy, at most all.
+    cores = os.cpu_count() or 1
+    assert stream.cores_busy is None or 0 < stream.cores_busy <= cores * 1.05
+
+
 def test_kernel_shapes_the_link(testbed_factory: Factory) -> None:  # noqa: F811
     bed = testbed_factory(2)
     bed.shape(1, rate_mbit=80)  # 10 MB/s into host 1
-    shaped = bed.tcp_rate(0, 1, seconds=1.0)
+    stream = bed.tcp_stream(0, 1, seconds=1.0)
+    shaped = stream.bytes_per_s
     # An upper bound only: a busy machine may be slower, never faster than the bucket.
     assert 0 < shaped < 1.25 * 10e6
+    assert stream.cores_busy is None or stream.cores_busy >= 0
     bed.shape(1)
     qdiscs = subprocess.run(
         ["ip", "netns", "exec", bed.hosts[1].namespace, "tc", "qdisc", "show", "dev", "eth0"],

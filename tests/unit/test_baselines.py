@@ -1,4 +1,5 @@
-"""Fast checks of the TCP-ceiling and gloo-allreduce baselines (a few seconds in all)."""
+"""Fast checks of the TCP-ceiling, gloo-allreduce and PS-arithmetic baselines (a few
+seconds in all)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def test_tcp_ceiling_rejects_bad_arguments() -> None:
         baselines.tcp_ceiling_gbps(1 << 20, repeats=0)
     with pytest.raises(ValueError):
         baselines.tcp_ceiling_gbps(1 << 20, chunk=0)
+
+
+def test_ps_arithmetic_times_the_steps_work_over_every_chunk() -> None:
+    # A last chunk shorter than the others (10 KiB = 2.5 chunks of 4 KiB): its own check
+    # of the result (every worker's copy holds the updated value) passed, and took CPU.
+    cpu_s = baselines.ps_arithmetic_cpu_s(10 << 10, 4 << 10, workers=3, repeats=1)
+    assert math.isfinite(cpu_s) and cpu_s >= 0
+
+
+@pytest.mark.parametrize(
+    ("total", "chunk", "workers"), [(0, 4, 2), (10, 4, 2), (16, 6, 2), (16, 4, 0)]
+)
+def test_ps_arithmetic_refuses_sizes_that_are_not_float32(
+    total: int, chunk: int, workers: int
+) -> None:
+    with pytest.raises(ValueError, match="float32"):
+        baselines.ps_arithmetic_cpu_s(total, chunk, workers=workers)
 
 
 @pytest.mark.timeout(120)

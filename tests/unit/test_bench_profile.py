@@ -46,8 +46,6 @@ def test_thread_stats_see_this_process_threads() -> None:
     main = stats[os.getpid()]
     d = main - profile.ThreadStat(main.comm, 0.0, 0.0, 0)
     assert d == main
-    busy, idle = profile.machine_cpu()
-    assert busy > 0 and idle >= 0
 
 
 def test_child_roles_names_the_job_processes() -> None:

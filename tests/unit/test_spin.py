@@ -11,7 +11,7 @@ import pytest
 
 from trimtab import WorkerConfig
 from trimtab.errors import ConfigError
-from trimtab.launch.cores import available_cores, cgroup_cpu_quota
+from trimtab.launch.cores import available_cores, cgroup_cpu_quota, cores_busy, machine_cpu
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.roles.server import ServerConfig
 from trimtab.transport import ZmqTransport
@@ -117,6 +117,25 @@ def test_a_cpu_quota_bounds_the_cores_polling_counts_on(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert available_cores(tmp_path) == min(2, len(os.sched_getaffinity(0)))
     assert available_cores(tmp_path / "none") == len(os.sched_getaffinity(0))
+
+
+def test_the_cores_busy_come_from_the_machines_counters(tmp_path: Path) -> None:
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal: busy 100+0+50+0+0+50 ticks
+    stat.write_text("cpu  100 0 50 300 20 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    before = machine_cpu(stat)
+    assert before == pytest.approx((200 * tick, 320 * tick))
+    stat.write_text("cpu  300 0 150 300 20 0 0 50 0 0\n")  # 300 ticks busy since, no idle
+    after = machine_cpu(stat)
+    assert cores_busy(before, after, wall_s=150 * tick) == pytest.approx(2.0)
+    assert cores_busy(before, None, wall_s=1.0) is None
+    assert cores_busy(before, after, wall_s=0.0) is None
+    assert machine_cpu(tmp_path / "none") is None
+    stat.write_text("cpu  garbage\n")
+    assert machine_cpu(stat) is None
+    real = machine_cpu()
+    assert real is None or (real[0] > 0 and real[1] >= 0)
 
 
 def _misses_to_stop() -> int:

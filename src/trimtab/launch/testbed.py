@@ -378,11 +378,20 @@ class Testbed:
 
     def tcp_rate(self, sender: int, receiver: int, seconds: float = 1.0) -> float:
         """Bytes per second of one TCP stream from host ``sender`` to host ``receiver``
-        (Python sockets, :mod:`~trimtab.launch.tcprate`), sent for ``seconds``. Blocks
-        that long and more. Raises :class:`TestbedError` if the measure fails."""
+        (:meth:`tcp_stream`). Blocks as it does; raises :class:`TestbedError` if the
+        measure fails."""
+        return self.tcp_stream(sender, receiver, seconds).bytes_per_s
+
+    def tcp_stream(self, sender: int, receiver: int, seconds: float = 1.0) -> tcprate.Stream:
+        """One TCP stream from host ``sender`` to host ``receiver`` (Python sockets,
+        :mod:`~trimtab.launch.tcprate`), sent for ``seconds``: its rate, and the cores of
+        the machine busy while it ran. Blocks that long and more. Raises
+        :class:`TestbedError` if the measure fails."""
         to = self.hosts[receiver]
         try:
-            return tcprate.measure(self.hosts[sender].argv([]), to.argv([]), to.address, seconds)
+            return tcprate.measure_stream(
+                self.hosts[sender].argv([]), to.argv([]), to.address, seconds
+            )
         except tcprate.RateError as exc:
             raise TestbedError(str(exc)) from exc
 

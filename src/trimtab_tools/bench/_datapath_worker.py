@@ -2,7 +2,9 @@
 
 Every step each worker hands the servers a gradient for every tensor (as backward would)
 and waits for the updated values (plain SGD on the servers): the whole real path.
-Rank 0 prints one result line after a marker.
+Rank 0 prints one result line after a marker: its step times, and the machine's cores
+busy over its timed steps (``cores_busy``: with every role on one machine, whether the
+step is bound by the cores).
 
 With ``--go-file`` (the profiler's handshake), rank 0 prints :data:`READY` after the
 warm-up, waits for that file to exist before its timed steps, and prints :data:`DONE`
@@ -23,6 +25,7 @@ import torch
 import trimtab
 import trimtab.frontend.api
 from trimtab.frontend.compression import Compression, compressor
+from trimtab.launch.cores import cores_busy, machine_cpu
 from trimtab.transport.spin import spin_from_env
 from trimtab_tools.bench.markers import DONE, READY, RESULT
 
@@ -62,15 +65,19 @@ def main() -> None:
     )
     lead = trimtab.rank() == 0
     times = []
+    cpu, started = machine_cpu(), time.perf_counter()
     for step in range(args.warmup + args.steps):
         if step == args.warmup and lead and args.go_file is not None:
             print(READY, flush=True)
             _await(args.go_file, 120.0)
+        if step == args.warmup:
+            cpu, started = machine_cpu(), time.perf_counter()
         for p, g in zip(params, grads, strict=True):
             p.grad = g
         elapsed = _timed_step(optimizer)
         if step >= args.warmup:
             times.append(elapsed)
+    busy = cores_busy(cpu, machine_cpu(), time.perf_counter() - started)
     if lead and args.go_file is not None:
         print(DONE, flush=True)
     # The update must have happened: every element moved by lr * mean gradient per step
@@ -90,7 +97,10 @@ def main() -> None:
         # How long a wait polled before sleeping (trimtab run's choice, or the user's).
         spin_us = spin_from_env(os.environ) * 1e6
         print(
-            RESULT + json.dumps({"times": times, "shared_pushes": shared, "spin_us": spin_us}),
+            RESULT
+            + json.dumps(
+                {"times": times, "shared_pushes": shared, "spin_us": spin_us, "cores_busy": busy}
+            ),
             flush=True,
         )
     trimtab.shutdown()

@@ -6,8 +6,17 @@ A test bed of :data:`HOSTS` hosts (network namespaces on a bridge,
 2 servers, 100 MiB), each role on its own host as ``trimtab run --testbed`` lays them
 out (:mod:`trimtab.launch.hosts`): every byte crosses the bed's links by TCP, as between
 machines. In the same run, between the same hosts, one raw TCP stream from a worker's
-host to a server's host (:meth:`Testbed.tcp_rate`) gives the bed's floor: ``floor_step_s``
-= 4 x model bytes / that rate, as the loopback floor of ``bench datapath`` is. With
+host to a server's host (:meth:`Testbed.tcp_stream`) gives the bed's floor:
+``floor_step_s`` = 4 x model bytes / that rate (the median of :data:`RATE_ROUNDS`
+streams), as the loopback floor of ``bench datapath`` is. The bed's hosts share the
+machine's cores, so the JSON also says how many cores one raw stream kept busy
+(``tcp_cores_busy``) and how many the job's timed steps did (``step_cores_busy``, of
+``cores``): a step that keeps every core busy is bound by the CPU. Its floor there,
+``cpu_floor_step_s``, is the CPU the step cannot do without, spread over the cores: the
+kernel's for the step's bytes (``tcp_cores_busy`` x ``floor_step_s``: one raw stream's
+CPU per byte) and the merge, update and copies of any synchronous PS step
+(``arith_cpu_s``, :func:`~trimtab_tools.bench.baselines.ps_arithmetic_cpu_s`);
+``step_over_cpu_floor`` is what trimtab's own CPU (Python, per message) adds. With
 ``--peers mxnet``, MXNet's ``dist_sync`` runs on the same hosts, each process where
 trimtab's role of the same kind runs. With ``--rate-mbit R`` every host's link is shaped
 to R by ``tc`` (``tbf``) first.
@@ -25,8 +34,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trimtab.launch.cores import available_cores
 from trimtab.launch.hosts import Layout, place
+from trimtab.launch.tcprate import Stream
 from trimtab.launch.testbed import Testbed, unavailable
+from trimtab_tools.bench.baselines import ps_arithmetic_cpu_s
 from trimtab_tools.bench.job import run_trimtab
 
 __all__ = ["HOSTS", "measure_datapath", "shaped_bed"]
@@ -35,8 +47,9 @@ __all__ = ["HOSTS", "measure_datapath", "shaped_bed"]
 #: workers on hosts 2 and 3.
 HOSTS = 4
 #: Raw TCP rate measurements between the two hosts (one before the job, the rest after);
-#: the median is the floor's rate.
-RATE_ROUNDS = 3
+#: the median is the floor's rate. One stream's rate moves from run to run by up to 2 x
+#: on a shared 2-core machine (where the sender and the receiver run), hence five.
+RATE_ROUNDS = 5
 
 
 @contextlib.contextmanager
@@ -55,11 +68,16 @@ def shaped_bed(hosts: int = HOSTS, rate_mbit: float | None = None) -> Iterator[T
         yield bed
 
 
-def _rate(bed: Testbed, layout: Layout) -> float:
-    """Bytes/s of one raw TCP stream from worker 0's host to server 0's. Blocks ~1 s."""
+def _stream(bed: Testbed, layout: Layout) -> Stream:
+    """One raw TCP stream from worker 0's host to server 0's. Blocks ~1 s."""
     worker, server = layout.worker(0), layout.server(0)
     assert worker is not None and server is not None
-    return bed.tcp_rate(worker.index, server.index, seconds=1.0)
+    return bed.tcp_stream(worker.index, server.index, seconds=1.0)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 2) if known else None
 
 
 def measure_datapath(
@@ -76,23 +94,28 @@ def measure_datapath(
     the jobs (about a minute, more with MXNet); raises RuntimeError if trimtab's job
     fails or no bed can be made here."""
     total = sum(sizes)
+    arith_s = ps_arithmetic_cpu_s(total, chunk_bytes, workers=2)
     info: dict[str, Any] = {}
-    rates: list[float] = []
+    streams: list[Stream] = []
     peer: dict[str, Any] | None = None
     skipped: str | None = "not asked for (--peers mxnet)"
     with shaped_bed(HOSTS, rate_mbit) as bed:
         layout = place(bed.hosts, 2, 2)
         print(f"trimtab bench datapath: on the test bed {bed.id}", file=sys.stderr, flush=True)
-        rates.append(_rate(bed, layout))
+        streams.append(_stream(bed, layout))
         times = run_trimtab(
             sizes, steps, chunk_bytes, compression=compression, info=info, testbed=bed
         )
         if mxnet is not None:
             peer, skipped = mxnet(layout)
-        rates.extend(_rate(bed, layout) for _ in range(RATE_ROUNDS - 1))
+        streams.extend(_stream(bed, layout) for _ in range(RATE_ROUNDS - 1))
+    rates = [s.bytes_per_s for s in streams]
     rate = statistics.median(rates)
     step_s = statistics.median(times)
     floor = 4 * total / rate
+    cores = available_cores()
+    tcp_busy = _median([s.cores_busy for s in streams])
+    cpu_floor = (tcp_busy * floor + arith_s) / cores if tcp_busy is not None else None
     mx = peer["median_s"] if peer else None
     return {
         "benchmark": "datapath",
@@ -112,6 +135,12 @@ def measure_datapath(
         "tcp_rates_mb_per_s": [round(r / 1e6, 1) for r in rates],
         "floor_step_s": round(floor, 5),
         "step_over_floor": round(step_s / floor, 3),
+        "cores": cores,
+        "tcp_cores_busy": tcp_busy,
+        "step_cores_busy": _median([info.get("cores_busy")]),
+        "arith_cpu_s": round(arith_s, 5),
+        "cpu_floor_step_s": round(cpu_floor, 5) if cpu_floor else None,
+        "step_over_cpu_floor": round(step_s / cpu_floor, 3) if cpu_floor else None,
         "shared_memory": bool(info.get("shared_pushes")),
         "mxnet_step_s": round(mx, 5) if mx else None,
         "mxnet_step_p90_s": round(peer["p90_s"], 5) if peer else None,

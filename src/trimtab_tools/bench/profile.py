@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trimtab.launch.cores import machine_cpu
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
 from trimtab_tools.bench.job import run_trimtab
 from trimtab_tools.bench.markers import DONE, READY
@@ -161,14 +162,6 @@ def thread_stats(pid: int) -> dict[int, ThreadStat]:
     return out
 
 
-def machine_cpu() -> tuple[float, float]:
-    """Seconds of CPU the whole machine spent busy and idle since boot, all cores together
-    (``/proc/stat``; steal counts as busy: the cores were not ours). Never blocks."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) * _TICK_S, idle * _TICK_S
-
-
 def parse_collapsed(text: str) -> list[tuple[int, str, list[str], int]]:
     """Parse py-spy's raw (collapsed) output made with ``--threads``:
     ``[(tid, thread name, frames root first, samples)]``. Pure; skips lines it does not
@@ -269,13 +262,13 @@ class _Window:
                 time.sleep(0.02)
         self.before = {r.pid: thread_stats(r.pid) for r in self.roles}
         self.spy_cpu = -self._spies_cpu()
-        self.machine_before = machine_cpu()
+        self.machine_before = machine_cpu() or (0.0, 0.0)
         self.started = time.perf_counter()
 
     def _close(self) -> None:
         self.ended = time.perf_counter()
         self.after = {r.pid: thread_stats(r.pid) for r in self.roles}
-        self.machine_after = machine_cpu()
+        self.machine_after = machine_cpu() or (0.0, 0.0)
         self.spy_cpu += self._spies_cpu()
         self.stop_spies()
 
