@@ -128,6 +128,29 @@ def test_roles_of_one_bed_host_share_memory(
     assert sum(s["lane"] for s in servers) > 0
 
 
+@pytest.mark.timeout(200)
+def test_a_profile_on_the_bed_measures_each_role_on_its_host(
+    testbed_factory: Factory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``bench datapath --testbed --profile``: the roles in the bed's namespaces are
+    still found and measured, thread by thread (without py-spy: the counters alone)."""
+    from trimtab_tools.bench.profile import profile_datapath
+
+    bed = testbed_factory(4)
+    summary = profile_datapath(
+        tmp_path, [4 << 20], 3, 1 << 20, warmup=1, install=False, testbed=bed
+    )
+    roles = summary["roles"]
+    assert roles["worker"]["processes"] == 2 and roles["server"]["processes"] == 2
+    for role in ("worker", "server"):
+        # Every byte crossed the bed by TCP: ZeroMQ's I/O thread did the kernel's work.
+        by_thread = roles[role]["sys_ms_per_step_by_thread"]
+        assert any(name.startswith("ZMQbg") and ms > 0 for name, ms in by_thread.items())
+    assert summary["shared_pushes"] == 0  # between hosts, never through shared memory
+    assert summary["steps"] == 3 and (tmp_path / "summary.txt").exists()
+
+
 @pytest.mark.timeout(280)
 def test_the_example_job_across_four_hosts_reaches_the_local_accuracy() -> None:
     from trimtab.launch.testbed import unavailable

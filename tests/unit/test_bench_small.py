@@ -69,6 +69,19 @@ def test_datapath_refuses_an_unknown_peer_before_running_anything(
     assert "byteps" in capsys.readouterr().err
 
 
+def test_a_profile_on_a_bed_where_none_can_be_made_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import trimtab_tools.bench.bed as bench_bed
+    import trimtab_tools.bench.profile as profile
+
+    monkeypatch.setattr(bench_bed, "unavailable", lambda: "needs root or CAP_NET_ADMIN")
+    ran: list[object] = []
+    monkeypatch.setattr(profile, "profile_datapath", lambda *a, **k: ran.append(k))
+    assert datapath.main(_args("--testbed", "--profile", str(tmp_path))) == 1
+    assert "CAP_NET_ADMIN" in capsys.readouterr().err and not ran
+
+
 def test_model_sizes_sum_to_the_model() -> None:
     sizes = datapath.model_sizes(100)
     assert sum(sizes) == 100 * datapath.MIB

@@ -42,7 +42,7 @@ host of a test bed, over TCP, against that bed's raw TCP floor
 
 ``--auth compare`` runs only the trimtab jobs, with authentication on, off and encrypted
 (:mod:`trimtab_tools.bench.auth`). ``--profile DIR`` runs only the trimtab job, under
-:mod:`trimtab_tools.bench.profile`.
+:mod:`trimtab_tools.bench.profile` (with ``--testbed``, on the bed).
 """
 
 from __future__ import annotations
@@ -326,7 +326,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="profile the trimtab job's timed steps instead (py-spy + per-thread CPU)",
+        help="profile the trimtab job's timed steps instead (py-spy + per-thread CPU); "
+        "with --testbed, on the bed",
     )
     p.add_argument(
         "--profile-small",
@@ -352,9 +353,18 @@ def main(args: argparse.Namespace) -> int:
             sizes, steps = [SMALL_BYTES], args.small_steps
         else:
             shape, sizes, steps = {}, model_sizes(args.model_mib), args.steps
-        summary = profile_datapath(
-            args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
-        )
+        with contextlib.ExitStack() as stack:
+            if args.testbed:
+                from trimtab_tools.bench.bed import HOSTS, shaped_bed
+
+                try:
+                    shape["testbed"] = stack.enter_context(shaped_bed(HOSTS, args.rate_mbit))
+                except RuntimeError as exc:
+                    print(f"trimtab bench datapath: {exc}", file=sys.stderr)
+                    return 1
+            summary = profile_datapath(
+                args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
+            )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
         return 0
     if args.replicas:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.launch.cores import machine_cpu
+from trimtab.launch.testbed import Testbed
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
 from trimtab_tools.bench.job import run_trimtab
 from trimtab_tools.bench.markers import DONE, READY
@@ -426,8 +427,12 @@ def profile_datapath(
     servers: int = 2,
     warmup: int = 3,
     install: bool = True,
+    testbed: Testbed | None = None,
 ) -> dict[str, Any]:
     """Profile the timed steps of one datapath job; write the files above into ``out``.
+    ``testbed``: each role on its own host of that bed, every byte through TCP (the
+    processes are still this one's children, and the counters and py-spy read them
+    from the machine's side).
 
     Blocks for the job (about as long as the benchmark's trimtab part) plus, the first
     time, py-spy's install (not tried unless ``install``). Without py-spy (the reason is
@@ -448,6 +453,7 @@ def profile_datapath(
     go = out / ".go"
     go.unlink(missing_ok=True)
     win = _Window(out, go, pyspy)
+    info: dict[str, Any] = {}
     try:
         times = run_trimtab(
             sizes,
@@ -458,6 +464,8 @@ def profile_datapath(
             warmup=warmup,
             go_file=go,
             on_line=win.on_line,
+            info=info,
+            testbed=testbed,
         )
     finally:
         win.stop_spies()
@@ -465,6 +473,8 @@ def profile_datapath(
     if win.error or not win.ended:
         raise RuntimeError(win.error or "the profiling window never closed (no DONE line)")
     summary = _summarise(win, steps, times, note)
+    # The pushes servers read from shared memory: 0 where every byte went through TCP.
+    summary["shared_pushes"] = info.get("shared_pushes")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.txt").write_text(render(summary))
     return summary
