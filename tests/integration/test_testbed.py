@@ -195,6 +195,22 @@ def test_cli_up_status_down() -> None:
                 remove_stale(everything=False)
 
 
+def test_cli_rate_measures_one_stream_and_the_cores_it_kept_busy() -> None:
+    from trimtab.launch.testbed import unavailable
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"no multi-host test bed here: {why}")
+    cli = [sys.executable, "-m", "trimtab", "testbed", "rate", "--seconds", "0.3"]
+    out = subprocess.run(
+        [*cli, "--rate", "80", "--json"], capture_output=True, text=True, env=ENV, check=True
+    )
+    got = json.loads(out.stdout)
+    assert 0 < got["bytes_per_s"] < 1.25 * 10e6 and got["shaped_mbit"] == 80
+    assert got["cores_busy"] is None or 0 <= got["cores_busy"] <= got["cores"] * 1.05
+    text = subprocess.run(cli, capture_output=True, text=True, env=ENV, check=True).stdout
+    assert "MB/s (unshaped)" in text and "cores busy" in text
+
+
 def test_without_the_capabilities_the_reason_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     import trimtab.launch.testbed as testbed
 

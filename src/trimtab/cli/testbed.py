@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from trimtab.launch.cores import available_cores
 from trimtab.launch.testbed import Testbed, list_beds, remove_stale
 
 
@@ -119,10 +120,25 @@ def _rate(args: argparse.Namespace) -> int:
     with Testbed(2) as bed:
         if args.rate > 0:
             bed.shape(1, rate_mbit=args.rate)
-        rate = bed.tcp_rate(0, 1, seconds=args.seconds)
+        stream = bed.tcp_stream(0, 1, seconds=args.seconds)
     if args.json:
-        print(json.dumps({"bytes_per_s": rate, "shaped_mbit": args.rate}))
+        print(
+            json.dumps(
+                {
+                    "bytes_per_s": stream.bytes_per_s,
+                    "shaped_mbit": args.rate,
+                    "cores_busy": stream.cores_busy,
+                    "cores": available_cores(),
+                }
+            )
+        )
     else:
         shaped = f" (tbf rate {args.rate:g}mbit)" if args.rate > 0 else " (unshaped)"
-        print(f"one TCP stream between two hosts: {rate / 1e6:.0f} MB/s{shaped}")
+        busy = (
+            ""
+            if stream.cores_busy is None
+            else f"; {stream.cores_busy:.2f} of this machine's {available_cores()} cores busy"
+        )
+        rate = stream.bytes_per_s / 1e6
+        print(f"one TCP stream between two hosts: {rate:.0f} MB/s{shaped}{busy}")
     return 0
