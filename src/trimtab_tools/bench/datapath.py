@@ -22,7 +22,8 @@ trimtab's alone. ``small_busy_ops_per_s`` and ``small_busy_no_spin_ops_per_s`` t
 1 KiB job, with and without polling, while one other process keeps a core busy (a
 machine shared with a user the job does not know of: polling must not cost there).
 ``floor_step_s`` = 4 x model bytes / ceiling: the bytes a PS step moves through loopback
-(2 workers each push and pull the model once).
+(2 workers each push and pull the model once). ``step_cores_busy``: the machine's cores
+busy over the job's timed steps (every role shares them).
 
 Between processes of one machine, trimtab moves chunks over 4 KiB through the workers'
 shared memory (``trimtab.transport.shm``), where the sockets' floor does not bound it, and its
@@ -223,6 +224,7 @@ def measure(
         "step_over_floor": round(step_s / floor, 3),
         "step_over_gloo": round(step_s / gloo["median_s"], 3),
         "shared_memory": bool(info.get("shared_pushes")),
+        "step_cores_busy": round(info["cores_busy"], 2) if info.get("cores_busy") else None,
         "spin_us": info.get("spin_us"),
         "step_no_lane_s": round(no_lane_s, 5),
         "step_over_no_lane": round(step_s / no_lane_s, 3),
