@@ -120,7 +120,7 @@ def test_one_stream_is_measured_with_the_cores_it_kept_busy() -> None:
     assert stream.bytes_per_s > 1e6
     # The sender and the receiver ran on the machine: something was busy, at most all.
     cores = os.cpu_count() or 1
-    assert stream.cores_busy is None or 0 < stream.cores_busy <= cores * 1.05
+    assert stream.cores_busy is None or 0 < stream.cores_busy <= cores + 1  # ticks: +-10 ms
 
 
 def test_kernel_shapes_the_link(testbed_factory: Factory) -> None:  # noqa: F811
@@ -206,7 +206,8 @@ def test_cli_rate_measures_one_stream_and_the_cores_it_kept_busy() -> None:
     )
     got = json.loads(out.stdout)
     assert 0 < got["bytes_per_s"] < 1.25 * 10e6 and got["shaped_mbit"] == 80
-    assert got["cores_busy"] is None or 0 <= got["cores_busy"] <= got["cores"] * 1.05
+    # (/proc/stat counts every CPU of the machine, a container's host's too)
+    assert got["cores_busy"] is None or 0 <= got["cores_busy"] <= (os.cpu_count() or 1) + 1
     text = subprocess.run(cli, capture_output=True, text=True, env=ENV, check=True).stdout
     assert "MB/s (unshaped)" in text and "cores busy" in text
 

@@ -139,16 +139,17 @@ def test_a_profile_on_the_bed_measures_each_role_on_its_host(
 
     bed = testbed_factory(4)
     summary = profile_datapath(
-        tmp_path, [4 << 20], 3, 1 << 20, warmup=1, install=False, testbed=bed
+        tmp_path, [16 << 20], 5, 1 << 20, warmup=1, install=False, testbed=bed
     )
     roles = summary["roles"]
     assert roles["worker"]["processes"] == 2 and roles["server"]["processes"] == 2
     for role in ("worker", "server"):
-        # Every byte crossed the bed by TCP: ZeroMQ's I/O thread did the kernel's work.
-        by_thread = roles[role]["sys_ms_per_step_by_thread"]
-        assert any(name.startswith("ZMQbg") and ms > 0 for name, ms in by_thread.items())
+        # Each process's threads were read while they all ran, ZeroMQ's I/O thread among
+        # them (its CPU in a few steps may be under the counters' 10 ms tick).
+        assert any(name.startswith("ZMQbg") for name in roles[role]["cpu_ms_per_step_by_thread"])
+    assert summary["cpu_ms_per_step_all"] > 0
     assert summary["shared_pushes"] == 0  # between hosts, never through shared memory
-    assert summary["steps"] == 3 and (tmp_path / "summary.txt").exists()
+    assert summary["steps"] == 5 and (tmp_path / "summary.txt").exists()
 
 
 @pytest.mark.timeout(280)

@@ -40,7 +40,8 @@ def machine_cpu(stat: Path = Path("/proc/stat")) -> tuple[float, float] | None:
     """Seconds of CPU the whole machine spent busy and idle since boot, all cores together
     (``/proc/stat``; steal counts as busy: the cores were not ours), or ``None`` where
     that cannot be read (not Linux). Two readings apart give the cores busy between
-    them (:func:`cores_busy`). Never blocks or raises."""
+    them (:func:`cores_busy`): every process's, and in a container its host's. Never
+    blocks or raises."""
     try:
         fields = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:9]]
     except (OSError, ValueError):

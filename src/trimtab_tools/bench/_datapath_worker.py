@@ -8,8 +8,10 @@ step is bound by the cores).
 
 With ``--go-file`` (the profiler's handshake), rank 0 prints :data:`READY` after the
 warm-up, waits for that file to exist before its timed steps, and prints :data:`DONE`
-right after them; the other ranks need no handshake: their first timed push waits for
-rank 0's (bsp).
+right after them; the other ranks need no handshake to start (their first timed push
+waits for rank 0's: bsp). Then every rank waits for the profiler's second file
+(:func:`~trimtab_tools.bench.markers.read_file`) before it goes on to shut down, so that
+the profiler reads the counters of every thread still running.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import trimtab.frontend.api
 from trimtab.frontend.compression import Compression, compressor
 from trimtab.launch.cores import cores_busy, machine_cpu
 from trimtab.transport.spin import spin_from_env
-from trimtab_tools.bench.markers import DONE, READY, RESULT
+from trimtab_tools.bench.markers import DONE, READY, RESULT, read_file
 
 LR = 0.1
 GRAD = 1e-3
@@ -78,8 +80,10 @@ def main() -> None:
         if step >= args.warmup:
             times.append(elapsed)
     busy = cores_busy(cpu, machine_cpu(), time.perf_counter() - started)
-    if lead and args.go_file is not None:
-        print(DONE, flush=True)
+    if args.go_file is not None:
+        if lead:
+            print(DONE, flush=True)
+        _await(read_file(args.go_file), 120.0)
     # The update must have happened: every element moved by lr * mean gradient per step
     # (float32 sums of many steps drift by a few ulps, hence the relative slack).
     # (With --compression the gradient travels rounded to fp16 / bf16.)

@@ -16,7 +16,9 @@ over exactly its timed steps, measures two things per process of the job:
 
 The handshake: worker 0 prints ``READY`` after its warm-up and waits for a go file; this
 module attaches py-spy, reads the CPU counters, and creates the file; worker 0 prints
-``DONE`` after its last timed step and the counters are read again. py-spy is taken from
+``DONE`` after its last timed step and the counters are read again, while every worker
+waits for a second file before it shuts down (a thread that ended first, under load,
+would take its CPU time with it). py-spy is taken from
 ``PATH`` or installed into a venv of its own (``pip install py-spy``); without it, the
 per-thread CPU times are still measured.
 
@@ -45,7 +47,7 @@ from trimtab.launch.cores import machine_cpu
 from trimtab.launch.testbed import Testbed
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
 from trimtab_tools.bench.job import run_trimtab
-from trimtab_tools.bench.markers import DONE, READY
+from trimtab_tools.bench.markers import DONE, READY, read_file
 
 __all__ = [
     "Role",
@@ -228,6 +230,8 @@ class _Window:
         finally:
             if line == READY:
                 self.go.touch()
+            elif line == DONE:
+                read_file(self.go).touch()  # the workers wait for it to shut down
 
     def _open(self) -> None:
         self.roles = child_roles(os.getpid())
@@ -452,6 +456,7 @@ def profile_datapath(
         note = f"no py-spy ({exc}); per-thread CPU times only"
     go = out / ".go"
     go.unlink(missing_ok=True)
+    read_file(go).unlink(missing_ok=True)
     win = _Window(out, go, pyspy)
     info: dict[str, Any] = {}
     try:
@@ -470,6 +475,7 @@ def profile_datapath(
     finally:
         win.stop_spies()
         go.unlink(missing_ok=True)
+        read_file(go).unlink(missing_ok=True)
     if win.error or not win.ended:
         raise RuntimeError(win.error or "the profiling window never closed (no DONE line)")
     summary = _summarise(win, steps, times, note)
