@@ -121,6 +121,7 @@ def _rate(args: argparse.Namespace) -> int:
         if args.rate > 0:
             bed.shape(1, rate_mbit=args.rate)
         stream = bed.tcp_stream(0, 1, seconds=args.seconds)
+    cores = available_cores()
     if args.json:
         print(
             json.dumps(
@@ -128,7 +129,7 @@ def _rate(args: argparse.Namespace) -> int:
                     "bytes_per_s": stream.bytes_per_s,
                     "shaped_mbit": args.rate,
                     "cores_busy": stream.cores_busy,
-                    "cores": available_cores(),
+                    "cores": cores,
                 }
             )
         )
@@ -137,7 +138,7 @@ def _rate(args: argparse.Namespace) -> int:
         busy = (
             ""
             if stream.cores_busy is None
-            else f"; {stream.cores_busy:.2f} of this machine's {available_cores()} cores busy"
+            else f"; {stream.cores_busy:.2f} of this machine's {cores} cores busy"
         )
         rate = stream.bytes_per_s / 1e6
         print(f"one TCP stream between two hosts: {rate:.0f} MB/s{shaped}{busy}")

@@ -77,7 +77,11 @@ def _stream(bed: Testbed, layout: Layout) -> Stream:
 
 def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
-    return round(statistics.median(known), 2) if known else None
+    return statistics.median(known) if known else None
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def measure_datapath(
@@ -136,10 +140,10 @@ def measure_datapath(
         "floor_step_s": round(floor, 5),
         "step_over_floor": round(step_s / floor, 3),
         "cores": cores,
-        "tcp_cores_busy": tcp_busy,
-        "step_cores_busy": _median([info.get("cores_busy")]),
+        "tcp_cores_busy": _round(tcp_busy, 2),
+        "step_cores_busy": _round(info.get("cores_busy"), 2),
         "arith_cpu_s": round(arith_s, 5),
-        "cpu_floor_step_s": round(cpu_floor, 5) if cpu_floor else None,
+        "cpu_floor_step_s": _round(cpu_floor, 5),
         "step_over_cpu_floor": round(step_s / cpu_floor, 3) if cpu_floor else None,
         "shared_memory": bool(info.get("shared_pushes")),
         "mxnet_step_s": round(mx, 5) if mx else None,
