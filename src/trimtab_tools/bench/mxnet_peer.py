@@ -16,15 +16,10 @@ whole to one server each.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +29,7 @@ from trimtab.launch.hosts import Layout
 from trimtab.launch.testbed import Host
 from trimtab_tools.bench._mxnet_worker import RESULT
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
+from trimtab_tools.bench.procs import Job
 
 __all__ = [
     "REQUIREMENTS",
@@ -116,78 +112,6 @@ def _free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # If the benchmark is killed outright, the kernel stops its children too (Linux).
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class _Job:
-    """The processes of one ps-lite job, their output, and their teardown."""
-
-    def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.lines: list[tuple[str, str]] = []
-        self._readers: list[threading.Thread] = []
-        self._lock = threading.Lock()
-
-    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> None:
-        popen = subprocess.Popen(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its own process group, killed whole on teardown
-            preexec_fn=_die_with_parent,
-        )
-        reader = threading.Thread(target=self._pump, args=(name, popen), daemon=True)
-        reader.start()
-        self.procs.append((name, popen))
-        self._readers.append(reader)
-
-    def _pump(self, name: str, popen: subprocess.Popen[bytes]) -> None:
-        assert popen.stdout is not None
-        for raw in iter(popen.stdout.readline, b""):
-            with self._lock:
-                self.lines.append((name, raw.decode(errors="replace").rstrip("\n")))
-
-    def log(self, last: int = 30) -> str:
-        with self._lock:
-            return "\n".join(f"[mxnet {n}] {line}" for n, line in self.lines[-last:])
-
-    def wait(self, names: Sequence[str], deadline: float) -> str | None:
-        """Wait for the named processes to exit; return why it failed, or ``None``."""
-        watched = [(n, p) for n, p in self.procs if n in names]
-        while True:
-            for n, p in self.procs:
-                code = p.poll()
-                if code is not None and code != 0:
-                    return f"{n} exited with status {code}"
-            if all(p.poll() is not None for _, p in watched):
-                return None
-            if time.monotonic() > deadline:
-                return "timed out"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Terminate, then kill, every process group still alive; reap all. Never raises."""
-        for _, p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(p.poll() is None for _, p in self.procs):
-            time.sleep(0.05)
-        for _, p in self.procs:
-            # Also whatever the process left in its group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        for reader in self._readers:
-            reader.join(timeout=2.0)
-
-
 def run_mxnet(
     python: Path,
     sizes: Sequence[int],
@@ -228,7 +152,7 @@ def run_mxnet(
         raise ValueError(f"need steps >= 1, warmup >= 0 and sizes: {steps}, {warmup}, {sizes}")
     if timeout_s is None:
         timeout_s = 60.0 + 5.0 * (warmup + steps)
-    job = _Job()
+    job = Job("mxnet")
     port = _free_port()
     base = dict(os.environ)
 
