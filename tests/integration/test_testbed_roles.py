@@ -152,6 +152,35 @@ def test_a_profile_on_the_bed_measures_each_role_on_its_host(
     assert summary["steps"] == 5 and (tmp_path / "summary.txt").exists()
 
 
+@pytest.mark.timeout(120)
+def test_the_lean_ps_runs_with_each_role_on_its_host(testbed_factory: Factory) -> None:  # noqa: F811
+    """``bench datapath --testbed --peers lean``: the lean PS's roles on trimtab's hosts
+    (a server binds its host's bed address, which only its namespace has), its workers
+    checking the SGD result of every step."""
+    from trimtab.launch.hosts import place
+    from trimtab_tools.bench.baselines.leanps import run_lean
+
+    bed = testbed_factory(4)
+    r = run_lean([4 << 20], 3, 1 << 20, warmup=1, layout=place(bed.hosts, 2, 2), timeout_s=100)
+    assert r["steps"] == 3 and r["median_s"] > 0
+
+
+@pytest.mark.timeout(200)
+def test_bench_datapath_on_the_bed_reports_the_lean_ps_beside_trimtab() -> None:
+    """``bench datapath --testbed --peers lean``'s figures: trimtab's step and the lean
+    PS's on the same hosts in one run, each against the bed's raw TCP floor."""
+    from trimtab.launch.testbed import unavailable
+    from trimtab_tools.bench.bed import measure_datapath
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"no multi-host test bed here: {why}")
+    r = measure_datapath([4 << 20], 3, 1 << 20, lean=True)
+    assert r["testbed"] and r["shared_memory"] is False  # every byte over the bed's TCP
+    assert r["lean_step_s"] > 0 and r["step_s"] > 0 and r["floor_step_s"] > 0
+    assert r["step_over_lean"] == pytest.approx(r["step_s"] / r["lean_step_s"], rel=0.01)
+    assert r["lean_over_floor"] == pytest.approx(r["lean_step_s"] / r["floor_step_s"], rel=0.01)
+
+
 @pytest.mark.timeout(280)
 def test_the_example_job_across_four_hosts_reaches_the_local_accuracy() -> None:
     from trimtab.launch.testbed import unavailable

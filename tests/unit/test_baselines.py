@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trimtab_tools.bench import baselines
-from trimtab_tools.bench.baselines import gloo
+from trimtab_tools.bench.baselines import gloo, leanps
 
 
 @pytest.mark.timeout(60)
@@ -84,3 +84,34 @@ def test_gloo_allreduce_rejects_bad_arguments() -> None:
         baselines.gloo_allreduce_s([10], repeats=0)
     with pytest.raises(ValueError):
         baselines.gloo_allreduce_s([10], world_size=1)
+
+
+def test_lean_ps_cuts_each_tensor_into_chunks_in_order() -> None:
+    chunks = leanps.chunks_of([8, 20, 4], 8)  # float32: 2, 5 and 1 elements; 2 a chunk
+    assert chunks == [(0, 0, 2), (1, 0, 2), (1, 2, 2), (1, 4, 1), (2, 0, 1)]
+    assert leanps.chunks_of([1 << 20], 1 << 30) == [(0, 0, 1 << 18)]
+
+
+def test_lean_ps_window_holds_all_but_one_and_releases_the_first_layers_first() -> None:
+    w = leanps._Window()
+    assert w.admit(b"a", 9)
+    assert not w.admit(b"a", 7) and not w.admit(b"a", 3) and not w.admit(b"a", 8)
+    assert w.admit(b"b", 5)  # another peer has a window of its own
+    assert [w.credit(b"a"), w.credit(b"a"), w.credit(b"a")] == [3, 7, 8]
+    assert w.credit(b"a") is None  # nothing held: the window is free again
+    assert w.admit(b"a", 1)
+
+
+@pytest.mark.timeout(120)
+def test_lean_ps_runs_the_step_between_processes_and_checks_its_result() -> None:
+    # 2 servers x 2 workers on loopback; each worker checks that its parameters hold the
+    # SGD result of every step (it exits 1 otherwise, and run_lean raises).
+    r = leanps.run_lean([1 << 20, 3 << 18, 4096], 3, 256 << 10, warmup=1, timeout_s=90)
+    assert r["steps"] == 3 and 0 < r["median_s"] <= r["p90_s"]
+
+
+def test_lean_ps_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="steps"):
+        leanps.run_lean([1 << 20], 0, 1 << 20)
+    with pytest.raises(ValueError, match="sizes"):
+        leanps.run_lean([], 3, 1 << 20)

@@ -18,8 +18,11 @@ CPU per byte) and the merge, update and copies of any synchronous PS step
 (``arith_cpu_s``, :func:`~trimtab_tools.bench.baselines.ps_arithmetic_cpu_s`);
 ``step_over_cpu_floor`` is what trimtab's own CPU (Python, per message) adds. With
 ``--peers mxnet``, MXNet's ``dist_sync`` runs on the same hosts, each process where
-trimtab's role of the same kind runs. With ``--rate-mbit R`` every host's link is shaped
-to R by ``tc`` (``tbf``) first.
+trimtab's role of the same kind runs; with ``--peers lean``, so does the lean PS
+(:mod:`~trimtab_tools.bench.baselines.leanps`: the same step in plain Python over pyzmq,
+nothing else): ``step_over_lean`` is what trimtab's own layers cost a step, and
+``lean_over_floor`` how near the floor Python and ZeroMQ alone come. With
+``--rate-mbit R`` every host's link is shaped to R by ``tc`` (``tbf``) first.
 
 Needs root or ``CAP_NET_ADMIN`` (:func:`trimtab.launch.testbed.unavailable` says why
 not); the bed is removed before this returns, whatever happens.
@@ -39,6 +42,7 @@ from trimtab.launch.hosts import Layout, place
 from trimtab.launch.tcprate import Stream
 from trimtab.launch.testbed import Testbed, unavailable
 from trimtab_tools.bench.baselines import ps_arithmetic_cpu_s
+from trimtab_tools.bench.baselines.leanps import run_lean
 from trimtab_tools.bench.job import run_trimtab
 
 __all__ = ["HOSTS", "measure_datapath", "shaped_bed"]
@@ -92,16 +96,19 @@ def measure_datapath(
     compression: str = "none",
     rate_mbit: float | None = None,
     mxnet: Callable[[Layout], tuple[dict[str, Any] | None, str | None]] | None = None,
+    lean: bool = False,
 ) -> dict[str, Any]:
-    """The datapath step on a bed, its floor, and (``mxnet``: a function that runs the
-    MXNet peer on a layout, or says why not) MXNet's step on the same hosts. Blocks for
-    the jobs (about a minute, more with MXNet); raises RuntimeError if trimtab's job
-    fails or no bed can be made here."""
+    """The datapath step on a bed, its floor, (``mxnet``: a function that runs the
+    MXNet peer on a layout, or says why not) MXNet's step on the same hosts, and
+    (``lean``) the lean PS's (:mod:`~trimtab_tools.bench.baselines.leanps`). Blocks for
+    the jobs (about a minute, more with MXNet); raises RuntimeError if trimtab's job or
+    the lean PS's fails, or no bed can be made here."""
     total = sum(sizes)
     arith_s = ps_arithmetic_cpu_s(total, chunk_bytes, workers=2)
     info: dict[str, Any] = {}
     streams: list[Stream] = []
     peer: dict[str, Any] | None = None
+    lean_run: dict[str, Any] | None = None
     skipped: str | None = "not asked for (--peers mxnet)"
     with shaped_bed(HOSTS, rate_mbit) as bed:
         layout = place(bed.hosts, 2, 2)
@@ -110,6 +117,8 @@ def measure_datapath(
         times = run_trimtab(
             sizes, steps, chunk_bytes, compression=compression, info=info, testbed=bed
         )
+        if lean:
+            lean_run = run_lean(sizes, steps, chunk_bytes, layout=layout)
         if mxnet is not None:
             peer, skipped = mxnet(layout)
         streams.extend(_stream(bed, layout) for _ in range(RATE_ROUNDS - 1))
@@ -121,6 +130,7 @@ def measure_datapath(
     tcp_busy = _median([s.cores_busy for s in streams])
     cpu_floor = (tcp_busy * floor + arith_s) / cores if tcp_busy is not None else None
     mx = peer["median_s"] if peer else None
+    lean_s = lean_run["median_s"] if lean_run else None
     return {
         "benchmark": "datapath",
         "testbed": True,
@@ -152,6 +162,9 @@ def measure_datapath(
         "mxnet_floor_over": round(mx / floor, 3) if mx else None,
         "mxnet_version": peer["version"] if peer else None,
         "mxnet_skipped": skipped,
+        "lean_step_s": round(lean_s, 5) if lean_s else None,
+        "step_over_lean": round(step_s / lean_s, 3) if lean_s else None,
+        "lean_over_floor": round(lean_s / floor, 3) if lean_s else None,
     }
 
 

@@ -9,6 +9,9 @@ In one run it measures, for the same bytes:
     push then pull, SGD on the servers), from a venv of its own made on first use,
     over TCP (``mxnet_step_s``) and in ps-lite's one-machine mode (``DMLC_LOCAL=1``:
     Unix-domain sockets, ``mxnet_ipc_step_s``);
+  * with ``--peers lean``, the lean PS (``baselines.leanps``: the same step in plain
+    Python over pyzmq, every byte through TCP; ``lean_step_s``), against the job with
+    every byte through TCP (``step_sockets_over_lean``: what trimtab's own layers cost);
   * small messages: trimtab round trips of one 1 KiB tensor (1 worker, 1 server; a step
     is a push and the wait for the updated value) against raw pyzmq REQ/REP round trips
     of the same 1 KiB between two processes.
@@ -37,7 +40,7 @@ copied in, its value copied out).
 ``--replicas 1`` runs only the 100 MiB trimtab job, without and with replicas,
 interleaved (:mod:`trimtab_tools.bench.replicas`).
 
-``--testbed`` runs the trimtab job (and ``--peers mxnet``) with each role on its own
+``--testbed`` runs the trimtab job (and ``--peers mxnet,lean``) with each role on its own
 host of a test bed, over TCP, against that bed's raw TCP floor
 (:mod:`trimtab_tools.bench.bed`).
 
@@ -65,7 +68,7 @@ from trimtab_tools.bench.baselines import (
 from trimtab_tools.bench.job import busy_process, run_trimtab
 
 MIB = 1 << 20
-PEERS = ("mxnet",)
+PEERS = ("mxnet", "lean")
 #: The small-message figure: one tensor of 256 float32.
 SMALL_BYTES = 1024
 
@@ -138,6 +141,11 @@ def measure(
             # ps-lite's own one-machine transport (DMLC_LOCAL: Unix-domain sockets), the
             # peer's counterpart of trimtab's shared memory.
             mxnet_ipc, _ = _mxnet(sizes, steps, venv, install, local=True)
+    lean = None
+    if "lean" in peers:
+        from trimtab_tools.bench.baselines.leanps import run_lean
+
+        lean = run_lean(sizes, steps, chunk_bytes)  # over TCP on loopback
     info: dict[str, Any] = {}
     times = run_trimtab(sizes, steps, chunk_bytes, compression=compression, info=info)
     # The same job with every byte through TCP, as across machines; and with shared
@@ -242,6 +250,8 @@ def measure(
         "mxnet_version": mxnet["version"] if mxnet else None,
         "mxnet_bigarray_bound": mxnet["bigarray_bound"] if mxnet else None,
         "mxnet_skipped": mxnet_skipped,
+        "lean_step_s": round(lean["median_s"], 5) if lean else None,
+        "step_sockets_over_lean": round(sockets_s / lean["median_s"], 3) if lean else None,
         "small_bytes": SMALL_BYTES,
         "small_steps": len(small),
         "small_rounds": SMALL_ROUNDS,
@@ -275,7 +285,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peers",
         default="",
-        help="comma-separated peers to run too: mxnet (MXNet 1.9.1 dist_sync KVStore)",
+        help="comma-separated peers to run too: mxnet (MXNet 1.9.1 dist_sync KVStore), "
+        "lean (the same step in plain Python over pyzmq: what trimtab's own layers cost)",
     )
     p.add_argument(
         "--mxnet-venv",
@@ -392,6 +403,7 @@ def main(args: argparse.Namespace) -> int:
                 compression=args.compression,
                 rate_mbit=args.rate_mbit,
                 mxnet=runner,
+                lean="lean" in peers,
             )
         except RuntimeError as exc:
             print(f"trimtab bench datapath: {exc}", file=sys.stderr)

@@ -15,6 +15,10 @@ trimtab's numbers can be read against them:
 * :func:`ps_arithmetic_cpu_s` -- the CPU time of the merge, update and copies that a
   synchronous PS step does whatever its data path (the test bed's CPU floor).
 
+:mod:`.leanps` (``--peers lean``) is a peer, not a figure of this host alone: the same
+2 x 2 step as trimtab's, in plain Python over pyzmq with nothing else, whose processes
+run where trimtab's roles run (on loopback or a test bed's hosts).
+
 All spawn helper processes (``multiprocessing`` "spawn" context), bind and connect
 on 127.0.0.1 only, and never hang: every wait has a timeout, and helper processes
 that outlive it are terminated. Importing this module has no side effects; torch
