@@ -16,10 +16,8 @@ whole to one server each.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +27,7 @@ from trimtab.launch.hosts import Layout
 from trimtab.launch.testbed import Host
 from trimtab_tools.bench._mxnet_worker import RESULT
 from trimtab_tools.bench._venv import ToolUnavailable, default_cache_dir, ensure_venv
-from trimtab_tools.bench.procs import Job
+from trimtab_tools.bench.procs import Job, step_figures
 
 __all__ = [
     "REQUIREMENTS",
@@ -194,17 +192,9 @@ def run_mxnet(
                 failed = None  # the measurement is done; the stragglers are killed below
     finally:
         job.stop()
-    if failed is not None:
-        what = f"timed out after {timeout_s:.0f}s" if failed == "timed out" else failed
-        raise RuntimeError(f"MXNet dist_sync job {what}:\n{job.log()}")
-    results = [json.loads(line[len(RESULT) :]) for _, line in job.lines if line.startswith(RESULT)]
-    if len(results) != 1 or len(results[0]["times"]) != steps:
-        raise RuntimeError(f"MXNet dist_sync job gave no result:\n{job.log()}")
-    times: list[float] = results[0]["times"]
+    result = job.result(failed, timeout_s, RESULT, steps, "MXNet dist_sync")
     return {
-        "median_s": statistics.median(times),
-        "p90_s": sorted(times)[int(0.9 * (len(times) - 1))],
-        "steps": len(times),
-        "version": results[0]["version"],
-        "bigarray_bound": results[0]["bigarray_bound"],
+        **step_figures(result["times"]),
+        "version": result["version"],
+        "bigarray_bound": result["bigarray_bound"],
     }

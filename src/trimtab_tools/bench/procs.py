@@ -5,16 +5,19 @@ whatever happens."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import statistics
 import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from trimtab.launch.procs import die_with_parent
 
-__all__ = ["Job"]
+__all__ = ["Job", "step_figures"]
 
 
 class Job:
@@ -86,3 +89,30 @@ class Job:
             p.wait()
         for reader in self._readers:
             reader.join(timeout=2.0)
+
+    def result(
+        self, failed: str | None, timeout_s: float, marker: str, steps: int, label: str
+    ) -> dict[str, Any]:
+        """The one result line (``marker`` and JSON with ``times``) the job printed, once
+        it ended; ``failed`` is what :meth:`wait` said. Raises RuntimeError, with the
+        last lines printed and ``label`` (the job's name), if it failed or timed out,
+        or did not print one result of ``steps`` times."""
+        if failed is not None:
+            what = f"timed out after {timeout_s:.0f}s" if failed == "timed out" else failed
+            raise RuntimeError(f"{label} job {what}:\n{self.log()}")
+        results = [
+            json.loads(line[len(marker) :]) for _, line in self.lines if line.startswith(marker)
+        ]
+        if len(results) != 1 or len(results[0].get("times", ())) != steps:
+            raise RuntimeError(f"{label} job gave no result:\n{self.log()}")
+        out: dict[str, Any] = results[0]
+        return out
+
+
+def step_figures(times: Sequence[float]) -> dict[str, Any]:
+    """``{"median_s", "p90_s", "steps"}`` of a job's step times. Never blocks."""
+    return {
+        "median_s": statistics.median(times),
+        "p90_s": sorted(times)[int(0.9 * (len(times) - 1))],
+        "steps": len(times),
+    }

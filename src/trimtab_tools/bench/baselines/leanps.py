@@ -32,7 +32,6 @@ import argparse
 import heapq
 import json
 import os
-import statistics
 import struct
 import sys
 import time
@@ -42,7 +41,7 @@ from typing import Any
 from trimtab.launch.hosts import Layout
 from trimtab.runtime.tensors import as_bytes
 from trimtab_tools.bench.markers import RESULT
-from trimtab_tools.bench.procs import Job
+from trimtab_tools.bench.procs import Job, step_figures
 
 __all__ = ["GRAD", "LR", "chunks_of", "run_lean"]
 
@@ -279,18 +278,7 @@ def run_lean(
         failed = job.wait([n for n, _ in job.procs], deadline)
     finally:
         job.stop()
-    if failed is not None:
-        what = f"timed out after {timeout_s:.0f}s" if failed == "timed out" else failed
-        raise RuntimeError(f"lean PS job {what}:\n{job.log()}")
-    results = [json.loads(line[len(RESULT) :]) for _, line in job.lines if line.startswith(RESULT)]
-    if len(results) != 1 or len(results[0]["times"]) != steps:
-        raise RuntimeError(f"lean PS job gave no result:\n{job.log()}")
-    times: list[float] = results[0]["times"]
-    return {
-        "median_s": statistics.median(times),
-        "p90_s": sorted(times)[int(0.9 * (len(times) - 1))],
-        "steps": len(times),
-    }
+    return step_figures(job.result(failed, timeout_s, RESULT, steps, "lean PS")["times"])
 
 
 def _port(job: Job, name: str, deadline: float) -> int:
