@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from trimtab.launch.hosts import Layout
-from trimtab.runtime.tensors import as_bytes
 from trimtab_tools.bench.markers import RESULT
 from trimtab_tools.bench.procs import Job, step_figures
 
@@ -98,6 +97,8 @@ def _fail(why: str) -> None:
 def _serve(host: str, index: int, servers: int, workers: int, sizes: list[int], cb: int) -> None:
     import torch
     import zmq
+
+    from trimtab.runtime.tensors import as_bytes  # (torch: only in the role's process)
 
     torch.set_num_threads(1)
     chunks = chunks_of(sizes, cb)
@@ -159,6 +160,8 @@ def _work(
 ) -> None:
     import torch
     import zmq
+
+    from trimtab.runtime.tensors import as_bytes
 
     torch.set_num_threads(1)
     chunks = chunks_of(sizes, cb)
