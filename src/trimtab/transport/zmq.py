@@ -31,13 +31,14 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
 from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.auth import ClientHandshake, JobKey, ServerHandshake
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
+from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
 from trimtab.transport.lane import (
     LaneClosed,
     LaneConnection,
@@ -78,8 +79,6 @@ log = logging.getLogger("trimtab.transport")
 _BURST = 64
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
-
-
 #: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
 LANE_ENV = "TRIMTAB_LANE"
 
@@ -258,7 +257,7 @@ class ZmqTransport(Transport):
             # as it does for its own departed peers (and so do we, for one never proven).
             sealed = self._sessions.seal_in(peer[2:], list(frames))
             if sealed is not None:
-                self._router.send_multipart([peer[2:], *sealed], copy=False)
+                send_frames(self._router, [peer[2:], *sealed])
             return
         address = peer[2:].decode()
         conn = self._lane_out.get(address)
@@ -267,7 +266,7 @@ class ZmqTransport(Transport):
         elif address in self._dealers:
             sealed = self._sessions.seal_out(address, list(frames))
             if sealed is not None:
-                self._dealers[address].send_multipart(sealed, copy=False)
+                send_frames(self._dealers[address], sealed)
         elif address in self._lost:
             self.connect(address)  # its lane broke: reconnect (the lane, or ZeroMQ)
             self.send(peer, frames)
@@ -394,12 +393,12 @@ class ZmqTransport(Transport):
                 continue
             for _ in range(_BURST):
                 try:
-                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    parts = recv_frames(sock)
                 except zmq.Again:
                     break
                 self._on_zmq(sock, parts)
                 # Asking is cheaper than the exception a receive on an empty socket raises.
-                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
                     break
 
     def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
@@ -419,7 +418,7 @@ class ZmqTransport(Transport):
         peer = self._dealer_peer[sock]
         frames, out = self._sessions.on_dealer(peer[2:].decode(), [p.buffer for p in parts])
         for message in out:
-            sock.send_multipart(message, copy=False)
+            send_frames(sock, message)
         if frames is not None:
             self._ready.append(Envelope(peer, frames))
 

@@ -1,0 +1,40 @@
+"""One ZeroMQ message, sent and received frame by frame (:mod:`trimtab.transport.frames`),
+over a real TCP connection on loopback: what ``send_multipart``/``recv_multipart`` would
+deliver, frames in order, one message not run into the next."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    port = a.bind_to_random_port("tcp://127.0.0.1")
+    b.connect(f"tcp://127.0.0.1:{port}")
+    yield a, b
+    a.close(linger=0)
+    b.close(linger=0)
+    ctx.term()
+
+
+@pytest.mark.timeout(30)
+def test_messages_arrive_whole_and_in_order(pair: tuple[zmq.Socket[bytes], ...]) -> None:
+    a, b = pair
+    big = memoryview(bytearray(range(256)) * 1024)  # over pyzmq's copy threshold: zero-copy
+    send_frames(b, [b"head", big, b"tail"])
+    send_frames(b, [b"alone"])
+    assert a.poll(10_000)
+    first = recv_frames(a)
+    assert [f.bytes for f in first] == [b"head", big.tobytes(), b"tail"]
+    assert a.poll(10_000)  # (the second message may trail the first off the wire)
+    assert [f.bytes for f in recv_frames(a)] == [b"alone"]
+    assert not a.getsockopt(EVENTS) & POLLIN
+    with pytest.raises(zmq.Again):
+        recv_frames(a)
