@@ -111,6 +111,61 @@ def test_held_pushes_reach_the_server_first_layers_first(
         ctx.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_steps_values_are_read_by_the_thread_that_waits_for_them(
+    cluster_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the training thread waits for a step's values, the credit thread leaves the
+    data sockets to it: each value is read by the thread that writes it, not read by
+    the credit thread and handed over (a wake-up and a thread switch per chunk). The
+    server sends no value of a step until the training thread has begun to wait, so
+    every value arrives while it waits, however busy the machine."""
+    from trimtab.roles.worker.client import WorkerClient
+
+    waiting = threading.Event()
+    readers: list[str] = []
+    reply, receiving, on_message = Receipts.reply, WorkerClient.receiving, WorkerClient._on_message
+
+    def reply_once_waited(self: Receipts, r: Any) -> None:
+        assert waiting.wait(30.0)
+        reply(self, r)
+
+    def marked(self: WorkerClient) -> Any:
+        waiting.set()
+        return receiving(self)
+
+    def recorded(self: WorkerClient, peer: bytes, frames: list[memoryview]) -> None:
+        if peer != self._coord and decode(frames[0], self.config.job)["o"] == Data.VALUE:
+            readers.append(threading.current_thread().name)
+        on_message(self, peer, frames)
+
+    cluster = cluster_factory(workers=1, servers=1, transport="tcp", chunk_bytes=CHUNK)
+    ctx = Context(
+        WorkerConfig(
+            coordinator=cluster.coordinator.address,
+            job=cluster.job,
+            rank=0,
+            request_timeout_s=30.0,
+            shared_memory=False,
+            credit_bytes=CHUNK,
+        )
+    )
+    try:
+        params = [torch.nn.Parameter(torch.ones(NUMEL)) for _ in NAMES]
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.5), list(zip(NAMES, params, strict=True)), context=ctx
+        )
+        monkeypatch.setattr(Receipts, "reply", reply_once_waited)
+        monkeypatch.setattr(WorkerClient, "receiving", marked)
+        monkeypatch.setattr(WorkerClient, "_on_message", recorded)
+        chain(params, [0, 1, 2, 3]).backward()
+        opt.step()
+        assert ctx.client.credit is not None and ctx.client.credit.stats.held >= 1
+        assert readers == [threading.current_thread().name] * len(NAMES), readers
+    finally:
+        ctx.close()
+
+
 @pytest.mark.timeout(60)
 def test_the_default_window_is_one_chunk_of_the_job(cluster_factory) -> None:
     """Unset, TRIMTAB_CREDIT_BYTES leaves one chunk in flight each way: the window is the

@@ -223,7 +223,7 @@ class Pusher:
         """Wait for the answers to ``params``' pushes (those arriving) and write them:
         values into the parameters, or mean gradients into their ``.grad``. Blocks."""
         started = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), self._ctx.client.receiving():
             for p in params:
                 sent = self.arriving.pop(p, None)
                 if sent is None:

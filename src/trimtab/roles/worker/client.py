@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 from trimtab.errors import (
     ChunkMoved,
     JobAborted,
-    NodeTimeout,
     ProtocolError,
     RemoteError,
 )
@@ -50,41 +50,14 @@ from trimtab.protocol.messages import (
 from trimtab.protocol.prefetch import read_map_news
 from trimtab.protocol.replica import read_failover_notice
 from trimtab.roles.worker.config import WorkerConfig
-from trimtab.roles.worker.replies import Reply, SharedMemoryRefused
+from trimtab.roles.worker.replies import DataFuture, Reply, SharedMemoryRefused, wait
 from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.worker")
 
-
-class _DataFuture(concurrent.futures.Future[Reply]):
-    """The future of a data request: waiting for it receives on the data sockets.
-    ``epoch`` is the placement epoch the request was routed by (its header's ``e``: an
-    int in a PUSH, PULL or INIT, absent from a STATS); ``address`` the server's, and
-    ``chunk`` the request's ``c`` (-1 for none), for a failover to fail it as moved."""
-
-    def __init__(self, client: WorkerClient, epoch: object, address: str, chunk: object) -> None:
-        super().__init__()
-        self.client = client
-        self.epoch = epoch
-        self.address = address
-        self.chunk = chunk if isinstance(chunk, int) else -1
-
-
-def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
-    """Block until ``future`` is done; return its reply. For a data request, the calling
-    thread receives replies itself meanwhile (and completes others' futures too).
-
-    Raises the remote error (:class:`RemoteError`, :class:`ChunkMoved`,
-    :class:`SharedMemoryRefused`), :class:`JobAborted`, or :class:`NodeTimeout` after ``timeout_s``.
-    """
-    if isinstance(future, _DataFuture):
-        future.client._drive(future, timeout_s)
-    try:
-        return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        raise NodeTimeout(f"no reply within {timeout_s:.0f}s; is the job still running?") from None
+__all__ = ["WorkerClient", "wait"]
 
 
 class WorkerClient:
@@ -115,6 +88,10 @@ class WorkerClient:
         # window too (crediting each as it reads it, so that the next is sent).
         self._held = threading.Event()
         self._owed: set[int] = set()  # request ids of pushes whose reply is unread
+        # Threads in wait() for a data reply: while any is, the credit thread leaves the
+        # data sockets to it, so the replies it waits for are read by itself, not handed
+        # over from another thread (a wake-up and a switch per chunk).
+        self._drivers = 0
         self._pump_thread: threading.Thread | None = None
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._lock = threading.Lock()
@@ -209,7 +186,7 @@ class WorkerClient:
             epochs = [
                 f.epoch
                 for f in self._pending.values()
-                if isinstance(f, _DataFuture) and isinstance(f.epoch, int)
+                if isinstance(f, DataFuture) and isinstance(f.epoch, int)
             ]
         return min([self.map_epoch, *epochs])
 
@@ -233,7 +210,7 @@ class WorkerClient:
         plain dict; this sets its ``i`` (the request id) and ``j``, and for a data
         request this worker's rank ``r`` and credential ``t``."""
         fut: concurrent.futures.Future[Reply] = (
-            _DataFuture(self, header.get("e"), to, header.get("c"))
+            DataFuture(self, header.get("e"), to, header.get("c"))
             if isinstance(to, str)
             else concurrent.futures.Future()
         )
@@ -243,7 +220,7 @@ class WorkerClient:
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
             return fut
-        if isinstance(fut, _DataFuture) and fut.address in self._lost:
+        if isinstance(fut, DataFuture) and fut.address in self._lost:
             fut.set_exception(ChunkMoved(fut.chunk, -1, self._lost[fut.address]))
             return fut
         with self._lock:
@@ -297,48 +274,73 @@ class WorkerClient:
             to, frames = self._data_out.popleft()
             self._data.send(self._data.connect(to), frames)
 
-    def _drive(self, fut: _DataFuture, timeout_s: float) -> None:
+    def drive(self, fut: DataFuture, timeout_s: float) -> None:
         """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
-        completing whichever futures the replies answer. Blocks; never raises (the
-        caller reads the outcome from ``fut``)."""
+        completing whichever futures the replies answer. The credit thread steps aside
+        meanwhile. Blocks; never raises (the caller reads the outcome from ``fut``)."""
+        if fut.done():
+            return
         deadline = time.monotonic() + timeout_s
-        while not fut.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if not self._data_lock.acquire(blocking=False):
-                # Another thread is receiving; it completes our future too.
-                concurrent.futures.wait([fut], timeout=min(left, 0.005))
-                continue
-            try:
-                self._send_data_locked()
-                # Short slices, so a job that ended (the I/O thread fails every future)
-                # or a request queued by another thread is seen soon.
-                env = self._data.recv(min(left, 0.05))
-                while env is not None:
-                    self._on_message(env.peer, env.frames)
-                    if self._data_out:  # pushes the credit just read released
-                        self._send_data_locked()
-                    if fut.done():
-                        break
-                    env = self._data.recv(0)
-            except Exception as exc:  # a broken data socket ends the job, said once
-                log.exception("worker data sockets failed")
-                self._fail(f"worker data sockets failed: {exc}")
-            finally:
-                self._data_lock.release()
-            self._flush_data()
+        with self.receiving():
+            while not fut.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if not self._data_lock.acquire(blocking=False):
+                    # The credit thread (woken: it steps aside) or another waiting
+                    # thread, which completes our future too.
+                    self._data.wake()
+                    if not self._data_lock.acquire(timeout=min(left, 0.005)):
+                        continue
+                try:
+                    self._send_data_locked()
+                    # Short slices, so a job that ended (the I/O thread fails every
+                    # future) or a request queued by another thread is seen soon.
+                    env = self._data.recv(min(left, 0.05))
+                    while env is not None:
+                        self._on_message(env.peer, env.frames)
+                        if self._data_out:  # pushes the credit just read released
+                            self._send_data_locked()
+                        if fut.done():
+                            break
+                        env = self._data.recv(0)
+                except Exception as exc:  # a broken data socket ends the job, said once
+                    log.exception("worker data sockets failed")
+                    self._fail(f"worker data sockets failed: {exc}")
+                finally:
+                    self._data_lock.release()
+                self._flush_data()
+
+    @contextlib.contextmanager
+    def receiving(self) -> Iterator[None]:
+        """While in it, the calling thread reads the data sockets itself whenever it
+        waits for a reply (:func:`wait`), and the credit thread stays off them: a
+        caller that waits for many replies in a row (a step's values) holds it around
+        them all, so that no reply is handed from one thread to another. On leaving,
+        the credit thread takes over again if pushes are held or values owed. Never
+        blocks (beyond a short lock)."""
+        with self._lock:
+            self._drivers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._drivers -= 1
+                last = self._drivers == 0
+            if last and (self._owed or (self.credit is not None and self.credit.holding())):
+                self._held.set()  # the credit thread takes the sockets back
 
     def _pump(self) -> None:
-        """The credit thread: while the gate holds pushes, receive on the data sockets
-        (when no waiting thread does) so that each CREDIT sends the next held push even
+        """The credit thread: while the gate holds pushes or values are owed, and no
+        thread waits for a reply (:meth:`drive`, which then reads them itself),
+        receive on the data sockets so that each CREDIT sends the next held push even
         while the training thread computes. Blocks until :meth:`close`."""
         gate = self.credit
         assert gate is not None
         while self._running:
             self._held.wait(0.1)
             self._held.clear()
-            while self._running and (gate.holding() or self._owed):
+            while self._running and not self._drivers and (self._owed or gate.holding()):
                 if not self._data_lock.acquire(timeout=0.05):
                     continue
                 try:
@@ -347,9 +349,9 @@ class WorkerClient:
                     while env is not None:
                         self._on_message(env.peer, env.frames)
                         self._send_data_locked()
-                        env = self._data.recv_queued()
+                        env = None if self._drivers else self._data.recv_queued()
                     self._send_data_locked()
-                except Exception as exc:  # as in _drive: a broken data socket ends the job
+                except Exception as exc:  # as in drive: a broken data socket ends the job
                     log.exception("worker data sockets failed")
                     self._fail(f"worker data sockets failed: {exc}")
                     return
@@ -459,7 +461,7 @@ class WorkerClient:
         with self._lock:
             self._lost[address] = epoch
             lost = [r for r, f in self._pending.items() if getattr(f, "address", "") == address]
-            futures = [cast(_DataFuture, self._pending.pop(rid)) for rid in lost]
+            futures = [cast(DataFuture, self._pending.pop(rid)) for rid in lost]
             self._owed.difference_update(lost)
         log.warning("server %s is lost: %d requests go to the new owners (map %d)",
                     address, len(futures), epoch)  # fmt: skip
