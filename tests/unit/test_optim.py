@@ -9,6 +9,7 @@ from trimtab import ConfigError
 from trimtab.roles.server.optim import ChunkOptimizer, OptimizerMode, choose_mode, hyperparameters
 
 CASES = [
+    (torch.optim.SGD, {"lr": 0.1}),  # plain: the server's fused step
     (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
     (torch.optim.SGD, {"lr": 0.1, "momentum": 0.5, "dampening": 0.1}),
     (torch.optim.Adam, {"lr": 0.01, "betas": (0.8, 0.99), "weight_decay": 0.1}),
@@ -75,6 +76,9 @@ def test_server_step_is_torchs_step_bit_for_bit(
             chunk.step(grad.clone())
     assert torch.equal(chunk.param.detach(), ref_param.detach())
     assert not chunk.param.requires_grad and chunk.param.grad is None
-    ref_state = ref.state_dict()["state"][0]
-    for key, value in chunk.state_dict()["state"][0].items():
-        assert torch.equal(torch.as_tensor(value), torch.as_tensor(ref_state[key])), key
+    ref_states, states = ref.state_dict()["state"], chunk.state_dict()["state"]
+    assert states.keys() == ref_states.keys()  # (plain SGD keeps none)
+    for i, state in states.items():
+        assert state.keys() == ref_states[i].keys()
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(ref_states[i][key])), key
