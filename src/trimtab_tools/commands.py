@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trimtab_tools.bench import collectives, datapath, overlap
+from trimtab_tools.bench import collectives, datapath, msgcost, overlap
 from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
 
 
@@ -46,6 +46,9 @@ def add_commands(sub: Any) -> None:
     collectives.add_arguments(
         bench_sub.add_parser("collectives", help="one scalar allreduce through the coordinator")
     )
+    msgcost.add_arguments(
+        bench_sub.add_parser("msgcost", help="CPU per chunk of worker and server, vs the lean PS")
+    )
     bench.set_defaults(handler=_bench)
 
 
@@ -55,5 +58,5 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    drivers = {"overlap": overlap.main, "collectives": collectives.main}
+    drivers = {"overlap": overlap.main, "collectives": collectives.main, "msgcost": msgcost.main}
     return drivers.get(args.bench, datapath.main)(args)

@@ -35,7 +35,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from trimtab.launch.hosts import Layout
@@ -94,7 +94,18 @@ def _fail(why: str) -> None:
     raise SystemExit(1)
 
 
-def _serve(host: str, index: int, servers: int, workers: int, sizes: list[int], cb: int) -> None:
+def _serve(
+    host: str,
+    index: int,
+    servers: int,
+    workers: int,
+    sizes: list[int],
+    cb: int,
+    announce: Callable[[int], None] | None = None,
+) -> None:
+    """Server ``index``: bind on ``host``, say the port (``announce``, else a
+    ``LEANPS_PORT`` line), serve until every worker said BYE. Blocks; exits the process
+    (SystemExit) on a message it refuses or a silence of :data:`WAIT_S`."""
     import torch
     import zmq
 
@@ -110,7 +121,10 @@ def _serve(host: str, index: int, servers: int, workers: int, sizes: list[int], 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     port = sock.bind_to_random_port(f"tcp://{host}")
-    print(f"{_PORT}{port}", flush=True)
+    if announce is not None:
+        announce(port)
+    else:
+        print(f"{_PORT}{port}", flush=True)
     peers: list[bytes] = []
     done = 0
 
@@ -157,7 +171,10 @@ def _serve(host: str, index: int, servers: int, workers: int, sizes: list[int], 
 
 def _work(
     addresses: list[str], rank: int, sizes: list[int], cb: int, steps: int, warmup: int
-) -> None:
+) -> list[float]:
+    """Worker ``rank``: ``warmup + steps`` steps against the servers at ``addresses``;
+    returns the timed steps' seconds. Blocks; exits the process (SystemExit) if the SGD
+    result is wrong or a server falls silent."""
     import torch
     import zmq
 
@@ -225,8 +242,7 @@ def _work(
         s.send(_HEADER.pack(_BYE, rank, 0))
         s.close(linger=1000)
     ctx.term()
-    if rank == 0:
-        print(RESULT + json.dumps({"times": times}), flush=True)
+    return times
 
 
 def run_lean(
@@ -315,7 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _serve(host, int(index), int(servers), int(workers), sizes, a.chunk_bytes)
     else:
         addresses, rank = a.args
-        _work(addresses.split(","), int(rank), sizes, a.chunk_bytes, a.steps, a.warmup)
+        times = _work(addresses.split(","), int(rank), sizes, a.chunk_bytes, a.steps, a.warmup)
+        if int(rank) == 0:
+            print(RESULT + json.dumps({"times": times}), flush=True)
     return 0
 
 

@@ -1,0 +1,260 @@
+"""``trimtab bench msgcost``: the CPU one chunk of a step costs trimtab's worker and
+server, beside the lean PS's, measured where the machine's noise reaches it least.
+
+The data path's step on the test bed is bound by CPU (2 cores for 4 processes), and its
+step time moves by up to 2 x between runs with the machine's load, which hides a change
+of a few percent. This measures the same work per chunk as CPU time instead: one worker
+and one server as threads of this process, over ZeroMQ TCP on 127.0.0.1 (no local lane,
+no shared memory), with P3's credit of one chunk each way, as on the bed. Chunks of
+``--chunk-bytes`` (16 KiB: above the size that travels inside the header, small enough
+that torch's arithmetic is a few us) make the per-message work, not the bytes, the cost.
+Then the lean PS (:mod:`~trimtab_tools.bench.baselines.leanps`) runs the same steps, its
+server a thread of this process too. Rounds alternate between the two.
+
+Per chunk, in us of CPU (``/proc/self/task/*/stat``, over the timed steps):
+
+* ``worker_us``: the worker's Python threads (the training thread; trimtab's credit
+  and I/O threads too);
+* ``server_us``: the server's thread;
+* ``other_us``: the rest of the process: ZeroMQ's I/O threads, pyzmq's garbage
+  collector, trimtab's coordinator (nearly idle);
+* ``wall_us``: the step's wall time per chunk (two threads sharing one GIL: read the CPU).
+
+Authentication is off in both (a MAC costs about 1 us a message; ``bench datapath
+--auth compare`` measures it). Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["add_arguments", "main", "measure"]
+
+#: Tensors of the model, and chunks per tensor: 100 chunks a step, as the bed's 100 MiB.
+TENSORS = 4
+CHUNKS_PER_TENSOR = 25
+#: Untimed steps first (connections, torch's first calls).
+WARMUP = 20
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_by_thread() -> dict[str, float]:
+    """CPU seconds (user + kernel) of each live thread of this process, by ``name:tid``
+    (the Python thread's name, else the kernel's). Never blocks."""
+    names = {th.native_id: th.name for th in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        name = names.get(int(tid)) or stat[stat.index("(") + 1 : stat.rindex(")")]
+        out[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def _process_cpu() -> float:
+    """CPU seconds of the whole process, ended threads included. Never blocks."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _split(
+    before: dict[str, float], after: dict[str, float], total: float, worker: set[str], server: str
+) -> dict[str, float]:
+    """CPU seconds of the worker's threads (names in ``worker``), the server's thread
+    (``server``) and the rest of ``total`` (the process's), between two snapshots."""
+
+    def of(pred: Callable[[str], bool]) -> float:
+        return sum(v - before.get(k, 0.0) for k, v in after.items() if pred(k.split(":")[0]))
+
+    w, s = of(lambda n: n in worker), of(lambda n: n == server)
+    return {"worker": w, "server": s, "other": max(0.0, total - w - s)}
+
+
+def _trimtab_round(chunk_bytes: int, steps: int) -> dict[str, float]:
+    """One timed run of trimtab's roles; CPU seconds by part and wall seconds."""
+    import torch
+
+    import trimtab
+    from trimtab import Context, WorkerConfig
+    from trimtab.roles.coordinator.config import CoordinatorConfig
+    from trimtab.roles.coordinator.node import Coordinator
+    from trimtab.roles.server.config import ServerConfig
+    from trimtab.roles.server.node import Server
+    from trimtab.transport import ZmqTransport
+
+    job = uuid.uuid4().hex[:8]
+    coord = Coordinator(
+        CoordinatorConfig(num_workers=1, num_servers=1, job=job, chunk_bytes=chunk_bytes),
+        ZmqTransport(bind=True, lane=False),
+    )
+    coord_thread = coord.start()
+    server = Server(
+        ServerConfig(coordinator=coord.address, job=job), ZmqTransport(bind=True, lane=False)
+    )
+    server_thread = server.start()
+    config = WorkerConfig(
+        coordinator=coord.address,
+        job=job,
+        rank=0,
+        shared_memory=False,
+        credit_bytes=-1,  # one chunk in flight each way: the default of a real job
+    )
+    ctx = Context(config, transport=ZmqTransport(bind=False, lane=False))
+    try:
+        numel = CHUNKS_PER_TENSOR * chunk_bytes // 4
+        params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(TENSORS)]
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.1),
+            [(f"t{i}", p) for i, p in enumerate(params)],
+            context=ctx,
+        )
+        grad = torch.full((numel,), 1e-3)
+
+        def step() -> None:
+            for p in params:
+                p.grad = grad
+            opt.step()
+
+        for _ in range(WARMUP):
+            step()
+        before, total, started = _cpu_by_thread(), _process_cpu(), time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - started
+        total, after = _process_cpu() - total, _cpu_by_thread()
+        want = -0.1 * 1e-3 * (WARMUP + steps)
+        if abs(params[0][0].item() - want) > 1e-6 + 1e-4 * abs(want):
+            raise RuntimeError(f"trimtab's step went wrong: {params[0][0].item()} != {want}")
+    finally:
+        ctx.close()  # the job's only worker is done: the coordinator ends the job
+        for thread in (server_thread, coord_thread):
+            thread.join(10.0)
+        if coord_thread.is_alive() or server_thread.is_alive():
+            coord.abort("trimtab bench msgcost is over")
+            server.stop()
+    cpu = _split(
+        before, after, total, {"MainThread", "trimtab-credit", "trimtab-io"}, "trimtab-server"
+    )
+    return {**cpu, "wall": wall}
+
+
+def _lean_round(chunk_bytes: int, steps: int) -> dict[str, float]:
+    """One run of the lean PS (its server a thread), all of it timed (its workers time
+    no warm-up apart); as :func:`_trimtab_round`. Its threads end with the run, so each
+    measures its own CPU (``time.thread_time``), and ZeroMQ's are the process's rest."""
+    from trimtab_tools.bench.baselines import leanps
+
+    sizes = [CHUNKS_PER_TENSOR * chunk_bytes] * TENSORS
+    ports: list[int] = []
+    ready = threading.Event()
+    server_cpu: list[float] = []
+
+    def serve() -> None:
+        started = time.thread_time()
+        try:
+            leanps._serve("127.0.0.1", 0, 1, 1, sizes, chunk_bytes, announce)
+        finally:
+            server_cpu.append(time.thread_time() - started)
+
+    def announce(port: int) -> None:
+        ports.append(port)
+        ready.set()
+
+    thread = threading.Thread(target=serve, name="leanps-server", daemon=True)
+    total = _process_cpu()
+    thread.start()
+    if not ready.wait(60.0):
+        raise RuntimeError("the lean PS's server did not start")
+    worker, started = time.thread_time(), time.perf_counter()
+    try:
+        leanps._work([f"tcp://127.0.0.1:{ports[0]}"], 0, sizes, chunk_bytes, steps, 0)
+    except SystemExit as exc:  # (its roles end their process on a failure)
+        raise RuntimeError(f"the lean PS failed: {exc}") from None
+    worker, wall = time.thread_time() - worker, time.perf_counter() - started
+    thread.join(30.0)
+    if not server_cpu:
+        raise RuntimeError("the lean PS's server did not finish")
+    total = _process_cpu() - total
+    return {
+        "worker": worker,
+        "server": server_cpu[0],
+        "other": max(0.0, total - worker - server_cpu[0]),
+        "wall": wall,
+    }
+
+
+def measure(chunk_bytes: int = 16384, steps: int = 300, rounds: int = 3) -> dict[str, Any]:
+    """Run ``rounds`` rounds of trimtab's roles and of the lean PS, alternating; return
+    the medians per chunk (us) and the ratios. Blocks for the runs (about 10 s a round
+    at the defaults). Raises ``RuntimeError`` if a run fails, ``ValueError`` for
+    arguments out of range."""
+    if steps < 1 or rounds < 1 or chunk_bytes < 8192 or chunk_bytes % 4:
+        raise ValueError("need steps >= 1, rounds >= 1, chunk_bytes >= 8192 and a multiple of 4")
+    import torch
+
+    torch.set_num_threads(1)
+    chunks = steps * TENSORS * CHUNKS_PER_TENSOR
+    runs: dict[str, list[dict[str, float]]] = {"trimtab": [], "lean": []}
+    for _ in range(rounds):
+        runs["trimtab"].append(_trimtab_round(chunk_bytes, steps))
+        runs["lean"].append(_lean_round(chunk_bytes, WARMUP + steps))
+    lean_chunks = (WARMUP + steps) * TENSORS * CHUNKS_PER_TENSOR
+
+    def per_chunk(which: str, n: int) -> dict[str, float]:
+        return {
+            f"{part}_us": round(statistics.median(r[part] for r in runs[which]) / n * 1e6, 1)
+            for part in ("worker", "server", "other", "wall")
+        }
+
+    tt, lean = per_chunk("trimtab", chunks), per_chunk("lean", lean_chunks)
+    return {
+        "benchmark": "msgcost",
+        "chunk_bytes": chunk_bytes,
+        "chunks_per_step": TENSORS * CHUNKS_PER_TENSOR,
+        "steps": steps,
+        "rounds": rounds,
+        "auth": False,
+        "trimtab": tt,
+        "lean": lean,
+        "worker_over_lean": round(tt["worker_us"] / lean["worker_us"], 2),
+        "server_over_lean": round(tt["server_us"] / lean["server_us"], 2),
+    }
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--steps", type=int, default=300, help="timed steps a round (300)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating (3)")
+    p.add_argument("--chunk-bytes", type=int, default=16384, help="chunk size (16384)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        result = measure(args.chunk_bytes, args.steps, args.rounds)
+    except (ValueError, RuntimeError) as exc:
+        print(f"trimtab bench msgcost: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for which in ("trimtab", "lean"):
+        parts = ", ".join(f"{k[:-3]} {v:.1f}" for k, v in result[which].items())
+        print(f"{which:>8}: us per chunk: {parts}")
+    print(
+        f"worker / lean {result['worker_over_lean']:.2f}, "
+        f"server / lean {result['server_over_lean']:.2f}"
+    )
+    return 0
