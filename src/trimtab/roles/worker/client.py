@@ -25,7 +25,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 from trimtab.errors import (
@@ -51,6 +51,7 @@ from trimtab.protocol.prefetch import read_map_news
 from trimtab.protocol.replica import read_failover_notice
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.replies import DataFuture, Reply, SharedMemoryRefused, wait
+from trimtab.roles.worker.turns import Turns
 from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
@@ -83,15 +84,11 @@ class WorkerClient:
         if config.credit_bytes != 0:
             window = max(config.credit_bytes, 1)
             self.credit = CreditGate(window, ordered=config.credit_ordered)
-        # Set when the gate holds a push or a push owes a value: the pump thread then
-        # receives the credit that releases it, and the values the servers hold to a
-        # window too (crediting each as it reads it, so that the next is sent).
-        self._held = threading.Event()
         self._owed: set[int] = set()  # request ids of pushes whose reply is unread
-        # Threads in wait() for a data reply: while any is, the credit thread leaves the
-        # data sockets to it, so the replies it waits for are read by itself, not handed
-        # over from another thread (a wake-up and a switch per chunk).
-        self._drivers = 0
+        # The credit thread's turn on the data sockets, or a waiting thread's.
+        self._turns = Turns(
+            lambda: bool(self._owed) or (self.credit is not None and self.credit.holding())
+        )
         self._pump_thread: threading.Thread | None = None
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._lock = threading.Lock()
@@ -153,7 +150,7 @@ class WorkerClient:
         if self._thread is not None:
             self._thread.join(timeout=10.0)
         if self._pump_thread is not None:
-            self._held.set()
+            self._turns.wake()
             self._pump_thread.join(timeout=10.0)
         if self._data_lock.acquire(timeout=10.0):
             try:
@@ -236,12 +233,11 @@ class WorkerClient:
                 plain["ak"] = True
                 plain["vk"] = gate.window
                 self._owed.add(rid)
-                self._held.set()
+                self._turns.wake()
                 message = (to, [encode(header), *frames])
                 nbytes = sum(memoryview(f).nbytes for f in frames)
                 if not gate.admit(to, rid, nbytes, int(plain.get("c", 0)), message):
-                    self._held.set()  # the pump receives the credit that releases it
-                    return fut
+                    return fut  # (the pump, woken above, reads the credit that releases it)
                 self._data_out.append(message)
             else:
                 if gate is not None:  # a push resent through shared memory: no credit
@@ -281,7 +277,8 @@ class WorkerClient:
         if fut.done():
             return
         deadline = time.monotonic() + timeout_s
-        with self.receiving():
+        self._turns.enter()
+        try:
             while not fut.done():
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -310,25 +307,15 @@ class WorkerClient:
                 finally:
                     self._data_lock.release()
                 self._flush_data()
+        finally:
+            self._turns.leave()
 
-    @contextlib.contextmanager
-    def receiving(self) -> Iterator[None]:
+    def receiving(self) -> contextlib.AbstractContextManager[None]:
         """While in it, the calling thread reads the data sockets itself whenever it
         waits for a reply (:func:`wait`), and the credit thread stays off them: a
         caller that waits for many replies in a row (a step's values) holds it around
-        them all, so that no reply is handed from one thread to another. On leaving,
-        the credit thread takes over again if pushes are held or values owed. Never
-        blocks (beyond a short lock)."""
-        with self._lock:
-            self._drivers += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._drivers -= 1
-                last = self._drivers == 0
-            if last and (self._owed or (self.credit is not None and self.credit.holding())):
-                self._held.set()  # the credit thread takes the sockets back
+        them all (:class:`~trimtab.roles.worker.turns.Turns`). Never blocks."""
+        return self._turns.receiving()
 
     def _pump(self) -> None:
         """The credit thread: while the gate holds pushes or values are owed, and no
@@ -338,9 +325,8 @@ class WorkerClient:
         gate = self.credit
         assert gate is not None
         while self._running:
-            self._held.wait(0.1)
-            self._held.clear()
-            while self._running and not self._drivers and (self._owed or gate.holding()):
+            self._turns.pause(0.1)
+            while self._running and not self._turns.waiting and (self._owed or gate.holding()):
                 if not self._data_lock.acquire(timeout=0.05):
                     continue
                 try:
@@ -349,7 +335,7 @@ class WorkerClient:
                     while env is not None:
                         self._on_message(env.peer, env.frames)
                         self._send_data_locked()
-                        env = None if self._drivers else self._data.recv_queued()
+                        env = None if self._turns.waiting else self._data.recv_queued()
                     self._send_data_locked()
                 except Exception as exc:  # as in drive: a broken data socket ends the job
                     log.exception("worker data sockets failed")
