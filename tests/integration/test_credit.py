@@ -7,11 +7,13 @@ values to the same window, and each value the worker reads is credited back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +132,12 @@ def test_a_steps_values_are_read_by_the_thread_that_waits_for_them(
         assert waiting.wait(30.0)
         reply(self, r)
 
-    def marked(self: WorkerClient) -> Any:
-        waiting.set()
-        return receiving(self)
+    @contextlib.contextmanager
+    def marked(self: WorkerClient) -> Iterator[None]:
+        with receiving(self):
+            waiting.set()
+            yield
+            waiting.clear()  # (the next step's values wait for its own wait)
 
     def recorded(self: WorkerClient, peer: bytes, frames: list[memoryview]) -> None:
         if peer != self._coord and decode(frames[0], self.config.job)["o"] == Data.VALUE:
@@ -158,10 +163,17 @@ def test_a_steps_values_are_read_by_the_thread_that_waits_for_them(
         monkeypatch.setattr(Receipts, "reply", reply_once_waited)
         monkeypatch.setattr(WorkerClient, "receiving", marked)
         monkeypatch.setattr(WorkerClient, "_on_message", recorded)
-        chain(params, [0, 1, 2, 3]).backward()
-        opt.step()
+        steps = 3
+        for _ in range(steps):
+            opt.zero_grad()
+            chain(params, [0, 1, 2, 3]).backward()
+            opt.step()
         assert ctx.client.credit is not None and ctx.client.credit.stats.held >= 1
-        assert readers == [threading.current_thread().name] * len(NAMES), readers
+        # The credit thread may finish the one message it was reading as the training
+        # thread began to wait; every other value is the training thread's own.
+        me = threading.current_thread().name
+        assert len(readers) == steps * len(NAMES), readers
+        assert readers.count(me) >= steps * (len(NAMES) - 1), readers
     finally:
         ctx.close()
 
