@@ -43,6 +43,21 @@ def chain(params: list[torch.Tensor], order: list[int]) -> torch.Tensor:
     return x.sum()
 
 
+def credited(cluster: Any) -> Context:
+    """The context of the cluster's worker 0, through TCP only, with room for one chunk
+    in flight each way."""
+    return Context(
+        WorkerConfig(
+            coordinator=cluster.coordinator.address,
+            job=cluster.job,
+            rank=0,
+            request_timeout_s=30.0,
+            shared_memory=False,
+            credit_bytes=CHUNK,
+        )
+    )
+
+
 @pytest.mark.timeout(120)
 def test_held_pushes_reach_the_server_first_layers_first(
     cluster_factory, monkeypatch: pytest.MonkeyPatch
@@ -67,16 +82,7 @@ def test_held_pushes_reach_the_server_first_layers_first(
 
     monkeypatch.setattr(Receipts, "acknowledge", slow_receipts)
     cluster = cluster_factory(workers=1, servers=1, transport="tcp", chunk_bytes=CHUNK)
-    ctx = Context(
-        WorkerConfig(
-            coordinator=cluster.coordinator.address,
-            job=cluster.job,
-            rank=0,
-            request_timeout_s=30.0,
-            shared_memory=False,
-            credit_bytes=CHUNK,
-        )
-    )
+    ctx = credited(cluster)
     try:
         params = [torch.nn.Parameter(torch.ones(NUMEL)) for _ in NAMES]
         opt = trimtab.DistributedOptimizer(
@@ -145,16 +151,7 @@ def test_a_steps_values_are_read_by_the_thread_that_waits_for_them(
         on_message(self, peer, frames)
 
     cluster = cluster_factory(workers=1, servers=1, transport="tcp", chunk_bytes=CHUNK)
-    ctx = Context(
-        WorkerConfig(
-            coordinator=cluster.coordinator.address,
-            job=cluster.job,
-            rank=0,
-            request_timeout_s=30.0,
-            shared_memory=False,
-            credit_bytes=CHUNK,
-        )
-    )
+    ctx = credited(cluster)
     try:
         params = [torch.nn.Parameter(torch.ones(NUMEL)) for _ in NAMES]
         opt = trimtab.DistributedOptimizer(
