@@ -259,6 +259,39 @@ def test_a_held_value_goes_out_as_it_was_when_its_round_completed(what: str) -> 
     assert loop.payloads[1] == torch.ones(MIB // 4).numpy().tobytes()
 
 
+class _KeptLoop(_Loop):
+    """A NodeLoop's send, keeping the frames themselves (a transport that reads them
+    later, as ZeroMQ's I/O thread does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[list[Any]] = []
+
+    def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
+        super().send(peer, header, frames)
+        self.frames.append(list(frames))
+
+
+@pytest.mark.parametrize("window", [0, MIB])
+@pytest.mark.parametrize("synchronous", [True, False])
+def test_a_value_sent_at_once_is_a_copy_only_where_a_push_may_change_it(
+    window: int, synchronous: bool
+) -> None:
+    """In an asynchronous job the next push updates the value in place, maybe before the
+    transport has read the frame: the frame must hold the bytes of the value as it was
+    sent (else the worker reads a value torn between two versions). Under BSP the chunk
+    changes only after this worker pushed again: the frame is a view (no copy)."""
+    loop = _KeptLoop()
+    receipts = Receipts(loop, LoadMeter(), synchronous=lambda: synchronous)  # type: ignore[arg-type]
+    chunk = _chunk(0, MIB // 4)
+    chunk.value.fill_(1.0)
+    receipts.value(b"i:w0", 1, chunk, chunk.value, 1, None, window)
+    chunk.value.fill_(2.0)  # the next push's update, before the transport read the frame
+    (frame,) = loop.frames[0]
+    expected = torch.full((MIB // 4,), 2.0 if synchronous else 1.0).numpy().tobytes()
+    assert bytes(frame) == expected
+
+
 def test_what_is_held_for_a_worker_that_left_is_dropped() -> None:
     """A worker that left the job (the coordinator's WORKERS) never reads nor credits
     the values held for it; a worker joining in a lost one's place has a new socket,

@@ -157,13 +157,14 @@ class Receipts:
             # left the socket or, held, was sent at all. A copy.
             frame = memoryview(bytes(frame))
         frames = inline(header, frame)
+        if frames and t is chunk.value and not self._synchronous():
+            # A view of the chunk's buffer only under BSP, where the chunk changes once
+            # this worker pushed again, after reading it. In an asynchronous job any
+            # push updates it in place, while ZeroMQ's I/O thread (or the lane's queue,
+            # or the credit window) may still read the view: a copy, as it is now.
+            frames = [memoryview(bytes(frame))]
         if window > 0 and frames:
             header["ak"] = True
-            if t is chunk.value and not self._synchronous():
-                # It may be held: a view of the chunk's buffer only under BSP, where the
-                # chunk changes once this worker pushed again, after reading it; else
-                # (an asynchronous push updates it any time) a copy.
-                frames = [memoryview(bytes(frame))]
             message = (cast(Header, header), frames)
             if not self.values.admit(peer, rid, frame.nbytes, spec.id, message, window):
                 return
