@@ -80,12 +80,13 @@ class ReplicaLink:
         """Answer ``replies`` (rounds of several chunks completed at once, e.g. by a lost
         worker: see :meth:`ChunkStore.set_workers`) chunk by chunk, each once its backup
         holds it. Never blocks."""
-        if not self.replicas.backup_of:  # a job without replicas: nothing to wait for
-            answer(replies)
-            return
         by_chunk: dict[int, list[Reply]] = {}
         for r in replies:
             by_chunk.setdefault(r.chunk.spec.id, []).append(r)
+        if not self.replicas.backup_of:  # a job without replicas: nothing to wait for
+            for rs in by_chunk.values():
+                answer(rs)  # (chunk by chunk: each may be due to leave once answered)
+            return
         for cid, rs in by_chunk.items():
             self.after(cid, [functools.partial(answer, rs)], [(r.peer, r.rid) for r in rs])
 

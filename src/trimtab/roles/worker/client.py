@@ -8,9 +8,10 @@ sets of sockets.
   lock uses them. A data request is sent by the calling thread itself, and its reply is
   received by the thread that waits for it (:func:`wait`), so a push and its answer
   cross no thread hand-off (each hand-off cost more than a raw ZeroMQ round trip here).
-  One exception: while the credit gate (:mod:`.credit`) holds pushes back, the credit
-  thread takes the data lock too, to read the CREDITs that release them (and the
-  replies that come with them).
+  One exception: while the credit gate (:mod:`.credit`) holds pushes back or values
+  are owed, and no thread waits for a reply, the credit thread takes the data lock, to
+  read the CREDITs that release them (and the replies that come with them); it steps
+  aside as soon as a thread waits (:mod:`.turns`).
 
 Remote operations return a :class:`concurrent.futures.Future` at once; waiting is
 explicit (:func:`wait`). Replies are matched to requests by request id.
