@@ -5,10 +5,21 @@ carry them (:class:`DataFuture`, :func:`wait`)."""
 from __future__ import annotations
 
 import concurrent.futures
-from typing import NamedTuple, Protocol
+import logging
+import threading
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, cast
 
 from trimtab.errors import NodeTimeout, RetryableError
 from trimtab.protocol.messages import ErrorCode, Header
+
+log = logging.getLogger("trimtab.worker")
+
+# A future's states, as concurrent.futures names them.
+_PENDING, _RUNNING, _FINISHED = "PENDING", "RUNNING", "FINISHED"
+_CANCELLED_STATE, _NOTIFIED = "CANCELLED", "CANCELLED_AND_NOTIFIED"
+_CANCELLED = frozenset((_CANCELLED_STATE, _NOTIFIED))
+_DONE = frozenset((_FINISHED, _CANCELLED_STATE, _NOTIFIED))
 
 
 class SharedMemoryRefused(RetryableError):
@@ -46,14 +57,135 @@ class DataFuture(concurrent.futures.Future[Reply]):
     """The future of a data request: waiting for it receives on the data sockets.
     ``epoch`` is the placement epoch the request was routed by (its header's ``e``: an
     int in a PUSH, PULL or INIT, absent from a STATS); ``address`` the server's, and
-    ``chunk`` the request's ``c`` (-1 for none), for a failover to fail it as moved."""
+    ``chunk`` the request's ``c`` (-1 for none), for a failover to fail it as moved.
+
+    A :class:`concurrent.futures.Future` in all it does, but made and completed without
+    its :class:`threading.Condition`: a chunk's push makes one, and the condition's
+    Python-level locking (in ``done()``, ``set_result()`` and ``result()``, several
+    times a chunk) was about a fifth of the worker's Python calls per chunk (``trimtab
+    bench msgcost``). A plain lock guards its changes; a thread that must sleep for it
+    (:meth:`result` before it is done) sleeps on a lock of its own, which completing
+    it releases. Not for :func:`concurrent.futures.wait` or ``as_completed`` (which
+    reach into the condition); :func:`wait` below is how it is waited for.
+    """
 
     def __init__(self, client: Receiver, epoch: object, address: str, chunk: object) -> None:
-        super().__init__()
+        # (Future.__init__ is not called: it makes the condition this class does without.)
+        self._mutex = threading.Lock()
+        self._state = _PENDING
+        self._result: Reply | None = None
+        self._exception: BaseException | None = None
+        self._sleepers: list[threading.Lock] = []
+        self._done_callbacks: list[Callable[[concurrent.futures.Future[Reply]], object]] = []
         self.client = client
         self.epoch = epoch
         self.address = address
         self.chunk = chunk if isinstance(chunk, int) else -1
+
+    def __repr__(self) -> str:
+        return f"<DataFuture at {id(self):#x} state={self._state.lower()} chunk={self.chunk}>"
+
+    def done(self) -> bool:
+        """Whether it finished or was cancelled. Never blocks."""
+        return self._state in _DONE
+
+    def running(self) -> bool:
+        return self._state == _RUNNING
+
+    def cancelled(self) -> bool:
+        return self._state in _CANCELLED
+
+    def cancel(self) -> bool:
+        with self._mutex:
+            if self._state in (_RUNNING, _FINISHED):
+                return False
+            if self._state in _CANCELLED:
+                return True
+            self._state = _CANCELLED_STATE
+        self._wake()
+        return True
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._mutex:
+            if self._state == _CANCELLED_STATE:
+                self._state = _NOTIFIED
+                return False
+            if self._state != _PENDING:
+                raise concurrent.futures.InvalidStateError(f"{self!r}: not pending")
+            self._state = _RUNNING
+            return True
+
+    def set_result(self, result: Reply) -> None:
+        """Complete it with ``result``, waking whoever sleeps for it. Never blocks
+        (beyond a short lock); raises ``InvalidStateError`` if it is done already."""
+        with self._mutex:
+            if self._state in _DONE:
+                raise concurrent.futures.InvalidStateError(f"{self!r}: done already")
+            self._result = result
+            self._state = _FINISHED
+        self._wake()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Complete it with ``exception``, as :meth:`set_result`."""
+        with self._mutex:
+            if self._state in _DONE:
+                raise concurrent.futures.InvalidStateError(f"{self!r}: done already")
+            self._exception = exception
+            self._state = _FINISHED
+        self._wake()
+
+    def result(self, timeout: float | None = None) -> Reply:
+        """Its reply, or raise its exception, waiting up to ``timeout`` seconds (None:
+        forever) for another thread to complete it (this one receives nothing: see
+        :func:`wait`). Blocks; raises ``TimeoutError``, ``CancelledError``."""
+        self._sleep(timeout)
+        if self._exception is not None:
+            raise self._exception
+        return cast(Reply, self._result)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Its exception (None if it has a reply), waiting as :meth:`result` does."""
+        self._sleep(timeout)
+        return self._exception
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Reply]], object]) -> None:
+        with self._mutex:
+            if self._state not in _DONE:
+                self._done_callbacks.append(fn)
+                return
+        self._call(fn)
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Return once it is done; raise ``TimeoutError`` after ``timeout`` seconds, or
+        ``CancelledError``."""
+        if self._state not in _DONE:
+            with self._mutex:
+                sleeper = None
+                if self._state not in _DONE:
+                    sleeper = threading.Lock()
+                    sleeper.acquire()
+                    self._sleepers.append(sleeper)
+            if sleeper is not None:
+                sleeper.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+        if self._state in _CANCELLED:
+            raise concurrent.futures.CancelledError()
+        if self._state != _FINISHED:
+            raise concurrent.futures.TimeoutError()
+
+    def _wake(self) -> None:
+        """It is done: release its sleepers, call its callbacks."""
+        with self._mutex:
+            sleepers, self._sleepers = self._sleepers, []
+        for sleeper in sleepers:
+            sleeper.release()
+        for fn in self._done_callbacks:
+            self._call(fn)
+
+    def _call(self, fn: Callable[[concurrent.futures.Future[Reply]], object]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            log.exception("a callback of %r failed", self)
 
 
 def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
@@ -64,7 +196,8 @@ def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
     :class:`SharedMemoryRefused`), :class:`JobAborted`, or :class:`NodeTimeout` after ``timeout_s``.
     """
     if isinstance(future, DataFuture):
-        future.client.drive(future, timeout_s)
+        future.client.drive(future, timeout_s)  # (returns once it is done or timed out)
+        timeout_s = 0.0
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
