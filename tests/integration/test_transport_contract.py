@@ -12,6 +12,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 
@@ -128,6 +129,37 @@ def test_messages_between_two_peers_keep_their_order_both_ways(net: Net) -> None
         server.send(got[0].peer, [b"%d" % i])
     back = [receive(client, server) for _ in range(300)]
     assert [int(bytes(e.frames[0])) for e in back] == list(range(300))
+
+
+def test_send_to_an_address_is_send_to_its_peer_in_one_order(net: Net) -> None:
+    server = net.transport(bind=True)
+    client = net.transport(bind=False)
+    client.send_to(server.address, [b"0", b"first, before any connect"])
+    to_server = client.connect(server.address)
+    for i in range(1, 200):  # the two ways mixed: one connection, one order
+        if i % 2:
+            client.send_to(server.address, [b"%d" % i, bytes(i)])
+        else:
+            client.send(to_server, [b"%d" % i, bytes(i)])
+    got = [receive(server, client) for _ in range(200)]
+    assert [int(bytes(e.frames[0])) for e in got] == list(range(200))
+    assert {e.peer for e in got} == {got[0].peer}
+    server.send(got[0].peer, [b"reply"])
+    assert receive(client, server).peer == to_server
+
+
+def test_send_to_is_sealed_like_send_where_the_job_has_a_key() -> None:
+    net = Net("zmq-auth")
+    try:
+        server = net.transport(bind=True)
+        client = net.transport(bind=False)
+        for i in range(20):  # the first wait for the handshake, then go straight out
+            client.send_to(server.address, [b"%d" % i])
+        got = [receive(server, client) for _ in range(20)]
+        assert [int(bytes(e.frames[0])) for e in got] == list(range(20))
+        assert cast(ZmqTransport, server).refused == 0
+    finally:
+        net.close()
 
 
 def test_each_connecting_peer_has_its_own_name_and_gets_its_own_replies(net: Net) -> None:

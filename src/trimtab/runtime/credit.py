@@ -162,6 +162,8 @@ class CreditGate(Generic[K, M]):
                 return []
             s.in_flight -= nbytes
             self.outstanding -= 1
+            if not s.held:
+                return []
             released: list[M] = []
             while s.held and self._fits(s, s.held[0][3]):
                 _, _, held_rid, held_bytes, message = heapq.heappop(s.held)

@@ -65,6 +65,12 @@ class Transport(abc.ABC):
         must not modify their memory until the peer has answered. Blocks only when the
         outgoing queue is full. Raises ``KeyError`` for a peer never connected or seen."""
 
+    def send_to(self, address: str, frames: Sequence[Frame]) -> None:
+        """``send(connect(address), frames)``: queue a message to the node at
+        ``address``, connecting first if need be; a transport may do it more cheaply
+        (a data path's per-message call). Blocks and raises as :meth:`send`."""
+        self.send(self.connect(address), frames)
+
     @abc.abstractmethod
     def recv(self, timeout_s: float | None) -> Envelope | None:
         """Return the next message, or ``None`` after ``timeout_s`` or a :meth:`wake`.

@@ -31,7 +31,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -149,6 +149,7 @@ class ZmqTransport(Transport):
         self._poller = zmq.Poller()
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
+        self._dealer_address: dict[zmq.Socket[bytes], str] = {}
         self._ready: collections.deque[Envelope] = collections.deque()
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
@@ -235,6 +236,7 @@ class ZmqTransport(Transport):
             dealer.connect(address)
             self._dealers[address] = dealer
             self._dealer_peer[dealer] = out_peer(address)
+            self._dealer_address[dealer] = address
             self._poller.register(dealer, zmq.POLLIN)
             self._watch(DisconnectWatch(dealer, out_peer(address)))
             hello = self._sessions.opened(address)
@@ -272,6 +274,18 @@ class ZmqTransport(Transport):
             self.send(peer, frames)
         else:
             raise KeyError(peer)
+
+    def send_to(self, address: str, frames: Sequence[Frame]) -> None:
+        """As :meth:`Transport.send_to`: straight to the address's ZeroMQ socket once
+        it has one (and no lane), without naming the peer to find the socket again."""
+        dealer = self._dealers.get(address)
+        if dealer is None or address in self._lane_out:
+            self.send(self.connect(address), frames)
+            return
+        self._limits.check_send([memoryview(f).nbytes for f in frames])
+        sealed = self._sessions.seal_out(address, list(frames))
+        if sealed is not None:
+            send_frames(dealer, sealed)
 
     def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
         self._watches[watch.monitor] = watch
@@ -398,7 +412,7 @@ class ZmqTransport(Transport):
                     break
                 self._on_zmq(sock, parts)
                 # Asking is cheaper than the exception a receive on an empty socket raises.
-                if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
+                if not sock.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
                     break
 
     def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
@@ -415,12 +429,13 @@ class ZmqTransport(Transport):
                 self._ready.append(Envelope(in_peer(identity), frames))
                 self._router_watch.seen(in_peer(identity), parts[-1])
             return
-        peer = self._dealer_peer[sock]
-        frames, out = self._sessions.on_dealer(peer[2:].decode(), [p.buffer for p in parts])
+        frames, out = self._sessions.on_dealer(
+            self._dealer_address[sock], [p.buffer for p in parts]
+        )
         for message in out:
             send_frames(sock, message)
         if frames is not None:
-            self._ready.append(Envelope(peer, frames))
+            self._ready.append(Envelope(self._dealer_peer[sock], frames))
 
     @property
     def refused(self) -> int:

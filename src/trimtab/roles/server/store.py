@@ -334,7 +334,10 @@ class ChunkStore:
                 chunk.merge.mul_(factor)
             if applies:
                 assert chunk.optimizer is not None
-                chunk.optimizer.step(chunk.merge.to(chunk.value.dtype))
+                merge = chunk.merge  # (a no-op .to() costs a torch dispatch: 2 us)
+                if merge.dtype != chunk.value.dtype:
+                    merge = merge.to(chunk.value.dtype)
+                chunk.optimizer.step(merge)
                 result = chunk.value
             else:
                 result = chunk.merge

@@ -269,7 +269,7 @@ class WorkerClient:
     def _send_data_locked(self) -> None:
         while self._data_out:
             to, frames = self._data_out.popleft()
-            self._data.send(self._data.connect(to), frames)
+            self._data.send_to(to, frames)
 
     def drive(self, fut: DataFuture, timeout_s: float) -> None:
         """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
