@@ -223,7 +223,7 @@ class Server:
             return
         started = time.perf_counter()
         self._on_data(peer, frames, header)
-        self.meter.served(time.perf_counter() - started, sum(len(f) for f in frames))
+        self.meter.served(time.perf_counter() - started, sum(map(len, frames)))
 
     # -- control plane -------------------------------------------------------------
 
