@@ -35,7 +35,7 @@ import logging
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from trimtab.transport.auth import (
     CHALLENGE_BYTES,
@@ -48,6 +48,7 @@ from trimtab.transport.auth import (
 )
 from trimtab.transport.base import Frame, Peer
 from trimtab.transport.limits import Limits
+from trimtab.transport.shm import ENV as SHM_ENV
 
 log = logging.getLogger("trimtab.transport")
 
@@ -61,6 +62,18 @@ _READ = 1 << 18
 _IOV = 64
 #: Kernel buffer sizes asked for: room for many headers and small messages in flight.
 _SOCKBUF = 1 << 20
+
+
+#: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
+LANE_ENV = "TRIMTAB_LANE"
+
+
+def lane_from_env(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` lets transports use the local lane: yes unless
+    ``TRIMTAB_LANE=0``, or ``TRIMTAB_SHM=0`` (everything through TCP, as between
+    machines). For the edges that read the environment (the CLI, the launcher,
+    ``trimtab.init()``) to pass as ``ZmqTransport(lane=...)``. Never blocks or raises."""
+    return environ.get(LANE_ENV, "1") != "0" and environ.get(SHM_ENV, "1") != "0"
 
 
 def supported() -> bool:

@@ -13,7 +13,11 @@ most of its recent spins caught their message; otherwise it tries one wait in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from typing import Any
+
+import zmq
 
 from trimtab.errors import ConfigError
 
@@ -100,3 +104,23 @@ class SpinPolicy:
         else:
             self.misses += 1
         self.hit_rate += (float(caught) - self.hit_rate) / self.WINDOW
+
+
+def poll_spinning(
+    poller: zmq.Poller, timeout_ms: int | None, spin_s: float, spins: SpinPolicy
+) -> dict[Any, int]:
+    """``dict(poller.poll(timeout_ms))`` (forever for None); with ``spin_s`` > 0, and
+    while ``spins`` says spinning pays, polls without sleeping for ``spin_s`` first: a
+    message that arrives meanwhile is read at once, not after the scheduler wakes this
+    thread (tens of us here, and caches gone cold). Blocks."""
+    if spin_s > 0 and timeout_ms != 0 and spins.should_spin():
+        until = time.perf_counter() + spin_s
+        while True:
+            events = poller.poll(0)
+            if events:
+                spins.spun(True)
+                return dict(events)
+            if time.perf_counter() >= until:
+                break
+        spins.spun(False)
+    return dict(poller.poll(timeout_ms))

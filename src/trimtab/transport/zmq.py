@@ -30,7 +30,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -40,15 +40,16 @@ from trimtab.transport.auth import ClientHandshake, JobKey, ServerHandshake
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
 from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
 from trimtab.transport.lane import (
+    LANE_ENV,
     LaneClosed,
     LaneConnection,
     LaneRefused,
+    lane_from_env,
     lane_name,
     supported,
 )
 from trimtab.transport.limits import Limits
 from trimtab.transport.sessions import MAX_UNPROVEN, ZmqSessions
-from trimtab.transport.shm import ENV as SHM_ENV
 from trimtab.transport.shm import is_local
 from trimtab.transport.spin import (
     SPIN_DEFAULT_US,
@@ -56,6 +57,7 @@ from trimtab.transport.spin import (
     SpinPolicy,
     check_spin,
     parse_spin,
+    poll_spinning,
     spin_from_env,
 )
 from trimtab.transport.watch import DisconnectWatch
@@ -79,16 +81,6 @@ log = logging.getLogger("trimtab.transport")
 _BURST = 64
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
-#: Set to ``0`` to send local messages through ZeroMQ too (shared memory stays on).
-LANE_ENV = "TRIMTAB_LANE"
-
-
-def lane_from_env(environ: Mapping[str, str]) -> bool:
-    """Whether ``environ`` lets transports use the local lane: yes unless
-    ``TRIMTAB_LANE=0``, or ``TRIMTAB_SHM=0`` (everything through TCP, as between
-    machines). For the edges that read the environment (the CLI, the launcher,
-    ``trimtab.init()``) to pass as ``ZmqTransport(lane=...)``. Never blocks or raises."""
-    return environ.get(LANE_ENV, "1") != "0" and environ.get(SHM_ENV, "1") != "0"
 
 
 class ZmqTransport(Transport):
@@ -426,8 +418,9 @@ class ZmqTransport(Transport):
             if reply is not None:
                 self._router.send_multipart([identity, *reply])
             if frames is not None:
-                self._ready.append(Envelope(in_peer(identity), frames))
-                self._router_watch.seen(in_peer(identity), parts[-1])
+                peer = in_peer(identity)
+                self._ready.append(Envelope(peer, frames))
+                self._router_watch.seen(peer, parts[-1])
             return
         frames, out = self._sessions.on_dealer(
             self._dealer_address[sock], [p.buffer for p in parts]
@@ -445,21 +438,9 @@ class ZmqTransport(Transport):
         return self._sessions.refused + (zap.refused if zap is not None else 0)
 
     def _poll(self, timeout_ms: int | None) -> dict[Any, int]:
-        """Ready sockets and descriptors, after up to ``timeout_ms`` (forever for None).
-        With :attr:`spin_s`, polls without sleeping that long first: a message that
-        arrives meanwhile is read at once, not after the scheduler wakes this thread
-        (tens of us here, and caches gone cold). Blocks."""
-        if self.spin_s > 0 and timeout_ms != 0 and self.spins.should_spin():
-            until = time.perf_counter() + self.spin_s
-            while True:
-                events = self._poller.poll(0)
-                if events:
-                    self.spins.spun(True)
-                    return dict(events)
-                if time.perf_counter() >= until:
-                    break
-            self.spins.spun(False)
-        return dict(self._poller.poll(timeout_ms))
+        """Ready sockets and descriptors, after up to ``timeout_ms`` (forever for None),
+        polling first for :attr:`spin_s` where its spins pay (:func:`poll_spinning`)."""
+        return poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)
 
     def recv_queued(self) -> Envelope | None:
         return self._ready.popleft() if self._ready else None
