@@ -86,6 +86,7 @@ class WorkerClient:
             window = max(config.credit_bytes, 1)
             self.credit = CreditGate(window, ordered=config.credit_ordered)
         self._owed: set[int] = set()  # request ids of pushes whose reply is unread
+        self._servers: dict[Peer, str] = {}  # a data peer's name -> its server's address
         # The credit thread's turn on the data sockets, or a waiting thread's.
         self._turns = Turns(
             lambda: bool(self._owed) or (self.credit is not None and self.credit.holding())
@@ -236,7 +237,9 @@ class WorkerClient:
                 self._owed.add(rid)
                 self._turns.wake()
                 message = (to, [encode(header), *frames])
-                nbytes = sum(memoryview(f).nbytes for f in frames)
+                nbytes = 0
+                for f in frames:  # (a loop, not sum() over a generator: one call fewer)
+                    nbytes += memoryview(f).nbytes
                 if not gate.admit(to, rid, nbytes, int(plain.get("c", 0)), message):
                     return fut  # (the pump, woken above, reads the credit that releases it)
                 self._data_out.append(message)
@@ -301,7 +304,10 @@ class WorkerClient:
                             self._send_data_locked()
                         if fut.done():
                             break
-                        env = self._data.recv(0)
+                        # Not ours (a CREDIT, another's value): wait on with the sockets
+                        # held; a wake-up (another thread's request) ends the wait.
+                        left = deadline - time.monotonic()
+                        env = self._data.recv(min(left, 0.05)) if left > 0 else None
                 except Exception as exc:  # a broken data socket ends the job, said once
                     log.exception("worker data sockets failed")
                     self._fail(f"worker data sockets failed: {exc}")
@@ -392,7 +398,9 @@ class WorkerClient:
             return
         gate = self.credit
         if gate is not None and peer != self._coord:
-            server = peer[2:].decode()
+            server = self._servers.get(peer)
+            if server is None:  # (kept: a slice and a decode per message otherwise)
+                server = self._servers[peer] = peer[2:].decode()
             if op == Data.CREDIT or gate.outstanding:
                 # A CREDIT, or a reply (which credits a push not yet credited: an error).
                 self._data_out.extend(gate.credit(server, header["i"]))
