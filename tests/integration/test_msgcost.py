@@ -25,6 +25,19 @@ def test_it_measures_both_and_splits_the_cpu_by_role() -> None:
     )
 
 
+@pytest.mark.timeout(180)
+def test_with_processes_each_server_runs_apart_and_is_counted_there() -> None:
+    result = msgcost.measure(steps=5, rounds=1, processes=True)
+    assert result["processes"] is True
+    for which in ("trimtab", "lean"):
+        parts = result[which]
+        # The server's CPU is read from its own process: it did work there, and so did
+        # ZeroMQ's I/O threads (counted in "other", even the lean server's, which end
+        # before the count).
+        assert parts["worker_us"] > 0 and parts["server_us"] > 0, parts
+        assert parts["other_us"] > 0 and parts["wall_us"] > 0, parts
+
+
 def test_it_refuses_chunks_that_would_travel_inside_the_header(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

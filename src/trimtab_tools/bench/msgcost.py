@@ -20,6 +20,12 @@ Per chunk, in us of CPU (``/proc/self/task/*/stat``, over the timed steps):
   collector, trimtab's coordinator (nearly idle);
 * ``wall_us``: the step's wall time per chunk (two threads sharing one GIL: read the CPU).
 
+With ``--processes``, each server (trimtab's coordinator and server, or the lean PS's
+server) runs in a process of its own instead, so that the two roles share no GIL: as on
+the bed, where each role is a process. ``server_us`` is then that process's Python
+threads (the server's, pyzmq's garbage collector, trimtab's idle coordinator), and
+``other_us`` ZeroMQ's I/O threads of both processes and the worker's rest.
+
 Authentication is off in both (a MAC costs about 1 us a message; ``bench datapath
 --auth compare`` measures it). Linux only (``/proc``).
 """
@@ -47,14 +53,15 @@ WARMUP = 20
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _cpu_by_thread() -> dict[str, float]:
-    """CPU seconds (user + kernel) of each live thread of this process, by ``name:tid``
-    (the Python thread's name, else the kernel's). Never blocks."""
-    names = {th.native_id: th.name for th in threading.enumerate()}
+def _cpu_by_thread(pid: int | str = "self") -> dict[str, float]:
+    """CPU seconds (user + kernel) of each live thread of process ``pid`` (this
+    one by default), by ``name:tid`` (the Python thread's name where it is this
+    process's, else the kernel's). Never blocks."""
+    names = {th.native_id: th.name for th in threading.enumerate()} if pid == "self" else {}
     out: dict[str, float] = {}
-    for tid in os.listdir("/proc/self/task"):
+    for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 stat = f.read()
         except FileNotFoundError:  # ended meanwhile
             continue
@@ -196,11 +203,183 @@ def _lean_round(chunk_bytes: int, steps: int) -> dict[str, float]:
     }
 
 
-def measure(chunk_bytes: int = 16384, steps: int = 300, rounds: int = 3) -> dict[str, Any]:
+def _cpu_of(pid: int) -> float:
+    """CPU seconds of process ``pid``, its ended threads included. Never blocks."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _child_cpu(pid: int, since: tuple[dict[str, float], float]) -> tuple[float, float]:
+    """CPU seconds of server process ``pid`` since ``since`` (:func:`_child_snapshot`):
+    its Python threads', and the rest (ZeroMQ's threads, kernel names ``ZMQbg/...``,
+    counted even where they ended: the lean PS's server closes its context first)."""
+    before, total = since
+    after = _cpu_by_thread(pid)
+    py = sum(v - before.get(k, 0.0) for k, v in after.items() if not k.startswith("ZMQbg"))
+    return py, max(0.0, _cpu_of(pid) - total - py)
+
+
+def _child_snapshot(pid: int) -> tuple[dict[str, float], float]:
+    """What :func:`_child_cpu` counts from. Never blocks."""
+    return _cpu_by_thread(pid), _cpu_of(pid)
+
+
+def _trimtab_serve(out: Any, done: Any, job: str, chunk_bytes: int) -> None:
+    """A process's body: trimtab's coordinator and server until the job ends; the
+    coordinator's address goes to ``out`` (a queue). Blocks."""
+    import torch
+
+    from trimtab.roles.coordinator.config import CoordinatorConfig
+    from trimtab.roles.coordinator.node import Coordinator
+    from trimtab.roles.server.config import ServerConfig
+    from trimtab.roles.server.node import Server
+    from trimtab.transport import ZmqTransport
+
+    torch.set_num_threads(1)
+    coord = Coordinator(
+        CoordinatorConfig(num_workers=1, num_servers=1, job=job, chunk_bytes=chunk_bytes),
+        ZmqTransport(bind=True, lane=False),
+    )
+    coord_thread = coord.start()
+    server = Server(
+        ServerConfig(coordinator=coord.address, job=job), ZmqTransport(bind=True, lane=False)
+    )
+    server_thread = server.start()
+    out.put(coord.address)
+    done.wait(600.0)  # (the parent reads this process's CPU first)
+    for thread in (server_thread, coord_thread):
+        thread.join(10.0)
+    if coord_thread.is_alive() or server_thread.is_alive():
+        coord.abort("trimtab bench msgcost is over")
+        server.stop()
+
+
+def _lean_serve(out: Any, done: Any, chunk_bytes: int) -> None:
+    """A process's body: the lean PS's server for one worker; its port goes to
+    ``out``. Waits for ``done`` before it exits (the parent reads its CPU). Blocks."""
+    import torch
+
+    from trimtab_tools.bench.baselines import leanps
+
+    torch.set_num_threads(1)
+    sizes = [CHUNKS_PER_TENSOR * chunk_bytes] * TENSORS
+    leanps._serve("127.0.0.1", 0, 1, 1, sizes, chunk_bytes, out.put)
+    done.wait(600.0)
+
+
+def _in_process(target: Callable[..., None], *args: Any) -> tuple[Any, Any, Any, Any]:
+    """Start ``target(out, done, *args)`` in a new (spawned) process; return it, what it
+    put in ``out`` first, and ``done`` (set to let it exit). Blocks until it says."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    out, done = spawn.Queue(), spawn.Event()
+    proc = spawn.Process(target=target, args=(out, done, *args), daemon=True)
+    proc.start()
+    try:
+        first = out.get(timeout=120.0)
+    except Exception:
+        proc.kill()
+        raise RuntimeError("msgcost's server process did not start") from None
+    return proc, first, done, out
+
+
+def _trimtab_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
+    """As :func:`_trimtab_round`, its coordinator and server in another process."""
+    import torch
+
+    import trimtab
+    from trimtab import Context, WorkerConfig
+    from trimtab.transport import ZmqTransport
+
+    job = uuid.uuid4().hex[:8]
+    proc, address, done, _ = _in_process(_trimtab_serve, job, chunk_bytes)
+    config = WorkerConfig(
+        coordinator=address, job=job, rank=0, shared_memory=False, credit_bytes=-1
+    )
+    ctx = Context(config, transport=ZmqTransport(bind=False, lane=False))
+    try:
+        numel = CHUNKS_PER_TENSOR * chunk_bytes // 4
+        params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(TENSORS)]
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.1),
+            [(f"t{i}", p) for i, p in enumerate(params)],
+            context=ctx,
+        )
+        grad = torch.full((numel,), 1e-3)
+
+        def step() -> None:
+            for p in params:
+                p.grad = grad
+            opt.step()
+
+        for _ in range(WARMUP):
+            step()
+        server_before = _child_snapshot(proc.pid)
+        before, total, started = _cpu_by_thread(), _process_cpu(), time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - started
+        total, after = _process_cpu() - total, _cpu_by_thread()
+        server_py, server_zmq = _child_cpu(proc.pid, server_before)
+        want = -0.1 * 1e-3 * (WARMUP + steps)
+        if abs(params[0][0].item() - want) > 1e-6 + 1e-4 * abs(want):
+            raise RuntimeError(f"trimtab's step went wrong: {params[0][0].item()} != {want}")
+    finally:
+        ctx.close()
+        done.set()
+        proc.join(30.0)
+        if proc.is_alive():
+            proc.kill()
+    worker = _split(before, after, total, {"MainThread", "trimtab-credit", "trimtab-io"}, "-")
+    return {
+        "worker": worker["worker"],
+        "server": server_py,
+        "other": worker["other"] + server_zmq,
+        "wall": wall,
+    }
+
+
+def _lean_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
+    """As :func:`_lean_round`, its server in another process."""
+    from trimtab_tools.bench.baselines import leanps
+
+    sizes = [CHUNKS_PER_TENSOR * chunk_bytes] * TENSORS
+    proc, port, done, _ = _in_process(_lean_serve, chunk_bytes)
+    try:
+        server_before = _child_snapshot(proc.pid)
+        total = _process_cpu()
+        worker, started = time.thread_time(), time.perf_counter()
+        try:
+            leanps._work([f"tcp://127.0.0.1:{port}"], 0, sizes, chunk_bytes, steps, 0)
+        except SystemExit as exc:  # (its roles end their process on a failure)
+            raise RuntimeError(f"the lean PS failed: {exc}") from None
+        worker, wall = time.thread_time() - worker, time.perf_counter() - started
+        total = _process_cpu() - total
+        time.sleep(0.2)  # (its server's last messages: the BYEs)
+        server_py, server_zmq = _child_cpu(proc.pid, server_before)
+    finally:
+        done.set()
+        proc.join(30.0)
+        if proc.is_alive():
+            proc.kill()
+    return {
+        "worker": worker,
+        "server": server_py,
+        "other": max(0.0, total - worker) + server_zmq,
+        "wall": wall,
+    }
+
+
+def measure(
+    chunk_bytes: int = 16384, steps: int = 300, rounds: int = 3, *, processes: bool = False
+) -> dict[str, Any]:
     """Run ``rounds`` rounds of trimtab's roles and of the lean PS, alternating; return
     the medians per chunk (us) and the ratios. Blocks for the runs (about 10 s a round
-    at the defaults). Raises ``RuntimeError`` if a run fails, ``ValueError`` for
-    arguments out of range."""
+    at the defaults). ``processes``: each server in a process of its own. Raises
+    ``RuntimeError`` if a run fails, ``ValueError`` for arguments out of range."""
     if steps < 1 or rounds < 1 or chunk_bytes < 8192 or chunk_bytes % 4:
         raise ValueError("need steps >= 1, rounds >= 1, chunk_bytes >= 8192 and a multiple of 4")
     import torch
@@ -208,9 +387,11 @@ def measure(chunk_bytes: int = 16384, steps: int = 300, rounds: int = 3) -> dict
     torch.set_num_threads(1)
     chunks = steps * TENSORS * CHUNKS_PER_TENSOR
     runs: dict[str, list[dict[str, float]]] = {"trimtab": [], "lean": []}
+    trimtab_round = _trimtab_round_processes if processes else _trimtab_round
+    lean_round = _lean_round_processes if processes else _lean_round
     for _ in range(rounds):
-        runs["trimtab"].append(_trimtab_round(chunk_bytes, steps))
-        runs["lean"].append(_lean_round(chunk_bytes, WARMUP + steps))
+        runs["trimtab"].append(trimtab_round(chunk_bytes, steps))
+        runs["lean"].append(lean_round(chunk_bytes, WARMUP + steps))
     lean_chunks = (WARMUP + steps) * TENSORS * CHUNKS_PER_TENSOR
 
     def per_chunk(which: str, n: int) -> dict[str, float]:
@@ -227,6 +408,7 @@ def measure(chunk_bytes: int = 16384, steps: int = 300, rounds: int = 3) -> dict
         "steps": steps,
         "rounds": rounds,
         "auth": False,
+        "processes": processes,
         "trimtab": tt,
         "lean": lean,
         "worker_over_lean": round(tt["worker_us"] / lean["worker_us"], 2),
@@ -239,11 +421,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=300, help="timed steps a round (300)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating (3)")
     p.add_argument("--chunk-bytes", type=int, default=16384, help="chunk size (16384)")
+    p.add_argument(
+        "--processes",
+        action="store_true",
+        help="each server in a process of its own (no GIL shared with the worker)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        result = measure(args.chunk_bytes, args.steps, args.rounds)
+        result = measure(
+            args.chunk_bytes, args.steps, args.rounds, processes=getattr(args, "processes", False)
+        )
     except (ValueError, RuntimeError) as exc:
         print(f"trimtab bench msgcost: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
