@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import zmq
+from zmq.backend import zmq_poll as _zmq_poll
 
 from trimtab.errors import ConfigError
 
@@ -112,15 +113,18 @@ def poll_spinning(
     """``dict(poller.poll(timeout_ms))`` (forever for None); with ``spin_s`` > 0, and
     while ``spins`` says spinning pays, polls without sleeping for ``spin_s`` first: a
     message that arrives meanwhile is read at once, not after the scheduler wakes this
-    thread (tens of us here, and caches gone cold). Blocks."""
+    thread (tens of us here, and caches gone cold). pyzmq's compiled poll is called
+    with the poller's sockets itself, without the method that wraps it (a Python call
+    a message). Blocks."""
+    sockets = poller.sockets
     if spin_s > 0 and timeout_ms != 0 and spins.should_spin():
         until = time.perf_counter() + spin_s
         while True:
-            events = poller.poll(0)
+            events = _zmq_poll(sockets, 0)
             if events:
                 spins.spun(True)
                 return dict(events)
             if time.perf_counter() >= until:
                 break
         spins.spun(False)
-    return dict(poller.poll(timeout_ms))
+    return dict(_zmq_poll(sockets, -1 if timeout_ms is None else timeout_ms))
