@@ -90,19 +90,15 @@ def _split(
     return {"worker": w, "server": s, "other": max(0.0, total - w - s)}
 
 
-def _trimtab_round(chunk_bytes: int, steps: int) -> dict[str, float]:
-    """One timed run of trimtab's roles; CPU seconds by part and wall seconds."""
-    import torch
-
-    import trimtab
-    from trimtab import Context, WorkerConfig
+def _start_roles(job: str, chunk_bytes: int) -> tuple[Any, Any, Any, Any]:
+    """trimtab's coordinator and server for one worker, as threads of this process:
+    ``(coordinator, its thread, server, its thread)``. Blocks briefly."""
     from trimtab.roles.coordinator.config import CoordinatorConfig
     from trimtab.roles.coordinator.node import Coordinator
     from trimtab.roles.server.config import ServerConfig
     from trimtab.roles.server.node import Server
     from trimtab.transport import ZmqTransport
 
-    job = uuid.uuid4().hex[:8]
     coord = Coordinator(
         CoordinatorConfig(num_workers=1, num_servers=1, job=job, chunk_bytes=chunk_bytes),
         ZmqTransport(bind=True, lane=False),
@@ -111,9 +107,33 @@ def _trimtab_round(chunk_bytes: int, steps: int) -> dict[str, float]:
     server = Server(
         ServerConfig(coordinator=coord.address, job=job), ZmqTransport(bind=True, lane=False)
     )
-    server_thread = server.start()
+    return coord, coord_thread, server, server.start()
+
+
+def _stop_roles(coord: Any, coord_thread: Any, server: Any, server_thread: Any) -> None:
+    """Wait for :func:`_start_roles`' roles to end with the job (its worker is done);
+    stop them if they do not. Blocks up to 20 s."""
+    for thread in (server_thread, coord_thread):
+        thread.join(10.0)
+    if coord_thread.is_alive() or server_thread.is_alive():
+        coord.abort("trimtab bench msgcost is over")
+        server.stop()
+
+
+def _worker_steps(
+    address: str, job: str, chunk_bytes: int, steps: int, mark: Callable[[], None]
+) -> float:
+    """The worker: :data:`WARMUP` steps, ``mark()``, ``steps`` timed steps, ``mark()``;
+    then it checks the SGD result and leaves the job (which ends it). Returns the timed
+    steps' wall seconds. Blocks; raises ``RuntimeError`` if the result is wrong."""
+    import torch
+
+    import trimtab
+    from trimtab import Context, WorkerConfig
+    from trimtab.transport import ZmqTransport
+
     config = WorkerConfig(
-        coordinator=coord.address,
+        coordinator=address,
         job=job,
         rank=0,
         shared_memory=False,
@@ -137,25 +157,66 @@ def _trimtab_round(chunk_bytes: int, steps: int) -> dict[str, float]:
 
         for _ in range(WARMUP):
             step()
-        before, total, started = _cpu_by_thread(), _process_cpu(), time.perf_counter()
+        mark()
+        started = time.perf_counter()
         for _ in range(steps):
             step()
         wall = time.perf_counter() - started
-        total, after = _process_cpu() - total, _cpu_by_thread()
+        mark()
         want = -0.1 * 1e-3 * (WARMUP + steps)
         if abs(params[0][0].item() - want) > 1e-6 + 1e-4 * abs(want):
             raise RuntimeError(f"trimtab's step went wrong: {params[0][0].item()} != {want}")
     finally:
         ctx.close()  # the job's only worker is done: the coordinator ends the job
-        for thread in (server_thread, coord_thread):
-            thread.join(10.0)
-        if coord_thread.is_alive() or server_thread.is_alive():
-            coord.abort("trimtab bench msgcost is over")
-            server.stop()
-    cpu = _split(
-        before, after, total, {"MainThread", "trimtab-credit", "trimtab-io"}, "trimtab-server"
-    )
+    return wall
+
+
+#: A :func:`_worker_steps` mark's snapshot: this process's threads' CPU, its own CPU.
+Snapshot = tuple[dict[str, float], float]
+
+
+def _snapshots(into: list[Snapshot], server_pid: int | None = None) -> Callable[[], None]:
+    """A mark that appends this process's CPU by thread and in all (and, with
+    ``server_pid``, that process's: :func:`_child_snapshot`) to ``into``."""
+
+    def mark() -> None:
+        into.append((_cpu_by_thread(), _process_cpu()))
+        if server_pid is not None:
+            into.append(_child_snapshot(server_pid))
+
+    return mark
+
+
+_WORKER_THREADS = {"MainThread", "trimtab-credit", "trimtab-io"}
+
+
+def _trimtab_round(chunk_bytes: int, steps: int) -> dict[str, float]:
+    """One timed run of trimtab's roles; CPU seconds by part and wall seconds."""
+    job = uuid.uuid4().hex[:8]
+    roles = _start_roles(job, chunk_bytes)
+    marks: list[Snapshot] = []
+    try:
+        wall = _worker_steps(roles[0].address, job, chunk_bytes, steps, _snapshots(marks))
+    finally:
+        _stop_roles(*roles)
+    (before, total), (after, total_after) = marks
+    cpu = _split(before, after, total_after - total, _WORKER_THREADS, "trimtab-server")
     return {**cpu, "wall": wall}
+
+
+def _lean_worker(port: int, chunk_bytes: int, steps: int) -> tuple[float, float]:
+    """The lean PS's worker against its server at ``port``, all ``steps`` timed: its
+    thread's CPU seconds and the wall seconds. Blocks; raises ``RuntimeError`` if the
+    lean PS fails."""
+    from trimtab_tools.bench.baselines import leanps
+
+    sizes = [CHUNKS_PER_TENSOR * chunk_bytes] * TENSORS
+    worker, started = time.thread_time(), time.perf_counter()
+    try:
+        leanps._work([f"tcp://127.0.0.1:{port}"], 0, sizes, chunk_bytes, steps, 0)
+    except SystemExit as exc:  # (its roles end their process on a failure)
+        raise RuntimeError(f"the lean PS failed: {exc}") from None
+    return time.thread_time() - worker, time.perf_counter() - started
 
 
 def _lean_round(chunk_bytes: int, steps: int) -> dict[str, float]:
@@ -185,12 +246,7 @@ def _lean_round(chunk_bytes: int, steps: int) -> dict[str, float]:
     thread.start()
     if not ready.wait(60.0):
         raise RuntimeError("the lean PS's server did not start")
-    worker, started = time.thread_time(), time.perf_counter()
-    try:
-        leanps._work([f"tcp://127.0.0.1:{ports[0]}"], 0, sizes, chunk_bytes, steps, 0)
-    except SystemExit as exc:  # (its roles end their process on a failure)
-        raise RuntimeError(f"the lean PS failed: {exc}") from None
-    worker, wall = time.thread_time() - worker, time.perf_counter() - started
+    worker, wall = _lean_worker(ports[0], chunk_bytes, steps)
     thread.join(30.0)
     if not server_cpu:
         raise RuntimeError("the lean PS's server did not finish")
@@ -211,17 +267,18 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _child_cpu(pid: int, since: tuple[dict[str, float], float]) -> tuple[float, float]:
-    """CPU seconds of server process ``pid`` since ``since`` (:func:`_child_snapshot`):
-    its Python threads', and the rest (ZeroMQ's threads, kernel names ``ZMQbg/...``,
-    counted even where they ended: the lean PS's server closes its context first)."""
+def _child_cpu(pid: int, since: Snapshot, until: Snapshot | None = None) -> tuple[float, float]:
+    r"""CPU seconds of server process ``pid`` between two :func:`_child_snapshot`\ s
+    (``until``: now): its Python threads', and the rest (ZeroMQ's threads, kernel names
+    ``ZMQbg/...``, counted even where they ended: the lean PS's server closes its
+    context first)."""
     before, total = since
-    after = _cpu_by_thread(pid)
+    after, total_after = until or _child_snapshot(pid)
     py = sum(v - before.get(k, 0.0) for k, v in after.items() if not k.startswith("ZMQbg"))
-    return py, max(0.0, _cpu_of(pid) - total - py)
+    return py, max(0.0, total_after - total - py)
 
 
-def _child_snapshot(pid: int) -> tuple[dict[str, float], float]:
+def _child_snapshot(pid: int) -> Snapshot:
     """What :func:`_child_cpu` counts from. Never blocks."""
     return _cpu_by_thread(pid), _cpu_of(pid)
 
@@ -231,29 +288,11 @@ def _trimtab_serve(out: Any, done: Any, job: str, chunk_bytes: int) -> None:
     coordinator's address goes to ``out`` (a queue). Blocks."""
     import torch
 
-    from trimtab.roles.coordinator.config import CoordinatorConfig
-    from trimtab.roles.coordinator.node import Coordinator
-    from trimtab.roles.server.config import ServerConfig
-    from trimtab.roles.server.node import Server
-    from trimtab.transport import ZmqTransport
-
     torch.set_num_threads(1)
-    coord = Coordinator(
-        CoordinatorConfig(num_workers=1, num_servers=1, job=job, chunk_bytes=chunk_bytes),
-        ZmqTransport(bind=True, lane=False),
-    )
-    coord_thread = coord.start()
-    server = Server(
-        ServerConfig(coordinator=coord.address, job=job), ZmqTransport(bind=True, lane=False)
-    )
-    server_thread = server.start()
-    out.put(coord.address)
+    roles = _start_roles(job, chunk_bytes)
+    out.put(roles[0].address)
     done.wait(600.0)  # (the parent reads this process's CPU first)
-    for thread in (server_thread, coord_thread):
-        thread.join(10.0)
-    if coord_thread.is_alive() or server_thread.is_alive():
-        coord.abort("trimtab bench msgcost is over")
-        server.stop()
+    _stop_roles(*roles)
 
 
 def _lean_serve(out: Any, done: Any, chunk_bytes: int) -> None:
@@ -288,52 +327,19 @@ def _in_process(target: Callable[..., None], *args: Any) -> tuple[Any, Any, Any,
 
 def _trimtab_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
     """As :func:`_trimtab_round`, its coordinator and server in another process."""
-    import torch
-
-    import trimtab
-    from trimtab import Context, WorkerConfig
-    from trimtab.transport import ZmqTransport
-
     job = uuid.uuid4().hex[:8]
     proc, address, done, _ = _in_process(_trimtab_serve, job, chunk_bytes)
-    config = WorkerConfig(
-        coordinator=address, job=job, rank=0, shared_memory=False, credit_bytes=-1
-    )
-    ctx = Context(config, transport=ZmqTransport(bind=False, lane=False))
+    marks: list[Snapshot] = []
     try:
-        numel = CHUNKS_PER_TENSOR * chunk_bytes // 4
-        params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(TENSORS)]
-        opt = trimtab.DistributedOptimizer(
-            torch.optim.SGD(params, lr=0.1),
-            [(f"t{i}", p) for i, p in enumerate(params)],
-            context=ctx,
-        )
-        grad = torch.full((numel,), 1e-3)
-
-        def step() -> None:
-            for p in params:
-                p.grad = grad
-            opt.step()
-
-        for _ in range(WARMUP):
-            step()
-        server_before = _child_snapshot(proc.pid)
-        before, total, started = _cpu_by_thread(), _process_cpu(), time.perf_counter()
-        for _ in range(steps):
-            step()
-        wall = time.perf_counter() - started
-        total, after = _process_cpu() - total, _cpu_by_thread()
-        server_py, server_zmq = _child_cpu(proc.pid, server_before)
-        want = -0.1 * 1e-3 * (WARMUP + steps)
-        if abs(params[0][0].item() - want) > 1e-6 + 1e-4 * abs(want):
-            raise RuntimeError(f"trimtab's step went wrong: {params[0][0].item()} != {want}")
+        wall = _worker_steps(address, job, chunk_bytes, steps, _snapshots(marks, proc.pid))
+        server_py, server_zmq = _child_cpu(proc.pid, marks[1], marks[3])
     finally:
-        ctx.close()
         done.set()
         proc.join(30.0)
         if proc.is_alive():
             proc.kill()
-    worker = _split(before, after, total, {"MainThread", "trimtab-credit", "trimtab-io"}, "-")
+    (before, total), (after, total_after) = marks[0], marks[2]
+    worker = _split(before, after, total_after - total, _WORKER_THREADS, "-")
     return {
         "worker": worker["worker"],
         "server": server_py,
@@ -344,19 +350,11 @@ def _trimtab_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
 
 def _lean_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
     """As :func:`_lean_round`, its server in another process."""
-    from trimtab_tools.bench.baselines import leanps
-
-    sizes = [CHUNKS_PER_TENSOR * chunk_bytes] * TENSORS
     proc, port, done, _ = _in_process(_lean_serve, chunk_bytes)
     try:
         server_before = _child_snapshot(proc.pid)
         total = _process_cpu()
-        worker, started = time.thread_time(), time.perf_counter()
-        try:
-            leanps._work([f"tcp://127.0.0.1:{port}"], 0, sizes, chunk_bytes, steps, 0)
-        except SystemExit as exc:  # (its roles end their process on a failure)
-            raise RuntimeError(f"the lean PS failed: {exc}") from None
-        worker, wall = time.thread_time() - worker, time.perf_counter() - started
+        worker, wall = _lean_worker(port, chunk_bytes, steps)
         total = _process_cpu() - total
         time.sleep(0.2)  # (its server's last messages: the BYEs)
         server_py, server_zmq = _child_cpu(proc.pid, server_before)
