@@ -51,6 +51,18 @@ class Limits:
         frame = max(BROADCAST_FRAME_BYTES, _STATE_WIDENING * chunk_bytes) + MAX_HEADER_BYTES
         return cls(max_frame_bytes=frame)
 
+    def check_frames(self, frames: list[memoryview]) -> str:
+        """Why a received message of ``frames`` is over the limits, or ``""``: as
+        :meth:`check_lengths`, a header and a payload within every limit in one test."""
+        if (
+            len(frames) == 2
+            and self.max_frames >= 2
+            and frames[0].nbytes + frames[1].nbytes
+            <= min(self.max_frame_bytes, self.max_message_bytes)
+        ):
+            return ""
+        return self.check_lengths([f.nbytes for f in frames])
+
     def check_lengths(self, lengths: tuple[int, ...] | list[int]) -> str:
         """Why a message of frames of ``lengths`` is over the limits, or ``""``."""
         if not 0 < len(lengths) <= self.max_frames:

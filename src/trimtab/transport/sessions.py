@@ -155,15 +155,7 @@ class ZmqSessions:
     # -- both -------------------------------------------------------------------------
 
     def _checked(self, who: object, frames: list[memoryview]) -> list[memoryview] | None:
-        limits = self._limits
-        if (
-            len(frames) == 2
-            and limits.max_frames >= 2
-            and frames[0].nbytes + frames[1].nbytes
-            <= min(limits.max_frame_bytes, limits.max_message_bytes)
-        ):
-            return frames  # (a header and a payload within every limit: one test)
-        why = limits.check_lengths([f.nbytes for f in frames])
+        why = self._limits.check_frames(frames)
         if why:
             self.refuse(who, why)
             return None

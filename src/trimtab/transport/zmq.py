@@ -258,9 +258,7 @@ class ZmqTransport(Transport):
         if conn is not None:
             self._lane_send(conn, frames)
         elif address in self._dealers:
-            sealed = self._sessions.seal_out(address, list(frames))
-            if sealed is not None:
-                send_frames(self._dealers[address], sealed)
+            self._to_dealer(self._dealers[address], address, frames)
         elif address in self._lost:
             self.connect(address)  # its lane broke: reconnect (the lane, or ZeroMQ)
             self.send(peer, frames)
@@ -275,6 +273,11 @@ class ZmqTransport(Transport):
             self.send(self.connect(address), frames)
             return
         self._limits.check_send([memoryview(f).nbytes for f in frames])
+        self._to_dealer(dealer, address, frames)
+
+    def _to_dealer(self, dealer: zmq.Socket[bytes], address: str, frames: Sequence[Frame]) -> None:
+        """Seal ``frames`` for ``address`` and send them through its ``dealer`` (or keep
+        them until its handshake ends)."""
         sealed = self._sessions.seal_out(address, list(frames))
         if sealed is not None:
             send_frames(dealer, sealed)

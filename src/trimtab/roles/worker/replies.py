@@ -118,19 +118,17 @@ class DataFuture(concurrent.futures.Future[Reply]):
     def set_result(self, result: Reply) -> None:
         """Complete it with ``result``, waking whoever sleeps for it. Never blocks
         (beyond a short lock); raises ``InvalidStateError`` if it is done already."""
-        with self._mutex:
-            if self._state in _DONE:
-                raise concurrent.futures.InvalidStateError(f"{self!r}: done already")
-            self._result = result
-            self._state = _FINISHED
-        self._wake()
+        self._finish(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Complete it with ``exception``, as :meth:`set_result`."""
+        self._finish(None, exception)
+
+    def _finish(self, result: Reply | None, exception: BaseException | None) -> None:
         with self._mutex:
             if self._state in _DONE:
                 raise concurrent.futures.InvalidStateError(f"{self!r}: done already")
-            self._exception = exception
+            self._result, self._exception = result, exception
             self._state = _FINISHED
         self._wake()
 
