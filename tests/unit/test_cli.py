@@ -96,3 +96,28 @@ def test_role_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert (coord.workers, coord.host, coord.port, coord.job) == (4, "10.1.1.1", 9091, "j7")
     server = parser.parse_args(["server"])
     assert server.coordinator == "tcp://10.1.1.1:9091" and server.no_priority
+
+
+def test_the_runtime_does_not_require_scikit_learn() -> None:
+    """scikit-learn is the example's (an extra), not a requirement of the package."""
+    from importlib.metadata import requires
+
+    required = [r for r in requires("trimtab") or [] if "extra ==" not in r]
+    assert not any(r.startswith("scikit-learn") for r in required), required
+    assert any(r.startswith("scikit-learn") and "example" in r for r in requires("trimtab") or [])
+
+
+def test_train_without_scikit_learn_says_what_to_install_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from trimtab.launch import train
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a)
+    )
+    monkeypatch.setattr(train, "Job", None)  # starting a job would fail loudly
+    assert main(["train"]) == 2
+    assert "pip install 'trimtab[example]'" in capsys.readouterr().err

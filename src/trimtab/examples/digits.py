@@ -20,8 +20,15 @@ from trimtab.examples.markers import PROGRESS, RESULT
 
 
 def load_digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Train and test tensors (80/20 split, features scaled to [0, 1])."""
-    from sklearn.datasets import load_digits as sk_digits
+    """Train and test tensors (80/20 split, features scaled to [0, 1]). Raises
+    ImportError, saying what to install, without scikit-learn (an extra, not a
+    requirement of the runtime)."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError as exc:
+        raise ImportError(
+            "the digits example needs scikit-learn: pip install 'trimtab[example]'"
+        ) from exc
 
     data = sk_digits()
     x = torch.tensor(data.data, dtype=torch.float32) / 16.0

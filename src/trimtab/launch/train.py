@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import threading
@@ -56,6 +57,15 @@ def run_training(args: argparse.Namespace) -> int:
     """Run the example job (``trimtab train``'s flags in ``args``); print a summary (or
     JSON). Blocks; returns the exit status. Raises :class:`ConfigError` for bad flags."""
     console = Console(stderr=True)
+    if importlib.util.find_spec("sklearn") is None:  # before any process starts
+        console.print(
+            "trimtab train needs scikit-learn for the example's data (its bundled "
+            "digits): pip install 'trimtab[example]'",
+            style="red",
+            markup=False,
+            soft_wrap=True,
+        )
+        return 2
     out = _TrainOutput(console, show_progress=True)
     command = [
         sys.executable,
