@@ -207,3 +207,27 @@ def test_an_asynchronous_job_cannot_scale() -> None:
     members, maps = placed()
     with pytest.raises(ProtocolError, match="runs --mode asp, so it cannot scale"):
         rebalancer(members, maps, synchronous=False, mode="asp").scale(1, [])
+
+
+def test_a_drained_server_is_not_retired_while_its_chunks_are_still_being_handed_over() -> None:
+    """The map that empties a draining server is published once every server acknowledged
+    it, before its chunks reach their new owners. Workers' floors may pass that map
+    first (they route by it at once): retiring the server then took its chunks in
+    flight and their HANDED with it, and the migration never finished (no later one
+    started either; the 60 s stall of the scaling equivalence test)."""
+    members, maps = placed()
+    reb = rebalancer(members, maps)
+    out: Outbox = []
+    reb.scale(1, out)
+    out = []
+    reb.on_ack(1, {"o": 19, "epoch": 2, "cuts": {"1": 1}}, out)
+    reb.on_ack(0, {"o": 19, "epoch": 2, "cuts": {}}, out)
+    assert maps.epoch == 2 and reb.migrating is not None and reb.migrating.moving
+    out = []
+    members.raise_floor(members.workers[0], 2)
+    members.raise_floor(members.workers[1], 2)
+    reb.retire(out)  # (a floor rose) chunk 1 is still on its way from server 1
+    assert out == [] and members.servers[1].state is not MemberState.RETIRED
+    reb.on_handed({"o": 20, "c": [1]}, out)
+    assert reb.migrating is None
+    assert ops(out) == [(b"s1", Control.SHUTDOWN)]

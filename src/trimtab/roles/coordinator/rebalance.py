@@ -266,7 +266,13 @@ class Rebalancer:
 
     def retire(self, out: Outbox) -> None:
         """Retire the drained servers no request can reach any more (see
-        :meth:`Members.retire_empty`)."""
+        :meth:`Members.retire_empty`), never while a migration is in flight: its map is
+        published once every server acknowledged it, before the chunks leaving a drained
+        server are handed over, and a server told to exit then takes its chunks (and
+        their HANDED) with it; the migration waits forever, and no later one starts.
+        :meth:`_finish_if_done` retires them once it is done."""
+        if self.migrating is not None:
+            return
         if self.maps.map is not None:
             held = (*self.maps.map.owners, *self.maps.backups)  # a backup is held too
             out += self.members.retire_empty(held, self.maps.map.epoch)
