@@ -236,7 +236,7 @@ def _processes_marked(mark: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if needle in environ.split(b"\0"):
+        if needle in environ.split(b"\\0"):
             found.append(int(entry.name))
     return found
 
@@ -365,3 +365,59 @@ def _signal_state(pid: int) -> str:
 
 def _default_sigint() -> None:  # pragma: no cover - runs in the child before exec
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+SCALE_AT_END = textwrap.dedent("""
+    import glob, time, torch, trimtab, trimtab.frontend.api
+    from trimtab.protocol.messages import Control
+    trimtab.init()
+    model = torch.nn.Linear(4, 2)
+    opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       model.named_parameters())
+    for step in range(3):
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    def servers_started():  # this job's `trimtab server` processes, as ps shows them
+        job, n = trimtab.frontend.api.default_context().config.job, 0
+        for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+            try:
+                argv = open(cmdline, "rb").read().split(b"\\0")
+            except OSError:
+                continue
+            n += b"server" in argv and job.encode() in argv
+        return n
+    if trimtab.rank() == 0:  # a third server, asked for as the job ends
+        trimtab.frontend.api.default_context().call({"o": int(Control.SCALE), "servers": 3})
+        while servers_started() < 3:  # started, still importing torch: the job ends now
+            time.sleep(0.02)
+        print("ASKED", flush=True)
+    trimtab.shutdown()
+""")
+
+
+@pytest.mark.timeout(90)
+def test_a_server_started_to_join_as_the_job_ends_does_not_hold_it(tmp_path: Path) -> None:
+    """The servers' case of ``test_a_worker_started_to_join_as_the_job_ends_does_not_hang_it``:
+    a server the launcher starts for a SCALE asked at the last step comes up after the
+    job ended, and would wait out the coordinator's timeout for a reply to its REGISTER.
+    The launcher stops it once the coordinator has exited normally, instead of waiting
+    out its grace (a minute here: a job held that long runs past its deadline)."""
+    from trimtab.cli.roles import SERVER_KEY
+
+    script = tmp_path / "train.py"
+    script.write_text(SCALE_AT_END)
+    lines: list[str] = []
+    config = LaunchConfig(workers=2, servers=2, max_servers=3, grace_s=60.0, deadline_s=45.0)
+    job = Job(
+        config,
+        [sys.executable, str(script)],
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+        extra_env={SERVER_KEY: "cd" * 32},
+    )
+    assert job.run() == 0, "\n".join(lines[-60:])
+    assert "[worker 0] ASKED" in lines
+    assert any("starting server 2" in line for line in lines), lines
+    stopped = "[trimtab] server 2 is still running after the job ended: stopping it"
+    assert stopped in lines, lines
+    assert processes_of(config.job) == []

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -283,12 +284,20 @@ def _server(args: argparse.Namespace) -> int:
         transport = throttle
     transport, crash = wrap_server(transport, parse_faults(args.fault), args.job)
     server = Server(config, transport=transport)
+    # SIGTERM (a launcher stopping the job, or one that ended before this server could
+    # join it) ends the loop by an exception: its cleanup still runs, and checkpoint
+    # files being written are finished first.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if throttle is not None:
         throttle.follow(server)
     if crash is not None:  # --fault: this server killed at a step
         crash.follow(server)
     server.run()
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _tool_key(args: argparse.Namespace) -> JobKey | None:

@@ -31,6 +31,7 @@ def ask_coordinator(
     coordinator answered an error. Thread-safe (each call has its own transport).
     """
     transport = ZmqTransport(bind=False, reuse_buffers=False, auth=auth)
+    answered = False
     try:
         peer = transport.connect(address)
         transport.send(peer, [encode({**header, "i": 1, "j": job})])
@@ -44,9 +45,12 @@ def ask_coordinator(
                 f"the coordinator at {address} did not answer in {timeout_s:g}s (is the "
                 "job running, and is this its secret file?)"
             )
+        answered = True
         reply = decode(got.frames[0], job)
     finally:
-        transport.close()
+        # Unanswered (the coordinator is gone or refused us): nothing queued is worth
+        # waiting for, as a launcher polling a job that just ended would.
+        transport.close(linger_s=2.0 if answered else 0.0)
     if reply["o"] == Control.ERROR:
         raise ProtocolError(f"the coordinator refused: {read_error(reply)['msg']}")
     return reply

@@ -36,9 +36,14 @@ from trimtab.launch.cores import available_cores
 from trimtab.launch.faults import FaultWatch
 from trimtab.launch.hosts import Layout, place
 from trimtab.launch.procs import Proc as _Proc
+from trimtab.launch.procs import (
+    await_end,
+    dump_stacks,
+    print_prefixed,
+    stop_late,
+)
 from trimtab.launch.procs import describe as _describe
 from trimtab.launch.procs import die_with_parent as _die_with_parent
-from trimtab.launch.procs import dump_stacks, print_prefixed, stop_late
 from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig, to_argv
 from trimtab.launch.testbed import Host, Testbed
@@ -384,10 +389,11 @@ class Job:
                 )
                 dump_stacks(self._procs)
                 return DEADLINE_STATUS
-            if elastic and time.monotonic() >= next_poll:
+            # Once the coordinator has ended the job there is nobody to ask.
+            if elastic and not ended and time.monotonic() >= next_poll:
                 self._grow()
                 next_poll = time.monotonic() + 0.5
-            if self.faults.joins_pending and time.monotonic() >= next_join:
+            if self.faults.joins_pending and not ended and time.monotonic() >= next_join:
                 self._join_workers()
                 next_join = time.monotonic() + 0.2
             for p in workers:
@@ -404,7 +410,7 @@ class Job:
                     lost.add(p.source)
                     self._say(f"{p.source} exited with status {_describe(code)}; the job goes on")
             if all(p.popen.poll() is not None for p in workers):
-                self._await_exit(others)
+                await_end(others, self.config.grace_s, self._say)
                 if lost and any(p.popen.returncode for p in others):
                     return 1  # the coordinator ended the job (too few workers left)
                 return 0
@@ -453,11 +459,6 @@ class Job:
         for rank in range(started, started + due):
             self._say(f"--fault: a worker joins the job (worker {rank})")
             self._spawn_worker(rank)  # the coordinator gives it the next free rank
-
-    def _await_exit(self, procs: list[_Proc]) -> None:
-        deadline = time.monotonic() + self.config.grace_s
-        while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
-            time.sleep(0.05)
 
     def _stop_all(self) -> None:
         live = [p for p in self._procs if p.popen.poll() is None]

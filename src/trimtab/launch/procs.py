@@ -15,7 +15,21 @@ from collections.abc import Callable, Iterable
 
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 
-__all__ = ["Proc", "describe", "die_with_parent", "dump_stacks", "print_prefixed", "stop_late"]
+__all__ = [
+    "SERVER_EXIT_S",
+    "Proc",
+    "await_end",
+    "describe",
+    "die_with_parent",
+    "dump_stacks",
+    "print_prefixed",
+    "stop_after_end",
+    "stop_late",
+]
+
+#: How long after the coordinator's normal exit a server it told to stop has to exit
+#: on its own (it does in milliseconds) before the launcher stops it (:func:`stop_after_end`).
+SERVER_EXIT_S = 1.0
 
 
 def print_prefixed(source: str, line: str) -> None:
@@ -69,3 +83,36 @@ def stop_late(procs: Iterable[Proc], say: Callable[[str], None]) -> list[Proc]:
         with contextlib.suppress(ProcessLookupError):
             p.popen.terminate()
     return stopped
+
+
+def stop_after_end(servers: Iterable[Proc], say: Callable[[str], None]) -> list[Proc]:
+    """Stop (SIGTERM) each server of ``servers`` still running after the coordinator
+    exited normally: one that never joined (started as the job ended, it would wait out
+    the coordinator's timeout) stops at once, one still writing its checkpoint files
+    finishes them first (``trimtab server`` handles SIGTERM so). Returns those stopped.
+    Never blocks."""
+    stopped = [p for p in servers if p.popen.poll() is None]
+    for p in stopped:
+        say(f"{p.source} is still running after the job ended: stopping it")
+        with contextlib.suppress(ProcessLookupError):
+            p.popen.terminate()
+    return stopped
+
+
+def await_end(procs: list[Proc], grace_s: float, say: Callable[[str], None]) -> None:
+    """Wait up to ``grace_s`` for ``procs`` (the coordinator and servers) to exit once
+    the workers have. Once the coordinator has exited 0, every server it knew was told
+    to stop, and one still running :data:`SERVER_EXIT_S` later either never joined (it
+    was starting as the job ended, and would wait out the coordinator's timeout) or is
+    writing its last files: :func:`stop_after_end` stops it. Blocks."""
+    deadline = time.monotonic() + grace_s
+    coordinator = next((p for p in procs if p.source == "coordinator"), None)
+    ended: float | None = None  # when the coordinator was seen to exit 0
+    servers = [p for p in procs if p.source.startswith("server")]
+    while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
+        if ended is None and coordinator is not None and coordinator.popen.poll() == 0:
+            ended = time.monotonic()
+        if ended is not None and servers and time.monotonic() - ended > SERVER_EXIT_S:
+            stop_after_end(servers, say)
+            servers = []
+        time.sleep(0.05)

@@ -467,10 +467,12 @@ class ZmqTransport(Transport):
             _shared=self._shared,
         )
 
-    def close(self) -> None:
+    def close(self, linger_s: float = _LINGER_S) -> None:
+        """Close every socket, giving queued messages up to ``linger_s`` to leave (0:
+        drop them, e.g. a request whose peer did not answer). Blocks that long at most."""
         if self._closed:
             return
-        deadline = time.monotonic() + _LINGER_S  # one grace period for all, as ZeroMQ's
+        deadline = time.monotonic() + linger_s  # one grace period for all, as ZeroMQ's
         # Messages that wait for a handshake leave only as our recv finishes it.
         while time.monotonic() < deadline and (
             self._sessions.waiting or any(c.waiting for c in self._lane_fds.values())
@@ -488,7 +490,7 @@ class ZmqTransport(Transport):
         for watch in self._watches.values():
             watch.close()
         for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
-            sock.close()
+            sock.close(linger=int(linger_s * 1000))
         self._dealers.clear()
         self._router = None
         self._shared.release()
