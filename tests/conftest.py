@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,6 +123,26 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
 
 
 def processes_of(job: str) -> list[str]:
-    """Command lines of live processes that mention ``job`` (none should outlive it)."""
-    out = subprocess.run(["pgrep", "-af", job], capture_output=True, text=True, check=False)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    """Command lines of the live processes of job ``job`` (none should outlive it): those
+    the launcher gave it by name (``--job ID``: the coordinator and servers) or in their
+    environment (``TRIMTAB_JOB=ID``: the workers, and what they started). Exact: a
+    process of another job or test, or one whose command line merely contains the
+    string, is not counted."""
+    return processes_with(arg=job, env=f"TRIMTAB_JOB={job}")
+
+
+def processes_with(arg: str, env: str | None = None) -> list[str]:
+    """Command lines of live processes (this one aside) with ``arg`` as one of their
+    arguments, or ``env`` as one entry of their environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0") if env else []
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if arg.encode() in argv or (env is not None and env.encode() in environ):
+            found.append(b" ".join(argv).decode(errors="replace").strip())
+    return found

@@ -52,15 +52,12 @@ def _train(
 
 
 CASES = [
-    # (optimizer, per-worker batch sizes, servers): unequal sizes sum to the global batch
-    ("sgd", (12, 12), 1),
-    ("sgd", (5, 19), 2),
-    ("sgd", (4, 8, 12), 1),
+    # (optimizer, per-worker batch sizes, servers): unequal sizes sum to the global batch.
+    # Over TCP, one case of each optimizer mode; the whole matrix of sizes, servers and
+    # optimizers runs on the in-process cluster (tests/unit/test_roles_inproc.py), where
+    # the same roles run without the processes' start (4 s a job on 2 cores).
     ("sgd", (10, 3, 11), 2),
-    ("adam", (12, 12), 2),
     ("adam", (17, 7), 1),
-    ("adam", (2, 20, 2), 2),
-    ("adam", (8, 8, 8), 1),
     ("rmsprop-sum", (9, 15), 2),
 ]
 

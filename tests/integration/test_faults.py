@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import processes_with
 from trimtab.faults.kills import read_marker
 
 STEP = 4
@@ -88,8 +89,9 @@ def stop(job: subprocess.Popen[bytes]) -> None:
 
 
 def leftovers(tmp: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", str(tmp)], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    """The live processes of the job run in ``tmp`` (its workers have it as an argument,
+    the others are the job's)."""
+    return processes_with(arg=str(tmp))
 
 
 def markers(tmp: Path) -> list[dict[str, Any]]:

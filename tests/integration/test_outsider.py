@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,14 +100,16 @@ def test_an_outsider_cannot_touch_a_job(tmp_path: Path) -> None:
                 claims = (attack.CLAIM_2_50, attack.CLAIM_1024_X_64M, attack.CLAIM_512M)
                 for i, claim in enumerate(claims):
                     seen[f"lane closed {address} {i}"] = attack.lane_send(address, claim)
+            # Each request below waits 2 s for a reply that must not come: all at once.
+            asks: dict[str, tuple[str, list[bytes]]] = {}
             # (b) 100 MB over TCP to the coordinator: through ZeroMQ, and raw
-            seen["tcp 100MB"] = attack.outsider_request(coordinator, [b"\0" * (100 << 20)])
+            asks["tcp 100MB"] = (coordinator, [b"\0" * (100 << 20)])
             attack.raw_tcp(coordinator, b"\xff" + b"\0" * 8 + b"\x7f" + b"\0" * (1 << 20))
             # (c) well-formed data messages with the job id, to the server
             for op in (Data.INIT, Data.PUSH, Data.PULL, Data.STATS):
                 h = {"j": job_id, "o": int(op), "i": 1, "c": 0, "e": 1, "dt": "float32", "n": 1}
                 h.update(r=0, k=2, w=1.0, v=0)
-                seen[f"data {op.name}"] = attack.outsider_request(server, [encode(h), b"\0" * 4])
+                asks[f"data {op.name}"] = (server, [encode(h), b"\0" * 4])
             # (d), (e) control messages to the coordinator
             for h in (
                 {**headers.scale(servers=3)},
@@ -114,9 +117,10 @@ def test_an_outsider_cannot_touch_a_job(tmp_path: Path) -> None:
                 {**headers.status_request()},
             ):
                 msg = {**h, "i": 1, "j": job_id}
-                seen[f"control {Control(h['o']).name}"] = attack.outsider_request(
-                    coordinator, [encode(msg)]
-                )
+                asks[f"control {Control(h['o']).name}"] = (coordinator, [encode(msg)])
+            with ThreadPoolExecutor(len(asks)) as pool:
+                answered = {k: pool.submit(attack.outsider_request, *a) for k, a in asks.items()}
+                seen.update({k: f.result() for k, f in answered.items()})
             after = {name: attack.rss_bytes(pid) for name, pid in targets.items()}
             seen["growth"] = {n: after[n] - before[n] for n in targets}
             seen["alive"] = all(procs[s].poll() is None for s in ("coordinator", "server 0"))

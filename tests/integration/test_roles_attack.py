@@ -4,7 +4,8 @@ A live job of real processes (``trimtab run``, two workers, two servers, room fo
 third) is attacked mid-run from a peer that passes the transport's checks but holds no
 role (:func:`tests.roles_attack.raw_client`): every attack is refused with an error
 reply, every node stays up, nothing is held for the attacker, and the job's final
-parameters are bit-identical to those of the same job run unattacked.
+parameters are one process's over the same global batches (1e-5): what an unattacked run
+gives (a forged push of NaNs, or any gradient taken, would change them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.equivalence_job import Setup, max_difference, reference
 from tests.roles_attack import raw_client
 from trimtab.protocol.messages import Control, Data
 
@@ -66,7 +68,6 @@ class Attacked:
         self.replies: dict[str, dict[str, Any]] = {}
         self.params: list[torch.Tensor] = []
         self.stats: dict[str, Any] = {}
-        self.baseline: list[torch.Tensor] = []
 
 
 def _attack(job: dict[str, Any], replies: dict[str, dict[str, Any]]) -> None:
@@ -128,29 +129,25 @@ def _attack(job: dict[str, Any], replies: dict[str, dict[str, Any]]) -> None:
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Attacked]:
-    """The baseline and the attacked job, run side by side; the attack mid-run."""
+    """The attacked job; the attack mid-run."""
     root = tmp_path_factory.mktemp("roles")
     result = Attacked()
-    calm_out, hit_out = root / "calm", root / "attacked"
-    calm, hit = _start(calm_out), _start(hit_out)
+    hit_out = root / "attacked"
+    hit = _start(hit_out)
     try:
-        _go(calm_out)
-        (calm_out / "go").touch()
         _attack(_go(hit_out), result.replies)
         (hit_out / "go").touch()
-        result.baseline, _ = _finish(calm, calm_out)
         result.params, result.stats = _finish(hit, hit_out)
     finally:
-        for proc in (calm, hit):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if hit.poll() is None:
+            hit.kill()
+            hit.wait()
     yield result
 
 
 def _unharmed(attacked: Attacked) -> None:
-    for got, want in zip(attacked.params, attacked.baseline, strict=True):
-        assert torch.equal(got, want), "the attack changed the model"
+    expected = reference(Setup("adam", (12, 12), hidden=192))  # attack_worker.py's job
+    assert max_difference(attacked.params, expected) < 1e-5, "the attack changed the model"
     for s in attacked.stats["servers"]:
         assert s["early"] == 0 and s["early_bytes"] == 0, s  # nothing held
 

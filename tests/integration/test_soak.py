@@ -13,6 +13,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.soak
 @pytest.mark.timeout(180)
 def test_one_minute_soak() -> None:

@@ -23,6 +23,9 @@ from trimtab.launch.job import DEADLINE_STATUS, Job, LaunchConfig
 from trimtab.launch.testbed import Testbed, list_beds
 from trimtab.transport.shm import SHM_DIR, job_prefix
 
+# Jobs across the bed's hosts: the slow tier (`pytest -m slow`, run by .ci/run after the suite).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).with_name("equiv_worker.py")
 Factory = Callable[[int], Testbed]
 

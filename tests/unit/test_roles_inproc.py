@@ -17,14 +17,35 @@ from trimtab import ChunkMoved, ConfigError, Context, RemoteError, UsageError
 from trimtab.protocol.messages import Control, Data
 from trimtab.roles.worker.client import wait
 
+MATRIX = [
+    # (optimizer, per-worker batch sizes, servers): unequal sizes sum to the global batch
+    ("sgd", (10, 14), 2),
+    ("sgd", (12, 12), 1),
+    ("sgd", (5, 19), 2),
+    ("sgd", (4, 8, 12), 1),
+    ("sgd", (10, 3, 11), 2),
+    ("adam", (5, 7, 12), 2),
+    ("adam", (12, 12), 2),
+    ("adam", (17, 7), 1),
+    ("adam", (2, 20, 2), 2),
+    ("adam", (8, 8, 8), 1),
+    ("rmsprop-sum", (20, 4), 2),
+    ("rmsprop-sum", (9, 15), 2),
+]
+
 
 @pytest.mark.parametrize(
-    "setup",
-    [Setup("sgd", (10, 14)), Setup("adam", (5, 7, 12)), Setup("rmsprop-sum", (20, 4))],
-    ids=["sgd-2w", "adam-3w", "summation-2w"],
+    ("optimizer", "sizes", "servers"),
+    MATRIX,
+    ids=[f"{o}-{len(b)}w{s}s-{'x'.join(map(str, b))}" for o, b, s in MATRIX],
 )
-def test_bsp_matches_one_process(cluster_factory, setup: Setup) -> None:
-    cluster = cluster_factory(workers=setup.workers, servers=2, chunk_bytes=256)
+def test_bsp_matches_one_process(
+    cluster_factory, optimizer: str, sizes: tuple[int, ...], servers: int
+) -> None:
+    """Invariant 1 over the matrix of optimizers, batch splits and server counts (three
+    of them over TCP too: tests/integration/test_equivalence.py)."""
+    setup = Setup(optimizer, sizes)
+    cluster = cluster_factory(workers=setup.workers, servers=servers, chunk_bytes=256)
     results = cluster.run_workers(lambda ctx: train_worker(setup, ctx.rank, ctx))
     expected = reference(setup)
     for got in results:
