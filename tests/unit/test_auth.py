@@ -191,3 +191,23 @@ def test_a_job_without_authentication_still_gets_a_server_key_for_servers_added_
     assert len(bytes.fromhex(first[envvars.SERVER_KEY])) == 32
     assert first[envvars.SERVER_KEY] == second[envvars.SERVER_KEY]
     assert first[envvars.AUTH] == "0"
+
+
+def test_after_its_handshake_a_lane_carries_messages_without_a_mac() -> None:
+    """A connected Unix stream has two proven ends and nothing can be injected into it:
+    once the handshake is done, a message goes as its framing alone (no 24-byte
+    trailer per header to seal and check), and arrives as sent."""
+    key = JobKey(secrets.token_bytes(32))
+    _, server, client = lane_pair(Limits.for_job(1 << 20), key)
+    assert client is not None
+    scratch = memoryview(bytearray(1 << 16))
+    for _ in range(3):  # HELLO -> CHALLENGE -> PROOF
+        server.read(scratch)
+        client.read(scratch)
+    assert client.proven and server.proven
+    client.send([b"head", b"body!"])
+    raw = server.sock.recv(1 << 10)
+    assert raw == struct.pack("<I2Q", 2, 4, 5) + b"head" + b"body!"
+    client.send([b"again", b""])
+    messages, closed = server.read(scratch)
+    assert not closed and [[bytes(f) for f in m] for m in messages] == [[b"again", b""]]
