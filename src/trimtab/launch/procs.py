@@ -77,12 +77,7 @@ def stop_late(procs: Iterable[Proc], say: Callable[[str], None]) -> list[Proc]:
     """Stop (SIGTERM) each process of ``procs`` still running: workers started to join a
     job that has ended since (the coordinator exited normally, so every worker it knew
     said it was done). Returns those stopped. Never blocks."""
-    stopped = [p for p in procs if p.popen.poll() is None]
-    for p in stopped:
-        say(f"{p.source} was started to join the job, which ended first: stopping it")
-        with contextlib.suppress(ProcessLookupError):
-            p.popen.terminate()
-    return stopped
+    return _terminate(procs, say, "was started to join the job, which ended first")
 
 
 def stop_after_end(servers: Iterable[Proc], say: Callable[[str], None]) -> list[Proc]:
@@ -91,9 +86,14 @@ def stop_after_end(servers: Iterable[Proc], say: Callable[[str], None]) -> list[
     the coordinator's timeout) stops at once, one still writing its checkpoint files
     finishes them first (``trimtab server`` handles SIGTERM so). Returns those stopped.
     Never blocks."""
-    stopped = [p for p in servers if p.popen.poll() is None]
+    return _terminate(servers, say, "is still running after the job ended")
+
+
+def _terminate(procs: Iterable[Proc], say: Callable[[str], None], why: str) -> list[Proc]:
+    """SIGTERM to each of ``procs`` still running, each said with ``why``."""
+    stopped = [p for p in procs if p.popen.poll() is None]
     for p in stopped:
-        say(f"{p.source} is still running after the job ended: stopping it")
+        say(f"{p.source} {why}: stopping it")
         with contextlib.suppress(ProcessLookupError):
             p.popen.terminate()
     return stopped
