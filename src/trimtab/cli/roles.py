@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trimtab.errors import ConfigError
 from trimtab.faults.crash import wrap_server
@@ -293,7 +294,19 @@ def _server(args: argparse.Namespace) -> int:
     if crash is not None:  # --fault: this server killed at a step
         crash.follow(server)
     server.run()
-    return 0
+    _exit_at_once(0)
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """End a server's process without the interpreter's finalization. Its loop has
+    closed everything of its own (sockets, their ZeroMQ context after its linger,
+    arenas, checkpoint writers), and tearing down torch's modules cost 0.5 to 1 s of
+    CPU that every job's end waited for. Flushes logging and the standard streams."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
