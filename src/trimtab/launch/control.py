@@ -50,7 +50,10 @@ def ask_coordinator(
     finally:
         # Unanswered (the coordinator is gone or refused us): nothing queued is worth
         # waiting for, as a launcher polling a job that just ended would.
-        transport.close(linger_s=2.0 if answered else 0.0)
+        if answered:
+            transport.close()
+        else:
+            transport.close(linger_s=0.0)
     if reply["o"] == Control.ERROR:
         raise ProtocolError(f"the coordinator refused: {read_error(reply)['msg']}")
     return reply
