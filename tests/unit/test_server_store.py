@@ -15,7 +15,7 @@ from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.state import load_state, state_reply
-from trimtab.roles.server.store import ChunkStore
+from trimtab.roles.server.store import ChunkStore, mean_of
 from trimtab.runtime.tensors import as_bytes
 
 WORKERS = [0, 1]
@@ -217,3 +217,45 @@ def test_a_mean_only_round_answers_the_mean_and_sum_scales_it() -> None:
         replies = store.push(b"p", header, [as_bytes(torch.tensor(grad))], False)
     assert torch.equal(replies[0].value, torch.tensor([4.0, 4.0, 4.0, 4.0]))
     assert torch.equal(store.chunks[0].value, torch.zeros(4))  # nothing applied
+
+
+def _empty_push(store: ChunkStore, rank: int, clock: int) -> list[Any]:
+    header = {"o": int(Data.PUSH), "i": 1, "c": 0, "e": 1, "r": rank, "k": clock, "w": 1}
+    header.update({"dt": "float32", "n": 4, "z": True})
+    return list(store.push(b"p", header, [], False))
+
+
+def test_server_mode_keeps_each_rounds_mean_until_the_next_round_applies() -> None:
+    """Under BSP in server mode the mean a round applied stays readable (a PULL with gm:
+    Horovod's .grad after step()) while the next round merges into the other buffer,
+    with no copy; once that round applies, the older mean is refused, never wrong."""
+    store = store_of(mode="server")
+    chunk = store.chunks[0]
+    push(store, 0, [1, 1, 1, 1], w=1)
+    push(store, 1, [5, 5, 5, 5], w=3)  # round 0: the weighted mean is 4
+    assert mean_of(chunk, 0).tolist() == [4.0] * 4  # type: ignore[union-attr]
+    kept = mean_of(chunk, 0)
+    push(store, 0, [2, 2, 2, 2], clock=1)  # round 1 merges elsewhere: round 0's stays
+    assert kept is not chunk.merge and mean_of(chunk, 0).tolist() == [4.0] * 4  # type: ignore[union-attr]
+    push(store, 1, [4, 4, 4, 4], clock=1)
+    assert mean_of(chunk, 1).tolist() == [3.0] * 4  # type: ignore[union-attr]
+    assert chunk.merge is kept  # the two buffers take turns: round 2 merges into it
+    for gone in (0, 2, -1):
+        with pytest.raises(ProtocolError, match="not held here") as refused:
+            mean_of(chunk, gone)
+        assert refused.value.args[0] == "bad_state"
+    _empty_push(store, 0, 2)
+    _empty_push(store, 1, 2)  # round 2: no worker had a gradient
+    assert mean_of(chunk, 2) is None
+
+
+@pytest.mark.parametrize(("mode", "consistency"), [("summation", "bsp"), ("server", "ssp")])
+def test_no_mean_is_kept_where_grad_is_not_the_servers(mode: str, consistency: str) -> None:
+    """Summation mode answers the mean itself, and asynchronous modes have no one mean
+    a step applied: nothing is kept, and a PULL with gm is refused."""
+    store = store_of(mode=mode, consistency=consistency, staleness=2)
+    push(store, 0, [1, 1, 1, 1])
+    push(store, 1, [3, 3, 3, 3])
+    assert store.chunks[0].last_mean is None
+    with pytest.raises(ProtocolError, match="not held here"):
+        mean_of(store.chunks[0], 0)

@@ -187,18 +187,25 @@ def _is_slot(sm: Any) -> bool:
 
 
 class PullHeader(WireHeader):
-    """PULL, worker -> server: a chunk's current value now; answered VALUE (or MOVED)."""
+    """PULL, worker -> server: a chunk's current value now, or with ``gm`` the mean
+    gradient its round ``gm`` applied (what a Horovod script reads in ``.grad`` after
+    ``step()``); answered VALUE (``z``: no worker had a gradient), MOVED, or ERROR
+    (BAD_STATE) where the server no longer holds that round's mean."""
 
     c: int  # chunk id
     e: int  # the sender's map epoch
+    gm: NotRequired[int]  # the round whose mean gradient is asked for
 
 
-def pull(*, chunk: int, epoch: int) -> PullHeader:
-    return {"o": _PULL, "c": chunk, "e": epoch}
+def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
+    header: PullHeader = {"o": _PULL, "c": chunk, "e": epoch}
+    if mean_of is not None:
+        header["gm"] = mean_of
+    return header
 
 
 def read_pull(header: Header) -> PullHeader:
-    fields(header, (("c", int), ("e", int)))
+    fields(header, (("c", int), ("e", int)), (("gm", int),))
     return cast(PullHeader, header)
 
 

@@ -62,7 +62,8 @@ Short keys, and what each carries in which message:
                 ``p`` chunk counters; ``cs``/``ms``/``cpu`` compute and communication
                 seconds and CPU share; ``sv`` per-server spans; ``step`` job clock: LOAD;
                 ``t`` table (a worker's n-th optimizer): DECLARE; ``ak`` acknowledge
-                receipt with CREDIT: PUSH.
+                receipt with CREDIT: PUSH; ``gm`` the round whose mean gradient is asked
+                for: PULL.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from trimtab.roles.server.replica import Replicas
 from trimtab.roles.server.replica_link import ReplicaLink
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.state import load_state, state_reply
-from trimtab.roles.server.store import ChunkStore, Reply
+from trimtab.roles.server.store import ChunkStore, Reply, mean_of
 from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import Heartbeat, NodeLoop
@@ -406,8 +406,13 @@ class Server:
                 if replies:  # sent once the chunk's backup (if any) holds the round
                     self._replicas.after_rounds(replies, self._answer)
             elif op == Data.PULL:
-                chunk = self._store.owned(headers.read_pull(header)["c"])
-                self._receipts.value(peer, rid, chunk, chunk.value, chunk.round, None)
+                pull = headers.read_pull(header)
+                chunk = self._store.owned(pull["c"])
+                if "gm" in pull:
+                    mean = mean_of(chunk, pull["gm"])
+                    self._receipts.value(peer, rid, chunk, mean, pull["gm"], None)
+                else:
+                    self._receipts.value(peer, rid, chunk, chunk.value, chunk.round, None)
             elif op == Data.INIT:
                 adoption = self._credentials.adoption(header, rank) if "ad" in header else None
                 self._store.init(header, frames[1:], rank, adoption)

@@ -142,6 +142,8 @@ class Receipts:
             frame = chunk.value_bytes
         elif t is chunk.merge:
             frame = chunk.merge_bytes
+        elif t is chunk.last_mean:
+            frame = chunk.last_mean_bytes
         else:
             frame = as_bytes(t)
         self._meter.count(frame.nbytes)  # what this server moves, both ways, for its speed

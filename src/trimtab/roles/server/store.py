@@ -40,6 +40,14 @@ class Chunk:
         # (both are only ever updated in place).
         self.value_bytes = as_bytes(self.value)
         self.merge_bytes = as_bytes(self.merge)
+        # Server mode under BSP: the mean gradient the last round applied, kept for a
+        # worker that reads it (a PULL with ``gm``: Horovod's ``.grad`` after step()),
+        # in the buffer the round before merged into; the next round merges into the
+        # other. Made at the first such round. ``mean_round``: whose mean (-1: none).
+        self.last_mean: torch.Tensor | None = None
+        self.last_mean_bytes = memoryview(b"")
+        self.mean_round = -1
+        self.mean_any = False  # whether any worker had a gradient in that round
         self.optimizer = ChunkOptimizer(opt[0], self.value, opt[1]) if opt else None
         self.version = 0
         self.round = 0
@@ -58,6 +66,33 @@ class Chunk:
         self.discounted = 0
         self.seeded = False  # an INIT set its value (one is taken, before round 0 ends)
         self.adopted = 0  # the last adoption (ADOPT) whose INIT set its value
+
+
+def keep_mean(chunk: Chunk) -> None:
+    """Keep the mean gradient the chunk's round just applied (in ``chunk.merge``) as
+    ``chunk.last_mean`` of that round, and give the next round the other buffer to merge
+    into: no copy. Never blocks."""
+    spare, spare_bytes = chunk.last_mean, chunk.last_mean_bytes
+    if spare is None:
+        spare = torch.empty_like(chunk.merge)
+        spare_bytes = as_bytes(spare)
+    chunk.last_mean, chunk.last_mean_bytes = chunk.merge, chunk.merge_bytes
+    chunk.merge, chunk.merge_bytes = spare, spare_bytes
+    chunk.mean_round, chunk.mean_any = chunk.round, True
+
+
+def mean_of(chunk: Chunk, round_: int) -> torch.Tensor | None:
+    """The mean gradient round ``round_`` of ``chunk`` applied (None: no worker had a
+    gradient). Raises BAD_STATE :class:`ProtocolError` where this server does not hold
+    it (a later round applied since, the chunk moved here or was restored, the job runs
+    in summation mode or asynchronously). Never blocks."""
+    if round_ < 0 or round_ != chunk.mean_round:
+        raise ProtocolError(
+            ErrorCode.BAD_STATE.value,
+            f"chunk {chunk.spec.id}: the mean gradient of round {round_} is not held here "
+            f"(the last kept: {chunk.mean_round}; -1: none)",
+        )
+    return chunk.last_mean if chunk.mean_any else None
 
 
 class Reply:
@@ -339,11 +374,15 @@ class ChunkStore:
                     merge = merge.to(chunk.value.dtype)
                 chunk.optimizer.step(merge)
                 result = chunk.value
+                if self.consistency.synchronous:
+                    keep_mean(chunk)
             else:
                 result = chunk.merge
             chunk.version += 1
         elif applies:
             result = chunk.value  # no gradient anywhere: torch skips the step, so do we
+            if self.consistency.synchronous:
+                chunk.mean_round, chunk.mean_any = chunk.round, False
         chunk.mean_only = False
         if self.consistency.synchronous:
             # Zero-copy is safe under BSP: no worker pushes this chunk again (and so nothing
