@@ -19,9 +19,14 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGES = ("trimtab", "trimtab_tools")
 MAX_LINES = 500
 
-# Exceptions, each with its reason; none today. A module listed here that no longer
-# breaks the rule fails the test too, so the lists cannot go stale.
-KNOWN_LONG: set[str] = set()
+# Exceptions, each with its reason. A module listed here that no longer breaks the rule
+# fails the test too, so the lists cannot go stale.
+KNOWN_LONG: set[str] = {
+    # Horovod's DistributedOptimizer contract is one class (the step, synchronize and
+    # skip_synchronize, state_dict and its loads, .grad after step); its parts that
+    # stand alone already live beside it (pusher, probe, state, meangrad, reports).
+    "trimtab.frontend.optimizer",
+}
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 

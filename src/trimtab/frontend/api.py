@@ -30,7 +30,7 @@ from trimtab.faults.stragglers import ENV as STRAGGLER_ENV
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
 from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
-from trimtab.frontend.state import broadcast_state
+from trimtab.frontend.state import broadcast_state, zero_missing_grads
 from trimtab.protocol import headers
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.context import Context
@@ -327,11 +327,16 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     that rank 0 loaded). A :class:`DistributedOptimizer` in server mode keeps its state
     on the servers, where rank 0's ``load_state_dict()`` put it: only the
     hyperparameters travel, and the call ends with a barrier, so that no worker's next
-    step precedes the root's load. Collective and blocking; raises
+    step precedes the root's load. As Horovod's does, it leaves each trained parameter
+    of an optimizer with a fresh state a zero ``.grad`` where it had none (Horovod's
+    zero-gradient step itself is not taken: the state stays torch's fresh one).
+    Collective and blocking; raises
     :class:`UsageError` between backward and step, and torch's ``ValueError`` for
     optimizers of different param groups."""
     own = getattr(optimizer, "broadcast_state", None)
     if callable(own):  # a DistributedOptimizer (not imported here: it imports this module)
         own(root_rank)
         return
+    if not optimizer.state:
+        zero_missing_grads(optimizer)
     broadcast_state(default_context(), optimizer, root_rank, groups_only=False)

@@ -26,12 +26,20 @@ import torch
 from trimtab.errors import ConfigError, UsageError
 from trimtab.frontend.api import default_context
 from trimtab.frontend.declaration import declare_table
+from trimtab.frontend.meangrad import MeanGrads
 from trimtab.frontend.overlap import hook_forward
 from trimtab.frontend.params import RESYNC_WARNING, name_params, reduction, say_mode, trained
 from trimtab.frontend.probe import Mark, check_marks, end_probe, marks_of
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.reports import StepReporter
-from trimtab.frontend.state import broadcast_state, by_index, by_param, gather, scatter
+from trimtab.frontend.state import (
+    broadcast_state,
+    by_index,
+    by_param,
+    gather,
+    scatter,
+    zero_missing_grads,
+)
 from trimtab.roles.server.optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab.roles.worker.context import Context
 
@@ -127,6 +135,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
         self._skip_sync = False
+        self._loaded = False  # load_state_dict() was called (server mode: state is there)
         self._explicit = False  # the script called synchronize() itself this step
         # Server mode, after an explicit synchronize(): each gradient and its version,
         # to see whether the script changed one before step().
@@ -152,6 +161,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
             for p in self._pusher.chunks_of
         ]
+        # Server mode under BSP: .grad after step() is the mean (meangrad.py).
+        self._means = None
+        if self._mode is OptimizerMode.SERVER and ctx.job.consistency == "bsp":
+            self._means = MeanGrads(self._pusher)
         if model is not None and not self._overlap:
             log.info("trimtab: model= has no effect in summation mode (step needs every gradient)")
         if model is not None and self._overlap:
@@ -201,12 +214,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         """Send the last step's report, take the hooks off the parameters (an optimizer
-        built over them after ``init()`` again pushes alone), release the shared memory
-        (the worker is leaving). Never raises."""
+        built over them after ``init()`` again pushes alone) and give them back their
+        class, release the shared memory (the worker is leaving). A mean gradient owed
+        is forgotten: ``.grad`` keeps this worker's own. Never raises."""
         self._reporter.flush()
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        if self._means is not None:
+            self._means.close()
         self._pusher.close()
 
     @property
@@ -394,6 +410,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._inner.step()
         else:
             check_marks(self._marks, apply)
+            if self._means is not None:
+                self._means.stepped()
         self._synchronized = self._explicit = False
         self._marks = None
         self.last_compute_s, self.last_comm_s = compute, comm
@@ -421,6 +439,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         if self._synchronized:  # synchronize() then no step(): GradScaler skipped it
             self._finish(apply=False)
+        if self._means is not None:
+            self._means.forget()  # (torch's zero_grad reads .grad: nothing to fetch)
         self._inner.zero_grad(set_to_none=set_to_none)
 
     @property
@@ -466,8 +486,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         self._inner.load_state_dict({"state": {}, "param_groups": state["param_groups"]})
         self._share_inner()
-        states = by_param(state, self._params())
-        scatter(self._pusher, states, {p: self.param_groups[self._group_of[p]] for p in states})
+        # A parameter the dict holds no state for (a fresh optimizer's, SGD without
+        # momentum's) starts again from a fresh state, as torch's load leaves it.
+        groups = {p: self.param_groups[self._group_of[p]] for p in self._pusher.chunks_of}
+        scatter(self._pusher, by_param(state, self._params()), groups)
+        self._loaded = True
 
     def broadcast_state(self, root_rank: int) -> None:
         """:func:`trimtab.broadcast_optimizer_state`: worker ``root_rank``'s
@@ -476,6 +499,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         worker's next push precedes it. Collective; blocks."""
         self._between_steps("broadcast_optimizer_state()")
         summation = self._mode is OptimizerMode.SUMMATION
+        # Horovod's test for a fresh optimizer: no state yet (in server mode: no step
+        # taken, nothing loaded, since the servers hold it).
+        fresh = not self._inner.state if summation else self._clock == 0 and not self._loaded
+        if fresh:
+            zero_missing_grads(self._inner)
         broadcast_state(self._ctx, self._inner, root_rank, groups_only=not summation)
         self._share_inner()
         self._ctx.barrier()

@@ -16,8 +16,9 @@ answer the mean gradient and apply nothing (pushes carry ``g``). At its end
 - Otherwise every worker applies this step's update itself (the same mean gradient,
   state and code everywhere: the same result), rank 0 gives the servers the new values
   and optimizer state, and from the next step on the servers apply the updates: the
-  fast path, unchanged. Under BSP no update of the next step happens before rank 0's
-  values are acknowledged, since its own pushes of that step leave only after.
+  fast path, unchanged. Every worker returns from that first ``step()`` only once the
+  servers acknowledged rank 0's values and state (a barrier), so that no update of the
+  next step and no ``state_dict()`` read comes before them.
 
 Later, in server mode, a script that calls ``synchronize()`` and then changes a
 gradient (seen by the gradient's identity and version counter) or skips ``step()``
@@ -81,6 +82,9 @@ def end_probe(
         return True
     if ctx.rank == 0:
         scatter(pusher, inner.state, values=True)
+    # No worker returns from step() before the servers hold that state: a state_dict()
+    # read on another rank right after would miss it.
+    ctx.barrier()
     inner.state.clear()
     pusher.summation = False
     return False

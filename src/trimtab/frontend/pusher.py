@@ -100,6 +100,8 @@ class Pusher:
         self.slots = slots
         self.timed = timed
         self._versions: dict[int, int] = {}  # chunk id -> version of the value we hold
+        #: Chunk id -> the round the value we hold came of (server mode).
+        self.rounds: dict[int, int] = {}
         # One reused wire buffer per parameter whose gradients are narrowed for the push.
         self._wire: dict[torch.Tensor, torch.Tensor] = {}
         # A byte view of each parameter's memory, with the address it was made for.
@@ -262,6 +264,7 @@ class Pusher:
                         traffic[2] -= pushed
                     if not self.summation:
                         self._write_value(p, c, h, got)
+                        self.rounds[c.id] = h["k"]
                     elif not h.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)

@@ -180,6 +180,17 @@ def by_param(
     return {p: saved[i] for i, p in zip(ids, params, strict=True) if i in saved}
 
 
+def zero_missing_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Give each trained parameter of ``optimizer`` that has no ``.grad`` a zero one, as
+    Horovod's ``broadcast_optimizer_state`` leaves a fresh optimizer's parameters (it
+    initialises the state by a step with zero gradients; trimtab takes no such step, so
+    the state stays torch's fresh one). Never blocks."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
 def broadcast_state(
     ctx: Context, optimizer: torch.optim.Optimizer, root_rank: int, *, groups_only: bool
 ) -> None:
