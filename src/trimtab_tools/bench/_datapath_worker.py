@@ -1,7 +1,9 @@
 """Worker script of ``trimtab bench datapath``: times push+pull steps of a synthetic model.
 
 Every step each worker hands the servers a gradient for every tensor (as backward would)
-and waits for the updated values (plain SGD on the servers): the whole real path.
+and waits for the updated values (plain SGD on the servers): the whole real path. With
+``--read-grads`` the script then reads every parameter's ``.grad`` (the mean gradient,
+fetched from the servers on that read), within the timed step.
 Rank 0 prints one result line after a marker: its step times, and the machine's cores
 busy over its timed steps (``cores_busy``: with every role on one machine, whether the
 step is bound by the cores).
@@ -35,10 +37,16 @@ LR = 0.1
 GRAD = 1e-3
 
 
-def _timed_step(optimizer: trimtab.DistributedOptimizer) -> float:
+def _timed_step(
+    optimizer: trimtab.DistributedOptimizer, read: list[torch.nn.Parameter] | None = None
+) -> float:
     # One function around the timed work, so a profile can keep exactly these samples.
+    # ``read``: the parameters whose .grad the script reads after step() (Horovod's
+    # mean gradient, fetched from the servers on that read).
     start = time.perf_counter()
     optimizer.step()
+    for p in read or ():
+        _ = p.grad
     return time.perf_counter() - start
 
 
@@ -56,6 +64,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--go-file", type=Path, help="rank 0 waits for it before timing")
+    parser.add_argument(
+        "--read-grads", action="store_true", help="read every .grad after each step, timed"
+    )
     args = parser.parse_args()
 
     trimtab.init()
@@ -76,7 +87,7 @@ def main() -> None:
             cpu, started = machine_cpu(), time.perf_counter()
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-        elapsed = _timed_step(optimizer)
+        elapsed = _timed_step(optimizer, params if args.read_grads else None)
         if step >= args.warmup:
             times.append(elapsed)
     busy = cores_busy(cpu, machine_cpu(), time.perf_counter() - started)
@@ -95,6 +106,10 @@ def main() -> None:
     got = params[0][0].item()
     if abs(got - expected) > 1e-6 + 1e-4 * abs(expected):
         raise SystemExit(f"datapath produced wrong values: {got} != {expected}")
+    if args.read_grads and any(
+        p.grad is None or not torch.allclose(p.grad, torch.full_like(p, grad)) for p in params
+    ):
+        raise SystemExit("datapath read a .grad other than the mean gradient")
     if lead:
         # How many pushes the servers read from shared memory (0: all through sockets).
         shared = sum(int(s.get("shared", 0)) for s in trimtab.server_stats())

@@ -40,6 +40,9 @@ copied in, its value copied out).
 ``--replicas 1`` runs only the 100 MiB trimtab job, without and with replicas,
 interleaved (:mod:`trimtab_tools.bench.replicas`).
 
+``--grads compare`` runs only the 100 MiB trimtab job, its script reading every
+``.grad`` after each step or not, interleaved (:mod:`trimtab_tools.bench.grads`).
+
 ``--testbed`` runs the trimtab job (and ``--peers mxnet,lean``) with each role on its own
 host of a test bed, over TCP, against that bed's raw TCP floor
 (:mod:`trimtab_tools.bench.bed`).
@@ -321,7 +324,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="1: only the 100 MiB job, without and with --replicas 1, interleaved, and the ratio",
     )
     p.add_argument(
-        "--rounds", type=int, default=3, help="with --auth compare or --replicas: rounds (3)"
+        "--grads",
+        choices=("compare",),
+        default=None,
+        help="compare: only the 100 MiB job, its script reading every .grad after each "
+        "step or not, interleaved, and the ratio",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="with --auth compare, --replicas or --grads compare: rounds (3)",
     )
     p.add_argument(
         "--testbed",
@@ -379,6 +392,14 @@ def main(args: argparse.Namespace) -> int:
                 args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
             )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
+        return 0
+    if args.grads == "compare":
+        from trimtab_tools.bench.grads import measure_grads
+
+        result = measure_grads(
+            model_sizes(args.model_mib), args.steps, args.chunk_bytes, args.rounds
+        )
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
         return 0
     if args.replicas:
         from trimtab_tools.bench.replicas import measure_replicas

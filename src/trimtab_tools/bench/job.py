@@ -37,6 +37,7 @@ def run_trimtab(
     auth: str = "on",
     replicas: int = 0,
     testbed: Testbed | None = None,
+    read_grads: bool = False,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
@@ -50,6 +51,7 @@ def run_trimtab(
     ``off`` (``--no-auth``, insecure, to measure its cost) or ``encrypt`` (``--encrypt``).
     ``replicas``: each chunk's backups (``--replicas``).
     ``testbed``: each role on a host of this bed (``trimtab run --testbed``), over TCP.
+    ``read_grads``: the script reads every ``.grad`` after each step (timed with it).
     Blocks for the job; raises RuntimeError on failure.
     """
     command = [
@@ -65,6 +67,8 @@ def run_trimtab(
     ]
     if go_file is not None:
         command += ["--go-file", str(go_file)]
+    if read_grads:
+        command.append("--read-grads")
     config = LaunchConfig(
         workers=workers,
         servers=servers,
