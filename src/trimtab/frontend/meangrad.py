@@ -39,6 +39,7 @@ from trimtab.frontend.pusher import Pusher
 from trimtab.protocol import headers
 from trimtab.protocol.headers import ValueHeader
 from trimtab.protocol.messages import ErrorCode
+from trimtab.roles.worker.replies import Reply
 from trimtab.runtime.tensors import tensor_from
 
 log = logging.getLogger("trimtab")
@@ -165,7 +166,7 @@ class MeanGrads:
         over), logs a warning and leaves ``.grad`` this worker's own. Raises as
         :meth:`Pusher.ask` otherwise."""
         try:
-            mean = self._ask(p)
+            replies = self._ask(p)
         except RemoteError as exc:
             if exc.code != ErrorCode.BAD_STATE.value:
                 raise
@@ -176,36 +177,47 @@ class MeanGrads:
                 exc,
             )
             return
+        grad = raw_grad(p)
+        # Written in place, one copy, where .grad is a CPU tensor laid out as p; else
+        # through a tensor of its own.
+        direct = (
+            grad is not None
+            and grad.device.type == "cpu"
+            and grad.dtype == p.dtype
+            and grad.is_contiguous()
+        )
         with torch.no_grad():
-            grad = raw_grad(p)
-            if grad is None:
-                set_raw_grad(p, mean.view(p.shape).to(p.device))
+            if direct and grad is not None:
+                flat = grad.view(-1)
             else:
-                grad.copy_(mean.view(p.shape))
+                flat = torch.empty(p.numel(), dtype=p.dtype)
+            for c, reply in zip(self._pusher.chunks_of[p], replies, strict=True):
+                h = cast(ValueHeader, reply.header)  # a VALUE, read as Pusher.arrive does
+                piece = flat[c.offset : c.offset + c.numel]
+                if h.get("z"):  # no worker had a gradient: Horovod's zero-filled mean
+                    piece.zero_()
+                else:
+                    piece.copy_(tensor_from(reply.frames[0], h["dt"], h["n"]))
+            if grad is None:
+                set_raw_grad(p, flat.view(p.shape).to(p.device))
+            elif not direct:
+                grad.copy_(flat.view(p.shape))
 
-    def _ask(self, p: torch.Tensor) -> torch.Tensor:
-        """The mean gradient the servers applied in the round of the value ``p`` holds
-        (waiting for that value first if it is still arriving), flat on the CPU: zero
-        where no worker had a gradient, as Horovod's allreduce of zero-filled gradients
-        gives. Blocks (one PULL per chunk); raises as :meth:`Pusher.ask` (BAD_STATE
-        :class:`RemoteError` where a server no longer holds that mean)."""
+    def _ask(self, p: torch.Tensor) -> list[Reply]:
+        """Every chunk's answer (a VALUE) to a PULL of the mean gradient the servers
+        applied in the round of the value ``p`` holds, waiting for that value first if
+        it is still arriving. Blocks (one PULL per chunk); raises as :meth:`Pusher.ask`
+        (BAD_STATE :class:`RemoteError` where a server no longer holds that mean)."""
         pusher = self._pusher
         if p in pusher.arriving:
             pusher.arrive([p])
-        chunks = pusher.chunks_of[p]
         epoch, rounds = pusher.epoch, pusher.rounds
-        replies = pusher.ask(
+        return pusher.ask(
             [
                 (c, headers.pull(chunk=c.id, epoch=epoch, mean_of=rounds.get(c.id, -1)), [])
-                for c in chunks
+                for c in pusher.chunks_of[p]
             ]
         )
-        mean = torch.zeros(p.numel(), dtype=p.dtype)
-        for c, reply in zip(chunks, replies, strict=True):
-            h = cast(ValueHeader, reply.header)  # a VALUE, read as Pusher.arrive reads it
-            if not h.get("z"):
-                mean[c.offset : c.offset + c.numel] = tensor_from(reply.frames[0], h["dt"], h["n"])
-        return mean
 
     def _settle_before(self, p: torch.Tensor) -> Callable[[torch.Tensor], None]:
         """The hook run as backward computes ``p``'s gradient, before autograd adds it
