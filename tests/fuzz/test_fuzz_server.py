@@ -151,6 +151,7 @@ plausible = {
     "s": st.sampled_from([0, 1, 2, -1]) | values,
     "ad": st.sampled_from([0, 1, 2]) | values,
     "g": st.binary(min_size=16, max_size=16) | values,
+    "gm": st.sampled_from([0, 1, -1]) | values,  # PULL: a round's mean gradient
 }
 
 
