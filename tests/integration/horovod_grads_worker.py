@@ -138,6 +138,9 @@ def load_fresh_case() -> dict[str, Any]:
         model(batch(step, hvd.rank())).sum().backward()
         opt.step()
     got: dict[str, Any] = {"trained_state": len(opt.state_dict()["state"])}
+    # The state is the servers': each rank's load below replaces it for all, so every
+    # read comes after every rank's load and before the next (the barriers).
+    hvd.barrier()
     errors = {}
     other = nn.Sequential(nn.Linear(FEATURES, 4), nn.Linear(4, 2))  # the same layout
     for label, fresh in (
@@ -151,8 +154,11 @@ def load_fresh_case() -> dict[str, Any]:
             opt.load_state_dict(fresh.state_dict())
         except Exception as exc:  # what the test reports
             errors[label] = f"{type(exc).__name__}: {exc}"
+        hvd.barrier()
+        if label in errors:
             continue
         state = opt.state_dict()
+        hvd.barrier()
         got[label] = {
             "state_keys": sorted(state["state"]),
             "lr": state["param_groups"][0]["lr"],
