@@ -1,9 +1,10 @@
 """A Horovod user's script with the import swapped: ``import trimtab as hvd`` (a BytePS
 user's: ``import trimtab.byteps.torch as bps``).
 
-Usage (under ``trimtab run``): horovod_script.py PATTERN OUT_DIR [PHASE]
-Runs :data:`tests.horovod_patterns.PATTERNS` [PATTERN] and saves each rank's final
-values as ``OUT_DIR/rank{r}.pt``.
+Usage (under ``trimtab run``): horovod_script.py PATTERN[,PATTERN...] OUT_DIR [PHASE]
+Runs each of :data:`tests.horovod_patterns.PATTERNS` [PATTERN] in turn, in one job (each
+builds its own model and optimizers: a table of its own), and saves each rank's final
+values as ``OUT_DIR/rank{r}.pt`` (one pattern) or ``OUT_DIR/PATTERN/rank{r}.pt``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import trimtab as hvd
 import trimtab.byteps.torch as bps
 from tests.horovod_patterns import PATTERNS
 
-pattern, out = sys.argv[1], Path(sys.argv[2])
+patterns, out = sys.argv[1].split(","), Path(sys.argv[2])
 extra = sys.argv[3:]
-# A BytePS script imports trimtab.byteps.torch as bps; a Horovod one trimtab as hvd.
-result = PATTERNS[pattern](bps if pattern.startswith("byteps_") else hvd, out, *extra)
-torch.save(result, out / f"rank{hvd.rank()}.pt")
+for pattern in patterns:
+    where = out if len(patterns) == 1 else out / pattern
+    where.mkdir(exist_ok=True)
+    # A BytePS script imports trimtab.byteps.torch as bps; a Horovod one trimtab as hvd.
+    result = PATTERNS[pattern](bps if pattern.startswith("byteps_") else hvd, where, *extra)
+    torch.save(result, where / f"rank{hvd.rank()}.pt")
 hvd.shutdown()

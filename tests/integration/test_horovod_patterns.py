@@ -35,11 +35,21 @@ def _assert_matches(out: Path, expected: dict[str, torch.Tensor], workers: int =
 SIMPLE = [name for name in PATTERNS if name != "checkpoint"]
 
 
-@pytest.mark.timeout(120)
+@pytest.fixture(scope="module")
+def simple_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every pattern but the checkpoint's, one after the other in one job (as a script
+    with several models and optimizers would): each writes under OUT/PATTERN/."""
+    out = tmp_path_factory.mktemp("patterns")
+    _job(",".join(SIMPLE), out)
+    return out
+
+
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("pattern", SIMPLE)
-def test_horovod_pattern_matches_one_process(tmp_path: Path, pattern: str) -> None:
-    _job(pattern, tmp_path)
-    _assert_matches(tmp_path, reference(pattern, tmp_path))
+def test_horovod_pattern_matches_one_process(
+    simple_job: Path, tmp_path: Path, pattern: str
+) -> None:
+    _assert_matches(simple_job / pattern, reference(pattern, tmp_path))
 
 
 @pytest.mark.timeout(180)
