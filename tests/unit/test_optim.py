@@ -82,3 +82,29 @@ def test_server_step_is_torchs_step_bit_for_bit(
         assert state.keys() == ref_states[i].keys()
         for key, value in state.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(ref_states[i][key])), key
+
+
+def test_a_server_process_never_imports_torch_dynamo() -> None:
+    """``trimtab server`` marks torch.optim's compile guards as done (it never compiles):
+    building, stepping, reading and loading every server-side optimizer, and the warm-up,
+    then import nothing of torch._dynamo (0.75 s of CPU in each server otherwise). A
+    fresh interpreter: this one may have imported it already."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import torch
+from trimtab.roles.server.optim import ELEMENTWISE, ChunkOptimizer, never_compiled, warm_up
+assert never_compiled() >= 2  # add_param_group and state_dict at least
+warm_up()
+for name in ELEMENTWISE:
+    chunk = ChunkOptimizer(name, torch.zeros(8), {"lr": 0.1})
+    chunk.step(torch.ones(8))
+    chunk.optimizer.load_state_dict(chunk.state_dict())
+print("torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

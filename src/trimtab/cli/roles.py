@@ -251,6 +251,7 @@ def _server(args: argparse.Namespace) -> int:
     import torch  # the server's own: the coordinator and the launcher do without
 
     from trimtab.roles.server import Server, ServerConfig
+    from trimtab.roles.server.optim import never_compiled
 
     _logging(args.verbose)
     if args.coordinator is None:
@@ -259,6 +260,7 @@ def _server(args: argparse.Namespace) -> int:
             "TRIMTAB_COORDINATOR, or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)"
         )
     torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
+    never_compiled()  # (torch.optim's compile guards import torch._dynamo otherwise)
     key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
     config = ServerConfig(
         coordinator=args.coordinator,
