@@ -39,6 +39,7 @@ from trimtab.launch.procs import Proc as _Proc
 from trimtab.launch.procs import (
     await_end,
     dump_stacks,
+    late_joiners,
     print_prefixed,
     stop_late,
 )
@@ -85,6 +86,9 @@ class Job:
         self.output = output
         self.extra_env = extra_env or {}
         self._procs: list[_Proc] = []
+        # The worker ranks the coordinator counted as members, as its STATUS said them
+        # (an elastic job's supervisor polls it): joiners it never counted stop early.
+        self._members: set[int] = set()
         self.coordinator_address = ""
         self._started = 0.0
         self._secret_dir: Path | None = None
@@ -347,6 +351,7 @@ class Job:
         if reply is None:
             return
         status = headers.read_status_reply(reply)
+        self._members.update(r for r in status["workers"] if isinstance(r, int))
         workers = sum(p.source.startswith("worker") for p in self._procs)
         for rank in range(workers, int(reply.get("wanted_workers", 0))):
             self._say(f"the coordinator asks for another worker: starting worker {rank}")
@@ -379,9 +384,11 @@ class Job:
             others = [p for p in self._procs if not p.source.startswith("worker")]
             if not ended and any(p.source == "coordinator" and p.popen.poll() == 0 for p in others):
                 ended = time.monotonic()
-            if ended and time.monotonic() - ended > c.grace_s:  # joiners that came too late
-                joiners = [p for p in workers if int(p.source.split()[-1]) >= c.workers]
-                lost.update(p.source for p in stop_late(joiners, self._say))
+            if ended:  # joiners that came too late
+                late = late_joiners(
+                    workers, c.workers, self._members, time.monotonic() - ended, c.grace_s
+                )
+                lost.update(p.source for p in stop_late(late, self._say))
             if deadline is not None and time.monotonic() >= deadline:
                 self._say(
                     f"the job ran past its deadline ({c.deadline_s:g} s): every process "

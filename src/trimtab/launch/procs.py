@@ -16,12 +16,14 @@ from collections.abc import Callable, Iterable
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 
 __all__ = [
+    "JOINER_EXIT_S",
     "SERVER_EXIT_S",
     "Proc",
     "await_end",
     "describe",
     "die_with_parent",
     "dump_stacks",
+    "late_joiners",
     "print_prefixed",
     "stop_after_end",
     "stop_late",
@@ -30,6 +32,13 @@ __all__ = [
 #: How long after the coordinator's normal exit a server it told to stop has to exit
 #: on its own (it does in milliseconds) before the launcher stops it (:func:`stop_after_end`).
 SERVER_EXIT_S = 1.0
+
+#: How long after the coordinator's normal exit a worker started to join (``--fault
+#: worker:+1@STEP``, ``trimtab scale``) that the coordinator never counted as a member
+#: may still run before the launcher stops it (:func:`stop_late`): it is still starting,
+#: or waiting for a coordinator that is gone. One it counted (it may have joined just
+#: before the end and be finishing its script) gets the job's grace.
+JOINER_EXIT_S = 3.0
 
 
 def print_prefixed(source: str, line: str) -> None:
@@ -54,6 +63,11 @@ class Proc:
     popen: subprocess.Popen[bytes]
     reader: threading.Thread
 
+    @property
+    def rank(self) -> int:
+        """The index in its name (``worker 2``: 2). Never blocks."""
+        return int(self.source.split()[-1])
+
 
 def describe(code: int) -> str:
     """An exit status for a message: ``-9 (killed by SIGKILL)``, or the number."""
@@ -71,6 +85,21 @@ def dump_stacks(procs: Iterable[Proc]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.popen.pid, STACK_SIGNAL)
     time.sleep(1.0)
+
+
+def late_joiners(
+    workers: Iterable[Proc], first: int, members: set[int], since_s: float, grace_s: float
+) -> list[Proc]:
+    """Of ``workers``, those started to join (rank ``first`` and up) that the launcher
+    stops ``since_s`` after the coordinator's normal exit: each the coordinator never
+    counted as one of its ``members`` once :data:`JOINER_EXIT_S` passed, every one once
+    ``grace_s`` did. Never blocks."""
+    joiners = [p for p in workers if p.rank >= first]
+    if since_s > grace_s:
+        return joiners
+    if since_s > JOINER_EXIT_S:
+        return [p for p in joiners if p.rank not in members]
+    return []
 
 
 def stop_late(procs: Iterable[Proc], say: Callable[[str], None]) -> list[Proc]:
