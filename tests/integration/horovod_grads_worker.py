@@ -182,7 +182,7 @@ def state_after_first_step_case(rounds: int) -> dict[str, Any]:
     real = probe.scatter
 
     def slow_scatter(*args: Any, **kwargs: Any) -> None:
-        time.sleep(0.3)  # rank 0's hand-over of the first step comes late
+        time.sleep(0.1)  # rank 0's hand-over of the first step comes late
         real(*args, **kwargs)
 
     probe.scatter = slow_scatter  # type: ignore[assignment]
