@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trimtab_tools.bench.job import run_trimtab
+from trimtab_tools.bench.job import interleaved, job_shape
 
 
 def measure_grads(
@@ -23,26 +23,14 @@ def measure_grads(
 ) -> dict[str, Any]:
     """Run the job without and with reads of ``.grad``, ``rounds`` times interleaved.
     Blocks (about ``rounds`` x 30 s here); raises RuntimeError if a job fails."""
-    runs: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(rounds):
-        for read in runs:
-            runs[read].append(
-                statistics.median(run_trimtab(sizes, steps, chunk_bytes, read_grads=read))
-            )
-    none, with_reads = statistics.median(runs[False]), statistics.median(runs[True])
+    variants = {"none": {}, "read": {"read_grads": True}}
+    runs = interleaved(variants, sizes, steps, chunk_bytes, rounds)
+    none, with_reads = statistics.median(runs["none"]), statistics.median(runs["read"])
     return {
         "benchmark": "datapath-grads",
-        "model_bytes": sum(sizes),
-        "workers": 2,
-        "servers": 2,
-        "chunk_bytes": chunk_bytes,
-        "steps": steps,
-        "rounds": rounds,
+        **job_shape(sizes, steps, chunk_bytes, rounds),
         "step_s": round(none, 5),
         "step_read_grads_s": round(with_reads, 5),
         "read_over_none": round(with_reads / none, 3),
-        "rounds_s": {
-            "none": [round(v, 5) for v in runs[False]],
-            "read": [round(v, 5) for v in runs[True]],
-        },
+        "rounds_s": {k: [round(v, 5) for v in vs] for k, vs in runs.items()},
     }

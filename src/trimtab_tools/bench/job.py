@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from trimtab.launch.job import Job, LaunchConfig
 from trimtab.launch.testbed import Testbed
 from trimtab_tools.bench.markers import RESULT
 
-__all__ = ["busy_process", "run_timed_job", "run_trimtab"]
+__all__ = ["busy_process", "interleaved", "job_shape", "run_timed_job", "run_trimtab"]
 
 
 def run_trimtab(
@@ -89,6 +90,36 @@ def run_trimtab(
     return run_timed_job(
         config, command, on_line=on_line, env=env or None, info=info, testbed=testbed
     )
+
+
+def interleaved(
+    variants: dict[Any, dict[str, Any]],
+    sizes: list[int],
+    steps: int,
+    chunk_bytes: int,
+    rounds: int,
+) -> dict[Any, list[float]]:
+    """Run the 2 x 2 trimtab job once per variant (``run_trimtab``'s keyword arguments
+    of each) per round, the variants interleaved round by round so that a machine's
+    drift touches all alike; each variant's median step of each round. Blocks; raises
+    RuntimeError if a job fails."""
+    runs: dict[Any, list[float]] = {key: [] for key in variants}
+    for _ in range(rounds):
+        for key, kwargs in variants.items():
+            runs[key].append(statistics.median(run_trimtab(sizes, steps, chunk_bytes, **kwargs)))
+    return runs
+
+
+def job_shape(sizes: list[int], steps: int, chunk_bytes: int, rounds: int) -> dict[str, Any]:
+    """The fields that say which 2 x 2 job a comparison ran, for its JSON result."""
+    return {
+        "model_bytes": sum(sizes),
+        "workers": 2,
+        "servers": 2,
+        "chunk_bytes": chunk_bytes,
+        "steps": steps,
+        "rounds": rounds,
+    }
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trimtab_tools.bench.job import run_trimtab
+from trimtab_tools.bench.job import interleaved, job_shape
 
 
 def measure_replicas(
@@ -21,21 +21,11 @@ def measure_replicas(
 ) -> dict[str, Any]:
     """Run the job without and with ``replicas``, ``rounds`` times interleaved. Blocks
     (about ``rounds`` x 30 s here); raises RuntimeError if a job fails."""
-    runs: dict[int, list[float]] = {0: [], replicas: []}
-    for _ in range(rounds):
-        for count in runs:
-            runs[count].append(
-                statistics.median(run_trimtab(sizes, steps, chunk_bytes, replicas=count))
-            )
+    runs = interleaved({0: {}, replicas: {"replicas": replicas}}, sizes, steps, chunk_bytes, rounds)
     none, with_replicas = statistics.median(runs[0]), statistics.median(runs[replicas])
     return {
         "benchmark": "datapath-replicas",
-        "model_bytes": sum(sizes),
-        "workers": 2,
-        "servers": 2,
-        "chunk_bytes": chunk_bytes,
-        "steps": steps,
-        "rounds": rounds,
+        **job_shape(sizes, steps, chunk_bytes, rounds),
         "replicas": replicas,
         "step_s": round(none, 5),
         "step_replicas_s": round(with_replicas, 5),
