@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,15 +97,23 @@ def test_a_killed_bsp_job_resumed_from_its_checkpoint_matches_one_never_stopped(
     assert hint is not None, log.read_text()
     _gone(hint.group(1))
     assert not (tmp_path / "first" / "rank0.pt").exists(), "the job ended before it was killed"
-    clock = json.loads((find_checkpoint(ckpts) / MANIFEST).read_text())["clock"]
+    good = find_checkpoint(ckpts)
+    manifest = json.loads((good / MANIFEST).read_text())
+    clock = manifest["clock"]
     assert 4 <= clock < STEPS
+    assert set(manifest["sums"]) == set(manifest["files"]) and manifest["check"]
+    # A newer checkpoint beside it with one bit flipped in a server's file: passed over,
+    # said so, and the job resumes from the intact one.
+    flipped = _corrupt_copy(good, ckpts / "ckpt-99999999", "flip")
 
     second = tmp_path / "second"
     second.mkdir()
     config = LaunchConfig(
         workers=2, servers=2, chunk_bytes=512, checkpoint=CheckpointSettings(resume=str(ckpts))
     )
-    _run(config, [sys.executable, str(SCRIPT), "sgd", "5,19", str(second)])
+    lines = _run(config, [sys.executable, str(SCRIPT), "sgd", "5,19", str(second)])
+    passed = [line for line in lines if "--resume: passed over ckpt-99999999" in line]
+    assert passed and flipped in passed[0] and "corrupt, truncated or replaced" in passed[0]
     expected = reference(Setup("sgd", (5, 19)))
     for rank in range(2):
         assert max_difference(torch.load(second / f"rank{rank}.pt"), expected) < 1e-5
@@ -146,6 +155,73 @@ def test_trimtab_checkpoint_makes_a_running_job_write_a_complete_checkpoint(
     chunks = [c for f in manifest["files"] for c in read_file(directory / f)]
     assert sorted(chunks) == list(range(len(manifest["map"]["owners"])))  # each once
     assert all(not p.name.startswith(".") for p in directory.iterdir())  # no temporary left
+
+
+def _corrupt_copy(good: Path, to: Path, how: str) -> str:
+    """A copy of checkpoint ``good`` at ``to``, broken ``how``: one bit flipped in a
+    server's file, that file cut short, or one digit of the manifest's clock changed (the
+    JSON still reads); returns the name of what was broken."""
+    shutil.copytree(good, to)
+    if how == "manifest":
+        path = to / MANIFEST
+        text = path.read_text()
+        clock = json.loads(text)["clock"]
+        path.write_text(text.replace(f'"clock": {clock}', f'"clock": {clock + 1}', 1))
+        return MANIFEST
+    name = sorted(json.loads((to / MANIFEST).read_text())["files"])[0]
+    data = bytearray((to / name).read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0x10
+    else:
+        del data[len(data) // 2 :]
+    (to / name).write_bytes(bytes(data))
+    return name
+
+
+def test_a_corrupt_truncated_or_altered_checkpoint_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint as a job writes one (a server's file by the server's own writer, the
+    manifest sealed as the coordinator seals it), then broken three ways: each named
+    with --resume is refused by the launcher with status 2 before any role starts,
+    saying what differs and naming the checkpoint beside it that may be chosen."""
+    from trimtab.roles.server.checkpoint import write_file
+    from trimtab.runtime.files import seal, write_atomic
+
+    good = tmp_path / "ckpts" / "ckpt-00000004"
+    good.mkdir(parents=True)
+    digest = write_file(good / "server-0.chunks", 4, 0, [])
+    manifest = {
+        "format": 1,
+        "job": "j",
+        "clock": 4,
+        "files": ["server-0.chunks"],
+        "chunks": 0,
+        "tables": [],
+        "chunk_bytes": 512,
+        "map": {},
+        "sums": {"server-0.chunks": digest},
+    }
+    write_atomic(good / MANIFEST, [json.dumps(seal(manifest), indent=1).encode()])
+    for how, says in (
+        ("flip", "server-0.chunks"),
+        ("cut", "server-0.chunks"),
+        ("manifest", "does not match its checksum"),
+    ):
+        broken = tmp_path / "ckpts" / f"ckpt-0000001{len(how)}"
+        _corrupt_copy(good, broken, how)
+        proc = subprocess.run(
+            [*TRIMTAB, "run", "--chunk-bytes", "512", "--resume", str(broken), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 2, (how, said)
+        assert says in said and "--resume DIR/ckpt-N" in said and "ckpt-00000004" in said, said
+        assert "coordinator" not in said, said
+        shutil.rmtree(broken)
 
 
 def test_resuming_from_a_half_written_checkpoint_is_refused_before_anything_starts(

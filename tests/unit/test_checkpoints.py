@@ -22,7 +22,7 @@ from trimtab.roles.coordinator.checkpoint import (
     read_manifest,
 )
 from trimtab.roles.server.checkpoint import MAGIC, ServerCheckpoints, file_name, read_file
-from trimtab.runtime.files import write_atomic
+from trimtab.runtime.files import checksum_of, write_atomic
 from trimtab.settings import CheckpointSettings
 
 SGD = {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5, "momentum": 0.9}]}
@@ -71,7 +71,10 @@ def test_chunks_are_taken_at_the_clock_and_load_back_into_a_fresh_server(tmp_pat
     step(store, 1, chunks=(1,))  # the last chunk reaches clock 2: the file is written
     settle(ckpt)
     assert loop.woken == 1  # the writing thread woke the loop to say so
-    assert loop.sent == [headers.snapshot_done(number=1, clock=2, file=file_name(0), chunks=2)]
+    digest = checksum_of(tmp_path / file_name(0))  # the file's, as it was written
+    assert loop.sent == [
+        headers.snapshot_done(number=1, clock=2, file=file_name(0), chunks=2, digest=digest)
+    ]
     assert [p.name for p in tmp_path.iterdir()] == [file_name(0)]  # no temporary left
     at_2 = {c: ch.value.clone() for c, ch in store.chunks.items()}
     step(store, 2)  # training goes on; the file holds clock 2

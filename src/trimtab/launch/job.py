@@ -238,7 +238,7 @@ class Job:
                     *to_argv(c.settings.consistency),
                     *to_argv(c.settings.batching),
                     *to_argv(c.settings.elastic),
-                    *to_argv(resolved(c.checkpoint, c.chunk_bytes)),
+                    *to_argv(resolved(c.checkpoint, c.chunk_bytes, self._say)),
                     "--job",
                     c.job,
                     "--host",

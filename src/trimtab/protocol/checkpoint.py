@@ -79,6 +79,7 @@ class SnapshotDoneHeader(WireHeader):
     k: int
     file: NotRequired[str]
     c: NotRequired[int]
+    sum: NotRequired[str]  # the file's checksum (runtime.files.CHECKSUM, hex), with file
     late: NotRequired[int]
     err: NotRequired[str]
 
@@ -89,6 +90,7 @@ def snapshot_done(
     clock: int,
     file: str | None = None,
     chunks: int = 0,
+    digest: str | None = None,
     late: int | None = None,
     err: str | None = None,
 ) -> SnapshotDoneHeader:
@@ -96,6 +98,8 @@ def snapshot_done(
     if file is not None:
         header["file"] = file
         header["c"] = chunks
+        if digest is not None:
+            header["sum"] = digest
     if late is not None:
         header["late"] = late
     if err is not None:
@@ -109,7 +113,7 @@ def read_snapshot_done(header: Header) -> SnapshotDoneHeader:
     fields(
         header,
         (("n", int), ("k", int)),
-        (("file", str), ("c", int), ("late", int), ("err", str)),
+        (("file", str), ("c", int), ("sum", str), ("late", int), ("err", str)),
     )
     given = [key for key in ("file", "late", "err") if key in header]
     if len(given) != 1 or ("file" in header and "c" not in header):

@@ -3,21 +3,31 @@ coordinator's manifest) must never be seen half-written, even after a crash."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+#: The checksum of a checkpoint's files (``hashlib``'s name): written with each file,
+#: checked before a job resumes from it.
+CHECKSUM = "sha256"
 
 
-def write_atomic(path: Path, parts: Iterable[bytes | memoryview]) -> None:
+def write_atomic(path: Path, parts: Iterable[bytes | memoryview]) -> str:
     """Write ``parts``, in order, to ``path`` atomically: into a temporary file beside it
     (a name starting with a dot), flushed to disk, then renamed over ``path`` and the
     rename flushed too. A reader sees the old file (or none) or the whole new one; a
-    crash leaves at most a temporary file, never ``path`` partly written. Blocks for the
-    write. Raises ``OSError`` (and then ``path`` is as it was)."""
+    crash leaves at most a temporary file, never ``path`` partly written. Returns the
+    :data:`CHECKSUM` of the bytes written (hex). Blocks for the write. Raises
+    ``OSError`` (and then ``path`` is as it was)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    digest = hashlib.new(CHECKSUM)
     try:
         with open(tmp, "wb") as f:
             for part in parts:
+                digest.update(part)
                 f.write(part)
             f.flush()
             os.fsync(f.fileno())
@@ -25,6 +35,17 @@ def write_atomic(path: Path, parts: Iterable[bytes | memoryview]) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     sync_dir(path.parent)
+    return digest.hexdigest()
+
+
+def checksum_of(path: Path) -> str:
+    """The :data:`CHECKSUM` of ``path``'s bytes (hex), read in pieces. Blocks for the
+    read; raises ``OSError``."""
+    digest = hashlib.new(CHECKSUM)
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 22):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def sync_dir(directory: Path) -> None:
@@ -34,3 +55,19 @@ def sync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _canonical(document: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in document.items() if k != "check"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def seal(document: dict[str, Any]) -> dict[str, Any]:
+    """A JSON ``document`` (a checkpoint's manifest) with its ``check``: the
+    :data:`CHECKSUM` (hex) of the rest, as canonical JSON. Never blocks."""
+    return {**document, "check": hashlib.new(CHECKSUM, _canonical(document)).hexdigest()}
+
+
+def sealed(document: dict[str, Any]) -> bool:
+    """Whether ``document`` matches its ``check`` (:func:`seal`). Never blocks."""
+    return document.get("check") == hashlib.new(CHECKSUM, _canonical(document)).hexdigest()

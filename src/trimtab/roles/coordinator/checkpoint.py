@@ -51,7 +51,7 @@ from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.steps import Steps
-from trimtab.runtime.files import write_atomic
+from trimtab.runtime.files import seal, write_atomic
 from trimtab.settings import DEFAULT_CHECKPOINT_DIR
 from trimtab.transport.base import Peer
 
@@ -161,6 +161,7 @@ class _Taking:
     directory: Path
     waiting: set[int]
     files: list[str] = dataclasses.field(default_factory=list)
+    sums: dict[str, str] = dataclasses.field(default_factory=dict)  # file -> checksum
     chunks: int = 0
     tries: int = 0
     askers: list[tuple[Peer, int]] = dataclasses.field(default_factory=list)
@@ -423,6 +424,8 @@ class Checkpoints:
             return
         taking.waiting.discard(member.rank)
         taking.files.append(done["file"])
+        if "sum" in done:
+            taking.sums[done["file"]] = done["sum"]
         taking.chunks += done["c"]
         if taking.waiting:
             return
@@ -460,5 +463,7 @@ class Checkpoints:
             "steps": self._steps.to_dict(),
             "workers": self._members.num_workers,
         }
+        if set(taking.sums) == set(taking.files):  # (every server of this release sends one)
+            manifest = seal({**manifest, "sums": taking.sums})
         data = json.dumps(manifest, indent=1).encode()
         write_atomic(taking.directory / MANIFEST, [data])

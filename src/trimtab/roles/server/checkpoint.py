@@ -113,15 +113,16 @@ def take(chunk: Chunk) -> tuple[dict[str, Any], list[bytes]]:
 
 def write_file(
     path: Path, clock: int, server: int, chunks: list[tuple[dict[str, Any], list[bytes]]]
-) -> None:
+) -> str:
     """Write ``chunks`` (entries and frames) to ``path``, atomically
-    (:func:`~trimtab.runtime.files.write_atomic`). Blocks for the write. Raises
-    ``OSError``."""
+    (:func:`~trimtab.runtime.files.write_atomic`); return the file's checksum. Blocks
+    for the write. Raises ``OSError``."""
     header = msgpack.packb(
         {"k": clock, "s": server, "chunks": [entry for entry, _ in chunks]}, use_bin_type=True
     )
     frames = (frame for _, fs in chunks for frame in fs)
-    write_atomic(path, itertools.chain([MAGIC, len(header).to_bytes(8, "big"), header], frames))
+    parts = itertools.chain([MAGIC, len(header).to_bytes(8, "big"), header], frames)
+    return write_atomic(path, parts)
 
 
 def read_file(path: Path) -> dict[int, tuple[Header, list[memoryview]]]:
@@ -308,14 +309,14 @@ class ServerCheckpoints:
         name = file_name(index)
         try:
             Path(p.directory).mkdir(parents=True, exist_ok=True)
-            write_file(Path(p.directory) / name, p.clock, index, p.taken)
+            digest = write_file(Path(p.directory) / name, p.clock, index, p.taken)
         except OSError as exc:
             err = f"server {index} cannot write {p.directory}/{name}: {exc}"
             self._written.append(headers.snapshot_done(number=p.number, clock=p.clock, err=err))
         else:
             log.info("server %d: %d chunks written for clock %d", index, len(p.taken), p.clock)
             done = headers.snapshot_done(
-                number=p.number, clock=p.clock, file=name, chunks=len(p.taken)
+                number=p.number, clock=p.clock, file=name, chunks=len(p.taken), digest=digest
             )
             self._written.append(done)
         self._wake()
