@@ -386,6 +386,9 @@ class CheckpointSettings:
             ``resume`` directory when resuming, else :data:`DEFAULT_CHECKPOINT_DIR`.
         resume: continue the job of a checkpoint: a checkpoint's directory, or one
             holding several (the newest complete one is taken). Empty: a fresh job.
+        max_failures: end the job (status 1, naming the failure) once this many
+            checkpoints in a row failed (0: never). A job whose last checkpoint failed
+            ends with status 1 too, even if it trained to its end.
     """
 
     every: int = dataclasses.field(
@@ -414,8 +417,21 @@ class CheckpointSettings:
         ),
     )
 
+    max_failures: int = dataclasses.field(
+        default=3,
+        metadata=flag(
+            "--checkpoint-failures",
+            "end the job (status 1) once N checkpoints in a row failed (3; 0: never)",
+            metavar="N",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.every < 0:
             raise ConfigError(
                 f"checkpoint every must be >= 0, got {self.every} (--checkpoint-every)"
+            )
+        if self.max_failures < 0:
+            raise ConfigError(
+                f"checkpoint failures must be >= 0, got {self.max_failures} (--checkpoint-failures)"
             )

@@ -242,3 +242,57 @@ def test_resuming_from_a_half_written_checkpoint_is_refused_before_anything_star
     said = proc.stdout + proc.stderr
     assert f"ckpt-00000008 has no {MANIFEST}" in said and "never completed" in said, said
     assert "coordinator" not in said and time.monotonic() - started < 60
+
+
+FULL_DISK_SCRIPT = """
+import time, torch, trimtab
+trimtab.init()
+model = torch.nn.Linear(256, 256)  # 257 KiB of float32: no server file fits the limit
+opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+for step in range(trimtab.start_step(), 30):
+    opt.zero_grad()
+    model(torch.ones(2, 256)).sum().backward()
+    opt.step()
+    time.sleep(0.03)
+trimtab.shutdown()
+"""
+
+
+def _file_size_limit() -> None:  # in the child: every file it (and its children) write
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("failures", [2, 0])
+def test_checkpoints_that_cannot_be_written_end_the_job_non_zero_leaving_nothing(
+    tmp_path: Path, failures: int
+) -> None:
+    """A disk that takes no checkpoint (every file over 64 KiB refused, as a full disk
+    refuses it: Python ignores SIGXFSZ, so the write fails): with --checkpoint-failures
+    2 the job stops at the second failure in a row, with 0 it trains to its end; both
+    end with status 1 naming the failure, and leave no checkpoint directory, partial or
+    temporary file."""
+    script = tmp_path / "train.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    ckpts = tmp_path / "ckpts"
+    flags = ["--checkpoint-every", "3", "--checkpoint-dir", str(ckpts)]
+    flags += ["--checkpoint-failures", str(failures), "--deadline", "90"]
+    proc = subprocess.run(
+        [*TRIMTAB, "run", "-w", "2", "-s", "1", *flags, "--", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        preexec_fn=_file_size_limit,
+    )
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1, said[-3000:]
+    assert "File too large" in said, said[-3000:]
+    if failures:
+        assert "2 checkpoints in a row failed" in said and "--checkpoint-failures 2" in said
+    else:
+        assert "the job ended, but the checkpoint at clock" in said, said[-3000:]
+    left = sorted(str(p.relative_to(ckpts)) for p in ckpts.rglob("*")) if ckpts.exists() else []
+    assert left == [], left

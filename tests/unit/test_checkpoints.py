@@ -118,6 +118,7 @@ def test_a_damaged_file_or_a_missing_chunk_is_refused_on_restore(tmp_path: Path)
     # A file that lacks a chunk the map gives this server: refused, naming it.
     path.write_bytes(data)
     _, only0, _ = server(owners=(0, 1))
+    (tmp_path / "a").mkdir()  # (the coordinator makes a checkpoint's directory)
     only0.control(headers.snapshot(number=1, clock=0, directory=str(tmp_path / "a")))  # type: ignore[arg-type]
     settle(only0)
     _, loading, said = server()
@@ -190,3 +191,15 @@ def test_checkpoint_settings_are_refused_outside_bsp() -> None:
     )
     with pytest.raises(ConfigError, match="only under --mode bsp, not asp"):
         Checkpoints(config, None, None, None)  # type: ignore[arg-type]
+
+
+def test_a_server_never_makes_a_checkpoint_directory_given_up(tmp_path: Path) -> None:
+    """The coordinator makes each checkpoint's directory and removes one it gives up;
+    a server's writer that comes after answers an error and makes nothing (it used to
+    make the directory again, and leave it behind, partial)."""
+    _, ckpt, loop = server()
+    gone = tmp_path / "ckpt-00000000"
+    ckpt.control(headers.snapshot(number=1, clock=0, directory=str(gone)))  # type: ignore[arg-type]
+    settle(ckpt)
+    assert len(loop.sent) == 1 and "is gone (the checkpoint was given up)" in loop.sent[0]["err"]
+    assert not gone.exists() and list(tmp_path.iterdir()) == []

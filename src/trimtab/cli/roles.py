@@ -188,6 +188,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     # Each role is imported when its command runs: the others, and `trimtab --help`,
     # need not load it (a server's role loads torch).
     from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
+    from trimtab.roles.coordinator.checkpoint import CHECKPOINT_FAILED_STATUS
 
     _logging(args.verbose)
     key = _coordinator_key(args)
@@ -219,6 +220,10 @@ def _coordinator(args: argparse.Namespace) -> int:
     else:
         print(f"trimtab coordinator listening at {coord.address}", flush=True)
     coord.run()
+    failing = coord.checkpoints.failing
+    if failing is not None:  # it trained to its end, but has no checkpoint of late
+        print(f"trimtab coordinator: the job ended, but {failing}", flush=True)
+        return CHECKPOINT_FAILED_STATUS
     return 0
 
 

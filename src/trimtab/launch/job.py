@@ -39,6 +39,8 @@ from trimtab.launch.procs import Proc as _Proc
 from trimtab.launch.procs import (
     await_end,
     dump_stacks,
+    end_status,
+    job_over,
     late_joiners,
     print_prefixed,
     stop_late,
@@ -382,7 +384,7 @@ class Job:
         while True:
             workers = [p for p in self._procs if p.source.startswith("worker")]
             others = [p for p in self._procs if not p.source.startswith("worker")]
-            if not ended and any(p.source == "coordinator" and p.popen.poll() == 0 for p in others):
+            if not ended and any(job_over(p) for p in others):
                 ended = time.monotonic()
             if ended:  # joiners that came too late
                 late = late_joiners(
@@ -418,9 +420,7 @@ class Job:
                     self._say(f"{p.source} exited with status {_describe(code)}; the job goes on")
             if all(p.popen.poll() is not None for p in workers):
                 await_end(others, self.config.grace_s, self._say)
-                if lost and any(p.popen.returncode for p in others):
-                    return 1  # the coordinator ended the job (too few workers left)
-                return 0
+                return end_status(others, bool(lost))
             for p in others:
                 code = p.popen.poll()
                 if code is not None and code != 0 and self._injected(p, code):
@@ -434,7 +434,7 @@ class Job:
                     continue
                 # Status 0 is a normal end: the coordinator and servers exit once every
                 # worker said it is done, which can be before the worker processes exit.
-                if code is not None and code != 0:
+                if code is not None and code != 0 and not job_over(p):
                     self._say(
                         f"{p.source} exited with status {_describe(code)} while "
                         "workers were running; stopping the job"

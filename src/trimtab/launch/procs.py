@@ -13,9 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from trimtab.roles.coordinator.checkpoint import CHECKPOINT_FAILED_STATUS
 from trimtab.runtime.diagnostics import STACK_SIGNAL
 
 __all__ = [
+    "ENDED",
     "JOINER_EXIT_S",
     "SERVER_EXIT_S",
     "Proc",
@@ -23,11 +25,17 @@ __all__ = [
     "describe",
     "die_with_parent",
     "dump_stacks",
+    "end_status",
+    "job_over",
     "late_joiners",
     "print_prefixed",
     "stop_after_end",
     "stop_late",
 ]
+
+#: The coordinator's statuses at a job's end: every worker done (the second: its last
+#: checkpoint failed, which the job's status says once the workers finished).
+ENDED = (0, CHECKPOINT_FAILED_STATUS)
 
 #: How long after the coordinator's normal exit a server it told to stop has to exit
 #: on its own (it does in milliseconds) before the launcher stops it (:func:`stop_after_end`).
@@ -87,6 +95,23 @@ def dump_stacks(procs: Iterable[Proc]) -> None:
     time.sleep(1.0)
 
 
+def end_status(others: Iterable[Proc], lost: bool) -> int:
+    """The job's status once every worker exited and ``others`` (the coordinator and
+    servers) ended or were given their grace: 1 if the coordinator ended the job with
+    workers ``lost`` (too few left), or said its last checkpoint failed
+    (:data:`CHECKPOINT_FAILED_STATUS`), else 0. Never blocks."""
+    codes = {p.source: p.popen.returncode for p in others}
+    if lost and any(codes.values()):
+        return 1
+    return int(bool(codes.get("coordinator")))
+
+
+def job_over(p: Proc) -> bool:
+    """Whether ``p`` is the coordinator, exited at the job's end (a status of
+    :data:`ENDED`). Never blocks."""
+    return p.source == "coordinator" and p.popen.poll() in ENDED
+
+
 def late_joiners(
     workers: Iterable[Proc], first: int, members: set[int], since_s: float, grace_s: float
 ) -> list[Proc]:
@@ -139,7 +164,7 @@ def await_end(procs: list[Proc], grace_s: float, say: Callable[[str], None]) -> 
     ended: float | None = None  # when the coordinator was seen to exit 0
     servers = [p for p in procs if p.source.startswith("server")]
     while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
-        if ended is None and coordinator is not None and coordinator.popen.poll() == 0:
+        if ended is None and coordinator is not None and coordinator.popen.poll() in ENDED:
             ended = time.monotonic()
         if ended is not None and servers and time.monotonic() - ended > SERVER_EXIT_S:
             stop_after_end(servers, say)

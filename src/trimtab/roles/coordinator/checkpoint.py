@@ -57,6 +57,10 @@ from trimtab.transport.base import Peer
 
 log = logging.getLogger("trimtab.coordinator")
 
+#: The coordinator's exit status for a job that ran to its end while its last
+#: checkpoint failed: the launcher lets the workers finish, then ends with status 1.
+CHECKPOINT_FAILED_STATUS = 3
+
 #: The file that makes a checkpoint's directory a complete checkpoint, written last.
 MANIFEST = "manifest.json"
 
@@ -203,6 +207,10 @@ class Checkpoints:
         self._abort: Callable[[str], None] = lambda why: None
         self._number = 0
         self._taking: _Taking | None = None
+        self._max_failures = settings.max_failures
+        #: Checkpoints failed in a row, and why the last did (None once one succeeds).
+        self.failures = 0
+        self.failing: str | None = None
         self._manifest: dict[str, Any] | None = None
         self.last_checkpoint: str | None = None
         # A resumed job's DECLAREs, held until every server loaded its chunks (then
@@ -371,7 +379,8 @@ class Checkpoints:
         askers = (self._taking.askers if self._taking else []) + self._wanted
         self._wanted = []
         servers = [m for m in self._members.servers if not m.finished]
-        try:  # (the servers make the directory)
+        try:  # (the servers write into it; one given up since is not made again)
+            directory.mkdir(parents=True, exist_ok=True)
             (directory / MANIFEST).unlink(missing_ok=True)  # incomplete while rewritten
         except OSError as exc:
             self._taking = _Taking(self._number, clock, directory, set(), askers=askers)
@@ -407,6 +416,13 @@ class Checkpoints:
         log.error("checkpoint at clock %d failed: %s", taking.clock, why)
         for peer, rid in taking.askers:
             out.append(Refuse(peer, rid, ErrorCode.BAD_STATE.value, f"checkpoint failed: {why}"))
+        self.failures += 1
+        self.failing = f"the checkpoint at clock {taking.clock} failed: {why}"
+        if self._max_failures and self.failures >= self._max_failures:
+            self._abort(
+                f"{self.failures} checkpoints in a row failed, the last at clock "
+                f"{taking.clock}: {why} (--checkpoint-failures {self._max_failures})"
+            )
 
     def _on_snapshot_done(
         self, member: Member, header: Header, _: list[memoryview], out: Outbox
@@ -441,6 +457,7 @@ class Checkpoints:
         self._taking = None
         self._due = taking.clock + self._every
         self.last_checkpoint = str(taking.directory)
+        self.failures, self.failing = 0, None
         log.info("checkpoint at clock %d complete: %s", taking.clock, taking.directory)
         path = str(taking.directory)
         out += [

@@ -308,7 +308,10 @@ class ServerCheckpoints:
         """(In a thread of its own.) Write ``p``'s chunks, then hand back the answer."""
         name = file_name(index)
         try:
-            Path(p.directory).mkdir(parents=True, exist_ok=True)
+            # The coordinator made the directory; one gone since was given up (a
+            # server made it again then, and left it behind): not written into.
+            if not Path(p.directory).is_dir():
+                raise FileNotFoundError(f"{p.directory} is gone (the checkpoint was given up)")
             digest = write_file(Path(p.directory) / name, p.clock, index, p.taken)
         except OSError as exc:
             err = f"server {index} cannot write {p.directory}/{name}: {exc}"
