@@ -124,7 +124,8 @@ def owed(p: torch.Tensor) -> bool:
 
 class MeanGrads:
     """The mean gradients a server-mode optimizer under BSP owes its parameters' ``.grad``
-    (the module's docstring says how). Holds a hook on each parameter until :meth:`close`.
+    (the module's docstring says how). Holds a hook on each parameter whose class it
+    swapped, until :meth:`close`.
     Not thread-safe: the training thread uses it."""
 
     def __init__(self, pusher: Pusher) -> None:
@@ -133,7 +134,10 @@ class MeanGrads:
         self._eager: list[torch.Tensor] = []
         self._hooks = []
         for p in pusher.chunks_of:
-            (self._lazy if adopt(p) else self._eager).append(p)
+            if not adopt(p):
+                self._eager.append(p)  # (fetched at the step's end: never owed, no hook)
+                continue
+            self._lazy.append(p)
             self._hooks.append(p.register_hook(self._settle_before(p)))  # type: ignore[no-untyped-call]
 
     def stepped(self) -> None:
