@@ -80,10 +80,10 @@ def test_backups_balance_bytes_and_keep_what_is_still_valid() -> None:
 KEY = b"k" * 32
 
 
-def server(index: int, owners: list[int], backups: list[int]) -> Replicas:
+def server(index: int, owners: list[int], backups: list[int], **more: Any) -> Replicas:
     store = ChunkStore(LoadMeter(), SharedArenas("job"))
     store.index = index
-    store.apply_map(map_header(owners, mode="server", bk=backups))  # type: ignore[arg-type]
+    store.apply_map(map_header(owners, mode="server", bk=backups, **more))  # type: ignore[arg-type]
     creds = Credentials("job")
     from trimtab.runtime.credentials import credential
 
@@ -133,6 +133,54 @@ def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover
     push(backup.store, 0, [1, 1, 1, 1], clock=1)
     assert push(backup.store, 1, [1, 1, 1, 1], clock=1)  # round 1 goes on at the backup
     assert backup.store.chunks[0].version == 2
+
+
+def test_through_shared_memory_a_promoted_backup_reads_the_round_it_acknowledged() -> None:
+    """One copy a round: the backup keeps the primary's arena, not a copy of it. The
+    primary's two arenas take turns, so a round written but not yet acknowledged never
+    overwrites the one the backup holds: promoted, it reads that round (value and
+    momentum), however far the primary got since."""
+    momentum = {"opt": {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5, "momentum": 0.9}]}}
+    primary = server(0, [0, 1], [1, 0], **momentum)
+    backup = server(1, [0, 1], [1, 0], **momentum)
+    local = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+    primary.store.servers = backup.store.servers = local
+    names: list[str] = []
+    try:
+        for clock in range(4):
+            push(primary.store, 0, [1, 2, 3, 4], clock=clock)
+            push(primary.store, 1, [3, 2, 1, float(clock)], clock=clock)
+            message = primary.replicate(0, [], [])
+            assert message is not None and message[2] == []  # only the header travels
+            header = message[1]
+            names.append(header["sm"][0])
+            if clock == 3:
+                break  # written, never acknowledged: the primary dies with it in flight
+            backup.take(*wire(header, []), sender=0)
+            primary.sent(header["i"], b"backup")
+            assert primary.acked(header["i"], b"backup") == []
+            chunk = primary.store.chunks[0]
+            assert chunk.optimizer is not None
+            opt = chunk.optimizer
+            held = chunk.value.clone(), opt.optimizer.state[opt.param]["momentum_buffer"].clone()
+        assert names[0] == names[2] != names[1] == names[3]  # two arenas take turns
+        assert not torch.equal(primary.store.chunks[0].value, held[0])  # it went on
+        failover = replica.failover(epoch=2, dead=0, owners=[1, 1], backups=[-1, -1], servers=[])
+        backup.failover(replica.read_failover(wire(failover, [])[0]))
+        promoted = backup.store.chunks[0]
+        assert promoted.optimizer is not None
+        assert torch.equal(promoted.value, held[0])
+        state = promoted.optimizer.optimizer.state[promoted.optimizer.param]
+        assert torch.equal(state["momentum_buffer"], held[1])
+        assert promoted.round == 3  # the round of the last acknowledged REPLICATE
+        # A replication taken off unacknowledged (a new backup): new arenas, since the
+        # old backup may hold either one.
+        primary.resync(0)
+        message = primary.replicate(0, [], [])
+        assert message is not None and message[1]["sm"][0] not in names
+    finally:
+        primary.arenas.close()
+        backup.arenas.close()
 
 
 def test_a_write_of_a_stale_epoch_from_a_fenced_off_primary_is_refused() -> None:

@@ -34,6 +34,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
+import torch
+
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers, replica
@@ -67,17 +69,20 @@ FIRST_RID = replica.FIRST_RID
 
 
 class _InFlight:
-    """A REPLICATE awaiting its ACK: its chunk, the backup it went to, its peer, and
-    what its acknowledgement releases."""
+    """A REPLICATE awaiting its ACK: its chunk, the backup it went to, its peer, what
+    its acknowledgement releases, and the arena slot its bytes are in (-1: sockets)."""
 
-    __slots__ = ("backup", "chunk", "peer", "releases", "waiting")
+    __slots__ = ("backup", "chunk", "peer", "releases", "slot", "waiting")
 
-    def __init__(self, chunk: int, backup: int, releases: list[Release], waiting: Waiting) -> None:
+    def __init__(
+        self, chunk: int, backup: int, releases: list[Release], waiting: Waiting, slot: int
+    ) -> None:
         self.chunk = chunk
         self.backup = backup
         self.peer: Peer | None = None
         self.releases = releases
         self.waiting = waiting
+        self.slot = slot
 
 
 class Replicas:
@@ -88,7 +93,8 @@ class Replicas:
 
     Attributes:
         backup_of: each chunk's backup server (-1: none); empty without replicas.
-        copies: the chunks this server backs up, by id (as of their last REPLICATE).
+        copies: the chunks this server backs up, by id (as of their last REPLICATE,
+            whose bytes may still be in their primary's arena: :meth:`copy_of`).
         fence: the epoch of the last failover map taken (0: none yet).
         in_flight: REPLICATEs not yet acknowledged, by request id.
     """
@@ -100,6 +106,13 @@ class Replicas:
         store.arenas.close_with(self.arenas.close)
         self.backup_of: list[int] = []
         self.copies: dict[int, Chunk] = {}
+        # Copies whose last REPLICATE came through shared memory: its header and frames
+        # (views of the primary's arena), read into the copy only if it is promoted.
+        self._unread: dict[int, tuple[replica.ReplicateHeader, torch.Tensor, list[memoryview]]]
+        self._unread = {}
+        # The arena slot each chunk's backup may hold (the last acknowledged): the
+        # next REPLICATE through shared memory goes into the other one.
+        self._held_slot: dict[int, int] = {}
         self.fence = 0
         self.in_flight: dict[int, _InFlight] = {}
         self._rids = itertools.count(FIRST_RID)
@@ -163,12 +176,14 @@ class Replicas:
             state=state,
         )
         address = self.store.servers[backup]
+        slot = -1
         if is_local(address) and not any(f.chunk == cid for f in self.in_flight.values()):
-            shared = self.arenas.put(self.store.index, cid, frames)
+            free = 1 - self._held_slot.get(cid, 1)  # never the one the backup may hold
+            shared = self.arenas.put(self.store.index, cid, frames, free)
             if shared is not None:
-                header["sm"], frames = shared, []
+                header["sm"], frames, slot = shared, [], free
                 self.shared += 1
-        self.in_flight[rid] = _InFlight(cid, backup, releases, waiting)
+        self.in_flight[rid] = _InFlight(cid, backup, releases, waiting, slot)
         return address, header, frames
 
     def sent(self, rid: int, peer: Peer) -> None:
@@ -182,6 +197,8 @@ class Replicas:
         if flight is None:
             return None
         self.replicated += 1
+        if flight.slot >= 0:
+            self._held_slot[flight.chunk] = flight.slot
         return flight.releases
 
     def settle(self, rid: int, peer: Peer) -> _InFlight | None:
@@ -204,7 +221,8 @@ class Replicas:
         chunk's backup, or as ``check_tensor_frames`` and :func:`decode_state`."""
         frames = payload_frames(header, frames)
         msg = replica.read_replicate(header)
-        if "sm" in msg:
+        shared = "sm" in msg
+        if shared:
             frames = self.arenas.read(msg, msg["sm"], frames)
         cid = msg["c"]
         store = self.store
@@ -243,10 +261,18 @@ class Replicas:
         fresh = copy is None
         if copy is None:
             copy = store.new_chunk(spec)
-        if copy.optimizer is not None:
-            decode_state(copy.optimizer, cast(headers.HandoverHeader, msg), frames[1:])
+        if copy.optimizer is not None and "st" not in msg:
+            raise ProtocolError(
+                ErrorCode.MALFORMED.value, f"REPLICATE of chunk {cid}: no optimizer state 'st'"
+            )
         # Everything is checked: from here on the copy changes.
-        copy.value.copy_(value)
+        if shared:
+            # The bytes stay where they are (the primary writes its other arena next):
+            # read into the copy only if it is promoted.
+            self._unread[cid] = (msg, value, list(frames[1:]))
+        else:
+            self._unread.pop(cid, None)
+            _read(copy, msg, value, frames[1:])
         copy.version = msg["v"]
         copy.round = msg["k"]
         copy.pushes, copy.dropped, copy.discounted = msg["p"]
@@ -302,7 +328,9 @@ class Replicas:
         for cid, owner in enumerate(owners):
             if owner == store.index and cid not in store.chunks:
                 copy = self.copies.pop(cid, None)
-                if copy is None:
+                if copy is not None:
+                    self._read_out(cid, copy)
+                else:
                     # Never replicated: nothing of it was ever acknowledged (an INIT's ACK
                     # waits for the replication too), so it starts afresh and the
                     # workers' resent requests seed it.
@@ -312,6 +340,8 @@ class Replicas:
                 self.promoted += 1
         for cid in [c for c in self.copies if self.backup(c) != store.index]:
             del self.copies[cid]
+            self._unread.pop(cid, None)
+            self.arenas.unmap(cid)
         changed = [
             cid
             for cid in store.chunks
@@ -342,11 +372,13 @@ class Replicas:
         waiting: Waiting = [(r.peer, r.rid) for r in chunk.waiting]
         for rid in [r for r, f in self.in_flight.items() if f.chunk == cid]:
             waiting += self.in_flight.pop(rid).waiting
+        self._forget_slots(cid)
         chunk.waiting = []
         chunk.arrived.clear()
         chunk.any_grad = chunk.mean_only = False
         chunk.scale = chunk.weight_sum = 0.0
         if self.backup(cid) == self.store.index:
+            self._unread.pop(cid, None)  # (none: a copy promoted was read out)
             self.copies[cid] = chunk
         return waiting
 
@@ -360,7 +392,33 @@ class Replicas:
             flight = self.in_flight.pop(rid)
             releases += flight.releases
             waiting += flight.waiting
+        self._forget_slots(cid)
         return releases, waiting
+
+    def _forget_slots(self, cid: int) -> None:
+        """Chunk ``cid``'s replications were taken off unacknowledged: which arena its
+        backup holds is unknown, so the next one through shared memory goes into new
+        arenas (the backup's mapping of these stays valid while it holds them)."""
+        self._held_slot.pop(cid, None)
+        self.arenas.drop(cid)
+
+    def _read_out(self, cid: int, copy: Chunk) -> None:
+        """Copy ``cid`` is promoted: read its last REPLICATE out of its primary's arena
+        (if that is where it is), and unmap the arenas mapped for it."""
+        unread = self._unread.pop(cid, None)
+        if unread is not None:
+            _read(copy, *unread)
+        self.arenas.unmap(cid)
+
+
+def _read(
+    copy: Chunk, msg: replica.ReplicateHeader, value: torch.Tensor, state: Sequence[memoryview]
+) -> None:
+    """Set ``copy``'s value and optimizer state to a REPLICATE's (``msg``, read and
+    checked; ``value`` and ``state``: its frames). Never blocks or raises."""
+    if copy.optimizer is not None:
+        decode_state(copy.optimizer, cast(headers.HandoverHeader, msg), state)
+    copy.value.copy_(value)
 
 
 def _check_state(msg: replica.ReplicateHeader, frames: Sequence[memoryview]) -> None:
