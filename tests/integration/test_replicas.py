@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,12 @@ def _run_and_kill(
     victims: dict[int, str],
     optimizer: str = "sgd",
     env: dict[str, str] | None = None,
+    before_kill: Callable[[Job, int, list[str]], None] | None = None,
 ) -> tuple[int, list[str]]:
     """Run the replica job; after each step of ``victims`` (step: process, e.g.
     "server 1"), when rank 0 asks (OUT/kill<n>), SIGKILL that process and say so
-    (OUT/killed<n>). Returns the job's status and output."""
+    (OUT/killed<n>); ``before_kill(job, n, output)`` first, if given. Returns the job's status
+    and output."""
     lines: list[str] = []
     config = dataclasses.replace(config, deadline_s=100.0)
     steps = ",".join(map(str, victims))
@@ -59,6 +62,8 @@ def _run_and_kill(
             time.sleep(0.02)
         if not runner.is_alive():
             break
+        if before_kill is not None:
+            before_kill(job, n, lines)
         procs = [p for p in job._procs if p.source == victim]
         assert procs, f"no {victim} among {[p.source for p in job._procs]}"
         os.kill(procs[0].popen.pid, signal.SIGKILL)
@@ -133,6 +138,56 @@ def test_servers_killed_mid_training_lose_nothing_with_replicas(
     for n in range(len(victims)):
         killed = float((tmp_path / f"killed_at{n}").read_text())
         print(f"recovery after kill {n}: {min(t for t in ends if t > killed) - killed:.2f} s")
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(150)
+def test_after_two_failovers_replacements_restore_the_replication(tmp_path: Path) -> None:
+    """Two servers: each death leaves every chunk on one server, held once, and the
+    launcher starts a replacement, which the coordinator gives every chunk's backup.
+    The second death is survivable only if the first was made good: the job ends with
+    one process's parameters, saying both times that it ran with fewer copies."""
+    seen: list[dict[str, object]] = []
+
+    def restored(job: Job, n: int, job_lines: list[str]) -> None:
+        if n == 0:
+            return
+        deadline = time.monotonic() + 60
+        while True:
+            reply = job._status()
+            settled = reply is not None and not reply["migrating"]
+            if settled and reply["failovers"] == 1 and reply["unbacked"] == 0:
+                seen.append(dict(reply))
+                return
+            said = "\n".join(job_lines[-80:])
+            assert time.monotonic() < deadline, f"not restored: {reply}\n{said}"
+            time.sleep(0.1)
+
+    sizes = (5, 19)
+    config = LaunchConfig(workers=2, servers=2, chunk_bytes=512, replicas=1)
+    victims = {4: "server 1", 12: "server 0"}
+    status, lines = _run_and_kill(config, sizes, tmp_path, victims, before_kill=restored)
+    text = "\n".join(lines)
+    assert status == 0, text[-6000:]
+    expected = reference(Setup("sgd", sizes))
+    for rank in range(len(sizes)):
+        assert max_difference(torch.load(tmp_path / f"rank{rank}.pt"), expected) < 1e-5
+    # Restored after the first death: each chunk on one of the two live servers (the
+    # survivor, the replacement), its backup on the other.
+    (before_second,) = seen
+    owners, backups = before_second["owners"], before_second["backups"]
+    live = before_second["live_servers"]
+    assert isinstance(owners, list) and isinstance(backups, list) and isinstance(live, list)
+    assert len(live) == 2 and 2 in live  # (server 2: the replacement, by either count)
+    pairs = zip(owners, backups, strict=True)
+    assert all(o in live and b in live and b != o for o, b in pairs), before_second
+    assert "starting server 2" in text and "starting server 1" not in text, text[-4000:]
+    assert text.count("running with fewer copies than asked") >= 2, text[-4000:]
+    assert "replication restored" in text, text[-4000:]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["job"]["failovers"] == 2
+    versions = [v for s in stats["servers"] for v in s["versions"].values()]
+    assert versions and all(v == STEPS for v in versions), versions  # each update once
     assert processes_of(config.job) == []
 
 

@@ -14,7 +14,6 @@ each process of the job gets its path as ``TRIMTAB_SECRET_FILE`` (never the secr
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
@@ -43,6 +42,7 @@ from trimtab.launch.procs import (
     job_over,
     late_joiners,
     print_prefixed,
+    stop_all,
     stop_late,
 )
 from trimtab.launch.procs import describe as _describe
@@ -88,6 +88,7 @@ class Job:
         self.output = output
         self.extra_env = extra_env or {}
         self._procs: list[_Proc] = []
+        self._servers_started = 0
         # The worker ranks the coordinator counted as members, as its STATUS said them
         # (an elastic job's supervisor polls it): joiners it never counted stop early.
         self._members: set[int] = set()
@@ -320,7 +321,8 @@ class Job:
         env.setdefault("OMP_NUM_THREADS", "1")
         env[envvars.STRAGGLERS] = ";".join(c.stragglers)
         env[envvars.FAULTS] = ";".join(c.faults)
-        index = sum(p.source.startswith("server") for p in self._procs)
+        index = self._servers_started  # (a lost one's number is never given again)
+        self._servers_started += 1
         self._spawn(
             f"server {index}",
             [
@@ -359,15 +361,15 @@ class Job:
             self._say(f"the coordinator asks for another worker: starting worker {rank}")
             self._spawn_worker(rank)
         servers = [p for p in self._procs if p.source.startswith("server")]
-        started = len(servers)
         # The coordinator keeps its active servers within max_servers; this bounds the
-        # live processes too, in case a retired one has not exited yet.
-        room = self.config.max_servers - sum(p.popen.poll() is None for p in servers)
-        wanted = status["wanted_servers"]
-        for _ in range(min(wanted - started, room)):
-            self._say(f"the coordinator asks for another server: starting server {started}")
+        # live processes too, in case a retired (or lost) one has not exited yet. Its
+        # count of servers wanted includes the lost ones, as this one does.
+        room = self.config.settings.max_servers - sum(p.popen.poll() is None for p in servers)
+        for _ in range(min(status["wanted_servers"] - self._servers_started, room)):
+            self._say(
+                f"the coordinator asks for another server: starting server {self._servers_started}"
+            )
             self._spawn_server()
-            started += 1
 
     # -- supervise -------------------------------------------------------------------
 
@@ -376,7 +378,8 @@ class Job:
         # An elastic job goes on without a lost worker (the coordinator decides whether
         # enough remain) and may be asked for more.
         lossy = c.settings.elastic_workers
-        elastic = c.max_servers > c.servers or c.settings.max_workers > c.workers
+        # With replicas, a lost server is replaced (its chunks' backups need a server).
+        elastic = c.max_servers > c.servers or c.settings.max_workers > c.workers or c.replicas
         next_poll = next_join = time.monotonic()
         deadline = self._started + self.config.deadline_s if self.config.deadline_s else None
         lost: set[str] = set()
@@ -468,23 +471,7 @@ class Job:
             self._spawn_worker(rank)  # the coordinator gives it the next free rank
 
     def _stop_all(self) -> None:
-        live = [p for p in self._procs if p.popen.poll() is None]
-        for p in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
-            time.sleep(0.05)
-        for p in self._procs:
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGKILL)
-                p.popen.wait()
-            # Kill anything the process left in its group (e.g. a data loader worker).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.popen.pid, signal.SIGKILL)
-        for p in self._procs:
-            p.reader.join(timeout=2.0)
+        stop_all(self._procs)
         remove_job_arenas(self.config.job)  # what a killed worker could not remove
 
     def _say(self, message: str) -> None:

@@ -170,3 +170,27 @@ def await_end(procs: list[Proc], grace_s: float, say: Callable[[str], None]) -> 
             stop_after_end(servers, say)
             servers = []
         time.sleep(0.05)
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """Stop every process of ``procs`` and whatever each left in its process group (a
+    data loader's workers): SIGTERM, up to 5 s to exit, then SIGKILL; then read the
+    rest of their output. Blocks for that long at most; never raises for a process
+    already gone."""
+    live = [p for p in procs if p.popen.poll() is None]
+    for p in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
+        time.sleep(0.05)
+    for p in procs:
+        if p.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            p.popen.wait()
+        # Kill anything the process left in its group (e.g. a data loader worker).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.popen.pid, signal.SIGKILL)
+    for p in procs:
+        p.reader.join(timeout=2.0)

@@ -7,6 +7,8 @@ server backs up. :func:`failover` is the map after a server's death: its chunks 
 their backups, and every chunk left without a backup (its backup died, or was just
 promoted) gets a new one on another live server. :func:`role_moves` is a step of live
 placement: chunks move only onto their backups, so every chunk is held twice throughout.
+:func:`unbacked` names the chunks held once (the last live server's, after failovers):
+a server that joins then gives them a backup again (a role move that changes backups only).
 """
 
 from __future__ import annotations
@@ -126,3 +128,15 @@ def failover(
             lost.append(cid)
     kept = [NONE if b == dead else b for b in backup_of]
     return new_owners, backups(new_owners, sizes, alive, kept), lost
+
+
+def unbacked(owners: Sequence[int], backup_of: Sequence[int], live: Collection[int]) -> list[int]:
+    """The chunks held once: without a backup on a live server other than their owner
+    (:data:`NONE`, their owner, or a server not in ``live``). Pure; never blocks."""
+    alive = set(live)
+    out = []
+    for cid, owner in enumerate(owners):
+        backup = backup_of[cid] if cid < len(backup_of) else NONE
+        if backup in (NONE, owner) or backup not in alive:
+            out.append(cid)
+    return out

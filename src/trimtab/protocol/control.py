@@ -267,6 +267,9 @@ class StatusReplyHeader(WireHeader):
     migrating: bool
     speeds: list[float]
     worker_speeds: list[list[float | None] | None]
+    backups: NotRequired[list[int]]  # chunk id -> its backup's rank (-1: none); replicas
+    unbacked: NotRequired[int]  # chunks held once (no backup on a live server)
+    failovers: NotRequired[int]  # failovers completed
 
 
 def status_reply(*, rid: int, status: Mapping[str, Any]) -> StatusReplyHeader:
@@ -293,7 +296,11 @@ _STATUS_KEYS: KeySpec = (
 
 
 def read_status_reply(header: Header) -> StatusReplyHeader:
-    fields(header, _STATUS_KEYS, (("left", list),))
+    fields(
+        header,
+        _STATUS_KEYS,
+        (("left", list), ("backups", list), ("unbacked", int), ("failovers", int)),
+    )
     return cast(StatusReplyHeader, header)
 
 

@@ -309,6 +309,10 @@ class Coordinator(MemberLoss):
             "wanted_servers": self._members.wanted_servers(),
             **self._elastic_status(),
             "migrating": self._rebalancer.migrating is not None,
+            # With replicas: each chunk's backup (-1: none), the chunks held once.
+            "backups": list(self._maps.backups),
+            "unbacked": len(self._rebalancer.unbacked()),
+            "failovers": self._recovery.failovers,
             "last_checkpoint": self.checkpoints.last_checkpoint,  # the newest complete one
             "speeds": [self._speeds.speed(m.rank) for m in servers],
             # The workers' bounds (lower, upper or None for no bound) per server.

@@ -76,6 +76,9 @@ class Rebalancer:
         #: While this says so, no migration starts at a step boundary (a checkpoint
         #: waits for its chunks where they are).
         self.paused: Callable[[], bool] = lambda: False
+        #: While this says so (a failover in flight), no migration starts at all.
+        self.failing: Callable[[], bool] = lambda: False
+        self._held_once = 0  # chunks without a backup when last said (with replicas)
 
     def step_boundary(self, clock: int, out: Outbox) -> None:
         """Every worker reported step ``clock - 1``: rotate, or ask PSLD for a new map
@@ -87,6 +90,7 @@ class Rebalancer:
             or self.maps.pending
             or clock <= self._last
             or self.paused()
+            or self.failing()
         ):
             return
         owners = current.owners
@@ -174,7 +178,7 @@ class Rebalancer:
         """A server joined or is draining: move chunks onto (off) it now; retried when
         the migration in flight finishes."""
         current = self.maps.map
-        if current is None or self.migrating is not None or self.maps.pending:
+        if current is None or self.migrating is not None or self.maps.pending or self.failing():
             return
         active = self.members.active_mask()
         if not any(active):
@@ -185,8 +189,41 @@ class Rebalancer:
         plan = rebalance(costs, current.owners, speeds, active=active)
         if plan.owners != current.owners:
             self.migrate(plan.owners, out)
-        else:
+        elif self.unbacked():
+            self.migrate(current.owners, out)  # the chunks held once get backups again
+        if self.migrating is None:
             self.retire(out)
+
+    def unbacked(self) -> list[int]:
+        """The chunks held once in a job with replicas (none without): after failovers
+        left them no live server but their owner's. Never blocks."""
+        current = self.maps.map
+        if not self.maps.replicas or current is None:
+            return []
+        live = [m.rank for m in self.members.servers if not m.finished]
+        return replicas.unbacked(current.owners, self.maps.backups, live)
+
+    def say_copies(self) -> None:
+        """Say when the job starts running with fewer copies than asked (a warning, once
+        for each failover that leaves chunks held once), and when every chunk has its
+        backup again. Never blocks."""
+        held_once = len(self.unbacked())
+        if held_once and held_once != self._held_once:
+            log.warning(
+                "running with fewer copies than asked (--replicas %d): %d of %d chunks have "
+                "no backup (live servers: %d); they get one as soon as a server joins (the "
+                "launcher starts a replacement)",
+                self.maps.replicas,
+                held_once,
+                len(self.maps.sizes),
+                sum(not m.finished for m in self.members.servers),
+            )
+        elif not held_once and self._held_once:
+            epoch = self.maps.map.epoch if self.maps.map is not None else 0
+            log.warning(
+                "replication restored: every chunk has a backup again (map epoch %d)", epoch
+            )
+        self._held_once = held_once
 
     def place(self) -> Outbox:
         """The first map, or the job's next table once every worker declared it
@@ -289,6 +326,7 @@ class Rebalancer:
             self.job_clock(),
             self.migrations,
         )
+        self.say_copies()
         wanted, self._wanted = self._wanted, None
         current = self.maps.map
         if wanted is not None and current is not None and wanted != current.owners:

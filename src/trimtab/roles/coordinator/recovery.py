@@ -62,6 +62,8 @@ class Recovery:
         self._rebalancer = rebalancer
         self.replicas = replicas
         maps.replicas = replicas
+        if rebalancer is not None:
+            rebalancer.failing = lambda: self.failing is not None
         #: The failover in flight, if any.
         self.failing: Failover | None = None
         #: Failovers completed (published).
@@ -147,7 +149,14 @@ class Recovery:
         current = self._maps.map
         servers = current.servers if current else ()
         log.info("failover map epoch %d published", failing.epoch)
-        return self._maps.publish(failing.epoch, failing.owners, servers, {})
+        out = self._maps.publish(failing.epoch, failing.owners, servers, {})
+        if self._rebalancer is not None:
+            self._rebalancer.say_copies()
+            # A server that joined meanwhile (a replacement) takes chunks, or backs up
+            # those held once now.
+            if self._members.unsettled() or self._rebalancer.unbacked():
+                self._rebalancer.membership_changed(out)
+        return out
 
 
 def _ranges(chunks: list[int]) -> str:

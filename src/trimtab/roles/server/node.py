@@ -273,8 +273,9 @@ class Server:
             log.info("server %d: the job has %d chunks now (epoch %d); %d new ones are mine",
                      self.index, len(self._store.specs), self._store.epoch, len(added))  # fmt: skip
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
-        elif op == Control.MIGRATE and self._replicas.replicas.backup_of:
-            self._replicas.move_roles(headers.read_migrate(header))  # roles, not bytes
+        elif op == Control.MIGRATE and ("bk" in header or self._replicas.replicas.backup_of):
+            # Roles, not bytes (a job with replicas; "bk" tells a server that just joined).
+            self._replicas.move_roles(headers.read_migrate(header))
         elif op == Control.MIGRATE:
             cuts = self._handover.plan(headers.read_migrate(header))
             self._loop.send(self._coord, headers.migrate_ack(epoch=self._store.epoch, cuts=cuts))
