@@ -6,6 +6,7 @@ checksums is refused, one written before them read unchecked. The refusals throu
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,27 @@ def test_a_manifest_that_lost_its_checksums_is_refused_one_from_before_them_is_r
         intact_checkpoint(sealed, None)
     legacy = _checkpoint(tmp_path / "old", 4, sums=False)
     assert intact_checkpoint(legacy, None) == (legacy.resolve(), [])
+
+
+def test_temporaries_of_writers_that_are_gone_are_removed_a_live_one_s_stay(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from trimtab.runtime.files import remove_stale_temporaries
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead_pid = int(gone.stdout)
+    ckpt = tmp_path / "ckpt-00000004"
+    ckpt.mkdir()
+    killed = [tmp_path / f".manifest.json.{dead_pid}.tmp", ckpt / f".server-0.bin.{dead_pid}.tmp"]
+    live = ckpt / f".server-1.bin.{os.getpid()}.tmp"  # a writer still at work
+    other = ckpt / ".notes.tmp"  # not write_atomic's: no pid
+    for path in [*killed, live, other]:
+        path.write_bytes(b"partial")
+    write_atomic(ckpt / "server-2.bin", [b"whole"])  # leaves no temporary behind
+    assert sorted(remove_stale_temporaries(tmp_path)) == sorted(killed)
+    assert live.exists() and other.exists() and not any(p.exists() for p in killed)
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted([live.name, other.name, "server-2.bin"])

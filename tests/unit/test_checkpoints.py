@@ -203,3 +203,31 @@ def test_a_server_never_makes_a_checkpoint_directory_given_up(tmp_path: Path) ->
     settle(ckpt)
     assert len(loop.sent) == 1 and "is gone (the checkpoint was given up)" in loop.sent[0]["err"]
     assert not gone.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_server_checks_each_file_against_the_manifest_s_checksum_as_it_reads(
+    tmp_path: Path,
+) -> None:
+    """A bit flipped inside a value still parses: only the checksum the RESTORE carries
+    (a coordinator started by hand with --resume has no launcher to check first)
+    catches it, and the server says so instead of loading it."""
+    from trimtab.runtime.files import checksum_of
+
+    _, ckpt, _ = server()
+    ckpt.control(headers.snapshot(number=1, clock=0, directory=str(tmp_path)))  # type: ignore[arg-type]
+    settle(ckpt)
+    path = tmp_path / file_name(0)
+    right = checksum_of(path)
+    assert len(read_file(path, right)) == 2
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x01  # in the last chunk's bytes
+    path.write_bytes(bytes(data))
+    assert len(read_file(path)) == 2  # unchecked, it reads
+    with pytest.raises(ProtocolError, match="checksum"):
+        read_file(path, right)
+    _, loading, said = server()
+    sums = {file_name(0): right}
+    restore = headers.restore(directory=str(tmp_path), files=[file_name(0)], sums=sums)
+    loading.control(restore)  # type: ignore[arg-type]
+    loading.mapped()
+    assert "checksum" in said.sent[0]["err"]

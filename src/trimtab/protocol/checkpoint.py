@@ -131,16 +131,25 @@ class RestoreHeader(WireHeader):
 
     dir: str
     files: list[str]
+    sums: NotRequired[dict[str, str]]  # file -> its checksum, as the manifest has it
 
 
-def restore(*, directory: str, files: list[str]) -> RestoreHeader:
-    return {"o": _RESTORE, "dir": directory, "files": files}
+def restore(
+    *, directory: str, files: list[str], sums: dict[str, str] | None = None
+) -> RestoreHeader:
+    header: RestoreHeader = {"o": _RESTORE, "dir": directory, "files": files}
+    if sums:
+        header["sums"] = sums
+    return header
 
 
 def read_restore(header: Header) -> RestoreHeader:
-    fields(header, (("dir", str), ("files", list)))
+    fields(header, (("dir", str), ("files", list)), (("sums", dict),))
     if not all(isinstance(f, str) for f in header["files"]):
         raise ProtocolError(ErrorCode.MALFORMED.value, "RESTORE: 'files' must be names")
+    sums = header.get("sums", {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items()):
+        raise ProtocolError(ErrorCode.MALFORMED.value, "RESTORE: 'sums' must map names to sums")
     return cast(RestoreHeader, header)
 
 

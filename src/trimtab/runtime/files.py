@@ -71,3 +71,42 @@ def seal(document: dict[str, Any]) -> dict[str, Any]:
 def sealed(document: dict[str, Any]) -> bool:
     """Whether ``document`` matches its ``check`` (:func:`seal`). Never blocks."""
     return document.get("check") == hashlib.new(CHECKSUM, _canonical(document)).hexdigest()
+
+
+def remove_stale_temporaries(root: Path) -> list[Path]:
+    """Remove the temporary files :func:`write_atomic` left in ``root`` and the folders
+    in it, one level down (a checkpoint directory and its checkpoints), by writers that
+    are gone: a process killed mid-write (``.NAME.PID.tmp``, PID not running here).
+    Those of a live process stay. Returns the files removed. Blocks for the directory
+    reads; never raises (a file it cannot read or remove stays)."""
+    removed: list[Path] = []
+    try:
+        folders = [root, *(d for d in root.iterdir() if d.is_dir())]
+    except OSError:
+        return removed
+    for folder in folders:
+        try:
+            names = list(folder.glob(".*.tmp"))
+        except OSError:
+            continue
+        for path in names:
+            pid = path.name[: -len(".tmp")].rpartition(".")[2]
+            if not pid.isdigit() or _running(int(pid)):
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists here (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -51,7 +51,7 @@ from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.steps import Steps
-from trimtab.runtime.files import seal, write_atomic
+from trimtab.runtime.files import remove_stale_temporaries, seal, write_atomic
 from trimtab.settings import DEFAULT_CHECKPOINT_DIR
 from trimtab.transport.base import Peer
 
@@ -230,6 +230,10 @@ class Checkpoints:
             log.info("resuming from %s at clock %d", found, self._manifest["clock"])
         self.root = Path(root or DEFAULT_CHECKPOINT_DIR).resolve()
         self._due = self.resume_clock + self._every
+        if self._every or settings.resume:
+            # What a process killed mid-write left (this job's earlier run, say).
+            for path in remove_stale_temporaries(self.root):
+                log.info("removed %s: a temporary file of a writer that is gone", path)
 
     @property
     def resume_clock(self) -> int:
@@ -305,7 +309,12 @@ class Checkpoints:
             return
         self._loading = {s.rank for s in members.servers}
         directory = str(self.last_checkpoint)
-        restore = headers.restore(directory=directory, files=[str(f) for f in m["files"]])
+        sums = m.get("sums")  # (the servers check each file as they read it)
+        restore = headers.restore(
+            directory=directory,
+            files=[str(f) for f in m["files"]],
+            sums=dict(sums) if isinstance(sums, dict) else None,
+        )
         out += [Send(s.peer, restore) for s in members.servers]
         tables = [(list(t), dict(o)) for t, o in m["tables"]]
         out += self._maps.restore(tables, m["map"], members)

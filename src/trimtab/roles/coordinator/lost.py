@@ -88,8 +88,13 @@ class MemberLoss:
                 self._send(out)
             if abort is not None:
                 last = self.checkpoints.last_checkpoint
-                resume = f" The newest checkpoint: trimtab run --resume {last} ..." if last else ""
-                self._end(abort + resume)
+                # Advice to resume only where a checkpoint exists.
+                resume = (
+                    f". The newest checkpoint: trimtab run --resume {last} ..."
+                    if last
+                    else ". No checkpoint was taken (--checkpoint-every K takes them)"
+                )
+                self._end(abort.rstrip(".") + resume)
             return
         if self._elastic is None:  # a worker of a job that is not elastic ends it
             self._end(lost_message(member, why, self._maps.map))

@@ -96,7 +96,7 @@ class Recovery:
             # not known here, so nothing is promoted on a guess.
             return (
                 f"{who} {why} while chunks moved to map {moving.epoch} (new backups still "
-                "being filled); stopping the job: resume it from its last checkpoint"
+                "being filled); stopping the job"
             )
         live = [m.rank for m in self._members.servers if not m.finished and m is not member]
         owners, backups, lost = replicas.failover(

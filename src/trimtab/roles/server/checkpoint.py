@@ -25,6 +25,7 @@ and hands its outcome back).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import logging
 import mmap
@@ -42,7 +43,7 @@ from trimtab.protocol.messages import Control, ErrorCode, Header, error_of
 from trimtab.roles.server.handover import encode_state
 from trimtab.roles.server.state import load_state
 from trimtab.roles.server.store import Chunk, ChunkStore
-from trimtab.runtime.files import write_atomic
+from trimtab.runtime.files import CHECKSUM, write_atomic
 from trimtab.runtime.loop import NodeLoop
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
 from trimtab.transport import Frame, Peer
@@ -125,12 +126,15 @@ def write_file(
     return write_atomic(path, parts)
 
 
-def read_file(path: Path) -> dict[int, tuple[Header, list[memoryview]]]:
+def read_file(
+    path: Path, checksum: str | None = None
+) -> dict[int, tuple[Header, list[memoryview]]]:
     """The chunks of a checkpoint file, by id: each entry and its frames, views of the
-    file mapped into memory (privately: writing to them changes nothing on disk), so
-    that only the chunks a server takes are read. Blocks for the header's read. Raises
-    ``OSError``, and a MALFORMED :class:`ProtocolError` for a file that is not one,
-    truncated, or whose entries do not match its bytes."""
+    file mapped into memory (privately: writing to them changes nothing on disk). With
+    ``checksum`` (the manifest's), every byte is read once to check it first. Blocks
+    for the reads. Raises ``OSError``, and a MALFORMED :class:`ProtocolError` for a
+    file that is not one, truncated, whose entries do not match its bytes, or whose
+    checksum is not ``checksum``."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
@@ -138,6 +142,9 @@ def read_file(path: Path) -> dict[int, tuple[Header, list[memoryview]]]:
 
     def bad(why: str) -> ProtocolError:
         return ProtocolError(ErrorCode.MALFORMED.value, f"checkpoint file {path}: {why}")
+
+    if checksum is not None and hashlib.new(CHECKSUM, data).hexdigest() != checksum:
+        raise bad("its bytes do not match the manifest's checksum (changed or corrupt)")
 
     start = len(MAGIC) + 8
     if len(data) < start or bytes(data[: len(MAGIC)]) != MAGIC:
@@ -232,7 +239,8 @@ class ServerCheckpoints:
             for name in msg_r["files"]:
                 if "/" in name or name.startswith("."):
                     raise ProtocolError(ErrorCode.MALFORMED.value, f"bad file name {name!r}")
-                self._restoring.update(read_file(Path(msg_r["dir"]) / name))
+                path = Path(msg_r["dir"]) / name
+                self._restoring.update(read_file(path, msg_r.get("sums", {}).get(name)))
         except (OSError, ProtocolError) as exc:
             why = error_of(exc)[1] if isinstance(exc, ProtocolError) else str(exc)
             self._restore_error = f"server {self._store.index} cannot read the checkpoint: {why}"
