@@ -192,6 +192,39 @@ def test_after_two_failovers_replacements_restore_the_replication(tmp_path: Path
 
 
 @pytest.mark.timeout(150)
+def test_a_server_killed_as_a_migration_reaches_it_loses_nothing(tmp_path: Path) -> None:
+    """Every 2 steps each chunk's roles move (onto its backup, or a new backup filled).
+    Server 0 dies as a MIGRATE reaches it, before it takes it; the other servers take
+    that map, dropping copies it moved away. The coordinator gives the migration up,
+    asks the live servers what they hold (a server keeps what a map took from it until
+    the next), and promotes each chunk's newest copy: nothing is lost, nothing applied
+    twice."""
+    sizes = (5, 19)
+    config = LaunchConfig(
+        workers=2,
+        servers=3,
+        chunk_bytes=512,
+        replicas=1,
+        rebalance_every=2,
+        faults=("server:0:kill@5:migrating",),
+    )
+    status, lines = _run_and_kill(config, sizes, tmp_path, {}, env={"REPLICA_NOWAIT": "1"})
+    text = "\n".join(lines)
+    assert status == 0, text[-6000:]
+    assert "was killed by --fault server:0:kill@5:migrating" in text, text[-6000:]
+    assert "asking the 2 live servers which copies they hold" in text, text[-6000:]
+    assert "go to the newest copies" in text, text[-6000:]
+    expected = reference(Setup("sgd", sizes))
+    for rank in range(len(sizes)):
+        assert max_difference(torch.load(tmp_path / f"rank{rank}.pt"), expected) < 1e-5
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    versions = [v for s in stats["servers"] for v in s["versions"].values()]
+    assert versions and all(v == STEPS for v in versions), versions  # each update once
+    assert stats["job"]["failovers"] == 1
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(150)
 def test_without_replicas_a_dead_server_ends_the_job_naming_its_chunks(tmp_path: Path) -> None:
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=512)
     status, lines = _run_and_kill(config, (12, 12), tmp_path, {7: "server 1"})

@@ -15,6 +15,7 @@ from trimtab.faults.kills import Action, FaultSpec, Phase, marker, parse_faults,
 from trimtab.launch.faults import FaultWatch
 from trimtab.launch.spec import LaunchConfig
 from trimtab.protocol import headers
+from trimtab.protocol.messages import Control
 
 
 def test_parses_kills_joins_and_phases() -> None:
@@ -34,6 +35,8 @@ def test_parses_kills_joins_and_phases() -> None:
         "worker:0:kill@5",
     ]
     assert parse_faults("worker:1:kill@3:after-reply")[0].phase is Phase.AFTER_REPLY
+    migrating = parse_faults("server:2:kill@8:migrating")[0]
+    assert migrating.phase is Phase.MIGRATING and str(migrating) == "server:2:kill@8:migrating"
     assert parse_faults("") == []
 
 
@@ -193,6 +196,24 @@ def test_a_server_dies_at_its_first_value_of_the_step(deaths: list[Any]) -> None
     with pytest.raises(Died):
         s.sending(value(3, 4))
     assert deaths == [{"spec": "server:1:kill@3", "chunk": 4, "version": 4}]
+
+
+def test_a_server_dies_as_the_first_migration_after_its_step_reaches_it(
+    deaths: list[Any],
+) -> None:
+    s = crash.ServerCrash(parse_faults("server:1:kill@3:migrating"))
+    node = Node()
+    node.index = 1
+    s.follow(node)
+    migrate = {"o": int(Control.MIGRATE), "epoch": 5}
+    s.sending(value(2, 0))
+    s.received(migrate)  # a migration before step 3 is applied here: no kill
+    s.sending(value(3, 4))  # step 3 applied, its value leaves: the applied point is not this spec's
+    s.received({"o": int(Control.MAP_NEWS), "epoch": 6})  # not a migration
+    assert deaths == []
+    with pytest.raises(Died):
+        s.received(migrate)
+    assert deaths == [{"spec": "server:1:kill@3:migrating", "epoch": 5, "round": 3}]
 
 
 def test_untouched_where_no_spec_kills_the_role() -> None:

@@ -768,6 +768,8 @@ def test_every_op_has_a_builder() -> None:
         *elastic_builders(),
         replica.failover(epoch=2, dead=0, owners=[], backups=[], servers=[]),
         replica.failover_ack(epoch=2),
+        replica.holdings(epoch=3),
+        replica.held(epoch=3, rounds={0: 4}),
         replica.replicate(
             rid=1,
             chunk=0,

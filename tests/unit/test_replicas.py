@@ -183,6 +183,30 @@ def test_through_shared_memory_a_promoted_backup_reads_the_round_it_acknowledged
         backup.arenas.close()
 
 
+def test_a_copy_a_new_map_takes_away_is_kept_until_the_next_map_and_can_be_promoted() -> None:
+    """Server 1 backs up chunk 0 for server 0, then a MIGRATE gives chunk 0's backup to
+    server 2: server 1 keeps its copy (retired) and says so in its holdings. Server 0
+    dies before server 2 holds anything: the failover gives chunk 0 to server 1, which
+    promotes the retired copy. The map after that drops what is retired."""
+    primary, backup = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    push(primary.store, 0, [1, 2, 3, 4])
+    push(primary.store, 1, [3, 2, 1, 0])
+    message = primary.replicate(0, [], [])
+    assert message is not None
+    backup.take(*wire(message[1], message[2]), sender=0)
+    value = primary.store.chunks[0].value.clone()
+    servers = ("inproc://s0", "inproc://s1", "inproc://s2")
+    backup.remap((0, 1), [2, 0], servers, epoch=2)  # chunk 0's backup moves to server 2
+    assert 0 not in backup.copies and 0 in backup.retired
+    assert backup.holdings() == {0: 1, 1: 0}
+    lost = replica.failover(epoch=3, dead=0, owners=[1, 1], backups=[2, 2], servers=[*servers])
+    backup.failover(replica.read_failover(wire(lost, [])[0]))
+    assert torch.equal(backup.store.chunks[0].value, value) and backup.store.chunks[0].round == 1
+    assert not backup.retired
+    backup.remap((1, 1), [2, 2], servers, epoch=4)
+    assert not backup.retired and not backup.copies
+
+
 def test_a_write_of_a_stale_epoch_from_a_fenced_off_primary_is_refused() -> None:
     old_primary, backup = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
     first = old_primary.replicate(0, [], [])
@@ -290,6 +314,63 @@ def test_with_replicas_a_lost_server_s_chunks_go_to_their_backups_under_a_new_ep
     assert maps.epoch == 2 and [m.header["epoch"] for m in more] == [2]
     with pytest.raises(ProtocolError):
         recovery.on_ack(members.servers[2], {"e": 2}, [], [])  # none in flight any more
+
+
+def live_placement() -> tuple[Members, Maps, Any, Recovery]:
+    """The coordinator of :func:`coordinator` with replicas and live placement, its map
+    held, and a migration that moves every chunk's roles in flight (to epoch 2)."""
+    from trimtab.policies.psld.speeds import SpeedEstimator
+    from trimtab.policies.scaling import DEFAULT_SCALING, SCALING
+    from trimtab.roles.coordinator.rebalance import Rebalancer
+
+    members, maps, _ = coordinator(1)
+    rebalancer = Rebalancer(
+        members, maps, SpeedEstimator(), None, SCALING.create(DEFAULT_SCALING),
+        rotate_every=0, synchronous=True, mode="bsp", job_clock=lambda: 0,
+    )  # fmt: skip
+    recovery = Recovery(members, maps, 1, rebalancer)
+    for rank in range(3):
+        maps.ack(rank, members)
+    assert maps.map is not None and not maps.pending
+    rebalancer.migrate([(o + 1) % 3 for o in maps.map.owners], [])
+    assert rebalancer.migrating is not None and rebalancer.migrating.epoch == 2
+    return members, maps, rebalancer, recovery
+
+
+def held(epoch: int, rounds: dict[int, int]) -> dict[str, Any]:
+    return dict(replica.held(epoch=epoch, rounds=rounds))
+
+
+def test_a_server_lost_during_a_migration_is_failed_over_to_each_chunk_s_newest_copy() -> None:
+    members, maps, rebalancer, recovery = live_placement()
+    out: list[Any] = []
+    assert recovery.member_lost(members.servers[0], "its connection closed", out) is None
+    assert rebalancer.migrating is None  # given up: a late ack of it changes nothing
+    rebalancer.on_ack(1, {"o": int(Control.MIGRATE_ACK), "epoch": 2, "cuts": {}}, [])
+    assert [(m.peer, m.header["e"]) for m in out] == [(b"s1", 3), (b"s2", 3)]  # HOLDINGS
+    n = len(maps.sizes)
+    # Server 1 holds every chunk, server 2 only the even ones, but a round newer.
+    assert recovery.on_held(members.servers[1], held(3, dict.fromkeys(range(n), 4)), []) is None
+    with pytest.raises(ProtocolError):  # one answer each
+        recovery.on_held(members.servers[1], held(3, {}), [])
+    failed: list[Any] = []
+    newer = {c: 5 for c in range(0, n, 2)}
+    assert recovery.on_held(members.servers[2], held(3, newer), failed) is None
+    failover = next(m.header for m in failed if m.peer == b"s1")
+    assert failover["e"] == 3 and failover["dead"] == 0
+    assert failover["owners"] == [2 if c % 2 == 0 else 1 for c in range(n)]
+    assert all(b not in (0, o) for o, b in zip(failover["owners"], failover["bk"], strict=True))
+    assert [m.header["dead"] for m in failed if m.peer == b"w0"] == ["tcp://s0"]
+
+
+def test_a_chunk_no_live_server_holds_after_a_death_during_a_migration_ends_the_job() -> None:
+    members, maps, _, recovery = live_placement()
+    assert recovery.member_lost(members.servers[2], "has been silent for 3s", []) is None
+    assert recovery.on_held(members.servers[0], held(3, {0: 1}), []) is None
+    why = recovery.on_held(members.servers[1], held(3, {}), [])
+    assert why is not None and f"no live server holds chunks 1-{len(maps.sizes) - 1}" in why
+    with pytest.raises(ProtocolError, match="bad pair"):
+        replica.read_held({"e": 3, "h": [[0, -1]]}, 4)
 
 
 # -- the server loop's side: what ReplicaLink sends ------------------------------------

@@ -27,11 +27,12 @@ from typing import Any, Protocol
 
 from trimtab.errors import ProtocolError
 from trimtab.faults.kills import Action, FaultSpec, Phase, marker
-from trimtab.protocol.messages import Data, Header, decode
+from trimtab.protocol.messages import Control, Data, Header, decode
 from trimtab.transport import Envelope, Frame, Peer, Transport
 
 _PUSH = int(Data.PUSH)
 _VALUE = int(Data.VALUE)
+_MIGRATE = int(Control.MIGRATE)
 
 
 def die(spec: FaultSpec, **facts: Any) -> None:  # pragma: no cover - the process ends here
@@ -134,11 +135,13 @@ class ServerCrash:
     """The kill points of the server it follows (:meth:`follow`): the first VALUE it is
     about to send of the spec's step's round or later (``k``: the round a VALUE
     answers, the clock of the pushes it aggregated) once that step is applied (its
-    version ``v`` past the step). Thread-safe."""
+    version ``v`` past the step); with ``migrating``, the first MIGRATE it receives
+    once it sent such a VALUE. Thread-safe."""
 
     def __init__(self, specs: Sequence[FaultSpec]) -> None:
         self.specs = [s for s in specs if s.action is Action.KILL and s.role == "server"]
         self._node: Indexed | None = None
+        self._reached = -1  # the latest round a VALUE it sent answered
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -154,7 +157,10 @@ class ServerCrash:
         # The round it answers is the step, and the update is applied (a PULL's answer
         # between rounds carries the next round and the version before it).
         k, v = int(header.get("k", -1)), int(header.get("v", -1))
+        self._reached = max(self._reached, k)
         for spec in self.specs:
+            if spec.phase is not Phase.APPLIED:
+                continue
             if spec.index == index and k >= spec.step and v > spec.step:
                 die(spec, chunk=header.get("c"), version=header.get("v"))
 
@@ -162,7 +168,15 @@ class ServerCrash:
         pass
 
     def received(self, header: Header) -> None:
-        pass
+        if header.get("o") != _MIGRATE or self._node is None:
+            return
+        for spec in self.specs:
+            if (
+                spec.phase is Phase.MIGRATING
+                and spec.index == self._node.index
+                and self._reached >= spec.step
+            ):
+                die(spec, epoch=header.get("epoch"), round=self._reached)
 
 
 class CrashingTransport(Transport):

@@ -8,6 +8,8 @@ joined by ``;``)::
 
     server:1:kill@30                  server 1 dies as it applies step 30's update to
                                       its first chunk (before that value leaves it)
+    server:1:kill@30:migrating        server 1 dies as the first migration after it
+                                      applied step 30 reaches it (before it takes it)
     worker:2:kill@60                  worker 2 dies before it pushes step 60's gradient
     worker:2:kill@60:mid-push         ... after half of step 60's pushes left it
     worker:2:kill@60:after-reply      ... once the last reply of step 60 reached it
@@ -24,9 +26,12 @@ default):
 - ``after-reply``: every chunk it pushed at step STEP was answered; it dies before it
   uses the answers or sends anything more.
 
-A server has one point: the first value of step STEP it is about to send (step STEP
-applied to one chunk; no value of that step has left it yet). INDEX is the index the
-job gave the server (``trimtab.job_status()``), and a worker's rank.
+A server has two points: the first value of step STEP it is about to send (step STEP
+applied to one chunk; no value of that step has left it yet), and (``migrating``) the
+first MIGRATE it receives once it sent a value of step STEP or later, before it takes
+it: the other servers take that map, and the job must find each chunk's newest copy.
+INDEX is the index the job gave the server (``trimtab.job_status()``), and a worker's
+rank.
 
 The victim kills itself (:mod:`trimtab.faults.crash`), so the point is exact, and
 prints a :data:`MARKER` line first that says what and when, which the launcher and the
@@ -56,6 +61,7 @@ class Phase(enum.Enum):
     MID_PUSH = "mid-push"
     AFTER_REPLY = "after-reply"
     APPLIED = "applied"
+    MIGRATING = "migrating"
 
 
 WORKER_PHASES = (Phase.BEFORE_PUSH, Phase.MID_PUSH, Phase.AFTER_REPLY)
@@ -131,12 +137,14 @@ def _parse_one(text: str) -> FaultSpec:
     if parts[2] != Action.KILL.value:
         raise bad(f"action {parts[2]!r}", "is not kill")
     if role == "server":
-        if phase_text:
+        if phase_text and phase_text != Phase.MIGRATING.value:
             raise bad(
                 f"phase {phase_text!r}",
-                "is for workers; a server dies as it applies the step to its first chunk",
+                "is for workers; a server dies as it applies the step to its first chunk, "
+                "or (migrating) as a migration after that step reaches it",
             )
-        return FaultSpec(role, Action.KILL, step, index, Phase.APPLIED)
+        phase = Phase.MIGRATING if phase_text else Phase.APPLIED
+        return FaultSpec(role, Action.KILL, step, index, phase)
     phases = {p.value: p for p in WORKER_PHASES}
     if phase_text and phase_text not in phases:
         raise bad(f"phase {phase_text!r}", f"is not one of {', '.join(phases)}")

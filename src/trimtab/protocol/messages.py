@@ -121,6 +121,9 @@ class Control(enum.IntEnum):
     #                chunks' backups own them from map e; reply FAILOVER_ACK. coord ->
     #                worker {e, dead: address}: resend what that server left unanswered
     FAILOVER_ACK = 41  # server -> coord {e}: it took failover map e
+    HOLDINGS = 42  # coord -> server {e}: a server died during the migration to map e:
+    #                which chunks do you hold, as owner or copy, and as of which round?
+    HELD = 43  # server -> coord {e, h: [[chunk, round], ...]}: the newest of each it holds
     WORKERS = 45  # coord -> server {g, ws}: the workers taking part from now on (a lost
     #               one dropped: rounds waiting for it complete); reply WORKERS_ACK {g}
     WORKERS_ACK = 46  # server -> coord {g}: it aggregates over generation g's workers

@@ -35,6 +35,8 @@ FIRST_RID = 1 << 40
 _REPLICATE = int(Data.REPLICATE)
 _FAILOVER = int(Control.FAILOVER)
 _FAILOVER_ACK = int(Control.FAILOVER_ACK)
+_HOLDINGS = int(Control.HOLDINGS)
+_HELD = int(Control.HELD)
 
 
 class ReplicateHeader(WireHeader):
@@ -200,6 +202,53 @@ def failover_ack(*, epoch: int) -> FailoverAckHeader:
 def read_failover_ack(header: Header) -> FailoverAckHeader:
     fields(header, (("e", int),))
     return cast(FailoverAckHeader, header)
+
+
+class HoldingsHeader(WireHeader):
+    """HOLDINGS, coordinator -> server: a server died while chunks moved to map ``e``;
+    which chunks do you hold? Answered :func:`held`."""
+
+    e: int
+
+
+def holdings(*, epoch: int) -> HoldingsHeader:
+    return {"o": _HOLDINGS, "e": epoch}
+
+
+def read_holdings(header: Header) -> HoldingsHeader:
+    fields(header, (("e", int),))
+    return cast(HoldingsHeader, header)
+
+
+class HeldHeader(WireHeader):
+    """HELD, server -> coordinator, answering HOLDINGS ``e``: ``h``, each chunk it holds
+    (owned, a backup's copy, or a copy a new map took from it) and the rounds applied
+    to the newest of them."""
+
+    e: int
+    h: list[list[int]]  # [[chunk id, rounds applied], ...]
+
+
+def held(*, epoch: int, rounds: dict[int, int]) -> HeldHeader:
+    return {"o": _HELD, "e": epoch, "h": [[c, k] for c, k in sorted(rounds.items())]}
+
+
+def read_held(header: Header, chunks: int) -> tuple[int, dict[int, int]]:
+    """A HELD's epoch and rounds by chunk. Raises a MALFORMED :class:`ProtocolError`
+    for pairs that are not ``[chunk id < chunks, round >= 0]``."""
+    fields(header, (("e", int), ("h", list)))
+    rounds: dict[int, int] = {}
+    for pair in header["h"]:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(type(x) is int for x in pair)
+            or not 0 <= pair[0] < chunks
+            or pair[1] < 0
+        ):
+            raise ProtocolError(ErrorCode.MALFORMED.value, f"HELD: a bad pair {pair!r}")
+        rounds[pair[0]] = pair[1]
+    return header["e"], rounds
 
 
 def read_backups(header: Header | Any, chunks: int) -> list[int]:

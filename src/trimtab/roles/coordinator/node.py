@@ -147,6 +147,7 @@ class Coordinator(MemberLoss):
             Control.LOAD: (self._on_load, server),
             Control.WORKERS_ACK: (self._on_workers_ack, server),
             Control.FAILOVER_ACK: (self._recovery.on_ack, server),
+            Control.HELD: (self._on_held, server),
         }
         self.checkpoints = Checkpoints(config, self._members, self._maps, self._steps)
         self.checkpoints.register(self._open, self._handlers, self._rebalancer, self.abort)
@@ -194,6 +195,11 @@ class Coordinator(MemberLoss):
         thread = threading.Thread(target=self._run_logged, name="trimtab-coordinator", daemon=True)
         thread.start()
         return thread
+
+    def _on_held(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
+        why = self._recovery.on_held(member, header, out)
+        if why is not None:
+            self.abort(why)
 
     def abort(self, why: str) -> None:
         """Abort the job: every node is told to exit. Thread-safe; does not wait."""

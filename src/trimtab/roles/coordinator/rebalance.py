@@ -79,6 +79,7 @@ class Rebalancer:
         #: While this says so (a failover in flight), no migration starts at all.
         self.failing: Callable[[], bool] = lambda: False
         self._held_once = 0  # chunks without a backup when last said (with replicas)
+        self._abandoned: set[int] = set()  # epochs of migrations a failover replaced
 
     def step_boundary(self, clock: int, out: Outbox) -> None:
         """Every worker reported step ``clock - 1``: rotate, or ask PSLD for a new map
@@ -275,6 +276,8 @@ class Rebalancer:
         MAP_GETs waiting for it are answered, and every active worker is sent it
         (MAP_NEWS) to route its next step by, before any of that step's pushes would
         reach an old owner past its cut and come back *moved*."""
+        if header.get("epoch") in self._abandoned:
+            return  # (a server took a map a failover replaced: its ack is moot)
         before = self.migrating
         self.migrating = after = migration.ack(before, rank, header)
         if before is not None and not before.acked and after.acked:
@@ -294,6 +297,16 @@ class Rebalancer:
                 workers = self.members.workers.values()
                 out += [Send(w.peer, news) for w in workers if w.state is MemberState.ACTIVE]
         self._finish_if_done(out)
+
+    def abandon(self) -> Migration | None:
+        """Give up the migration in flight (a server died while it was taken: a
+        failover replaces it), and the role moves planned after it; return it. Late
+        acknowledgements of it are then ignored. Never blocks."""
+        moving, self.migrating, self._wanted = self.migrating, None, None
+        if moving is not None:
+            self._abandoned.add(moving.epoch)
+            log.warning("migration to epoch %d given up: a failover replaces it", moving.epoch)
+        return moving
 
     def on_handed(self, header: Header, out: Outbox) -> None:
         """A server's HANDED: chunks reached their new owners."""

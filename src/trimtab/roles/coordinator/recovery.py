@@ -4,6 +4,11 @@ operation returns the messages to send (and why the job must end, if it must).
 - A worker lost ends the job (elastic workers are not built yet).
 - A server lost, in a job without replicas, ends the job with a message naming the
   chunks that died with it.
+- A server lost while a migration moves roles: the migration is given up, every live
+  server says what it holds and as of which round (HOLDINGS, HELD: a server keeps the
+  copies a map took from it until the next map), and each chunk goes to its newest
+  copy under the failover map (then as below). Unanswered pushes are resent to the new
+  owners and applied once (a round a promoted copy holds is answered, not applied).
 - A server lost, in a job with replicas (``--replicas 1``), is a *failover*: its
   chunks go to their backups and every chunk left without a backup gets a new one
   (:func:`trimtab.policies.replicas.failover`) under a new map epoch. Every live server
@@ -31,6 +36,19 @@ from trimtab.roles.coordinator.outbox import Outbox, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 
 log = logging.getLogger("trimtab.coordinator")
+
+
+@dataclasses.dataclass
+class _Asking:
+    """A death during a migration: the failover map's ``epoch``, the ``dead`` server,
+    the live servers yet to say what they hold (HELD), what each said (chunk ->
+    rounds applied), and the owners the migration given up meant (``meant``)."""
+
+    epoch: int
+    dead: Member
+    waiting: set[int]
+    rounds: dict[int, dict[int, int]]
+    meant: tuple[int, ...]
 
 
 @dataclasses.dataclass
@@ -63,9 +81,11 @@ class Recovery:
         self.replicas = replicas
         maps.replicas = replicas
         if rebalancer is not None:
-            rebalancer.failing = lambda: self.failing is not None
-        #: The failover in flight, if any.
+            rebalancer.failing = lambda: self.failing is not None or self.asking is not None
+        #: The failover in flight, if any, and a death during a migration whose live
+        #: servers are still saying what they hold (before its failover).
         self.failing: Failover | None = None
+        self.asking: _Asking | None = None
         #: Failovers completed (published).
         self.failovers = 0
 
@@ -88,17 +108,32 @@ class Recovery:
                 lost_message(member, why, current) + ". They had no replica and are lost: "
                 "run with --replicas 1 to survive a server's death."
             )
-        if self.failing is not None:
-            return f"{who} {why} during the failover to map {self.failing.epoch}; stopping the job"
-        moving = self._rebalancer.migrating if self._rebalancer is not None else None
-        if moving is not None:
-            # Its new backups may not hold their chunks yet: which copy is the newest is
-            # not known here, so nothing is promoted on a guess.
-            return (
-                f"{who} {why} while chunks moved to map {moving.epoch} (new backups still "
-                "being filled); stopping the job"
-            )
+        pending = self.failing or self.asking
+        if pending is not None:
+            return f"{who} {why} during the failover to map {pending.epoch}; stopping the job"
         live = [m.rank for m in self._members.servers if not m.finished and m is not member]
+        moving = self._rebalancer.abandon() if self._rebalancer is not None else None
+        if moving is not None:
+            # Chunks were changing hands (roles: a chunk onto its backup, or a new
+            # backup being filled): which copy of each is newest is not known here.
+            # Every live server says what it holds, and as of which round (HOLDINGS).
+            member.move(MemberState.LOST)
+            epoch = max(self._maps.epoch, moving.epoch) + 1
+            self.asking = _Asking(epoch, member, set(live), {}, moving.owners)
+            log.error(
+                "%s %s while chunks moved to map %d: asking the %d live servers which "
+                "copies they hold (failover map %d)",
+                who,
+                why,
+                moving.epoch,
+                len(live),
+                epoch,
+            )
+            if not live:
+                return f"{who} {why}: no server is left; stopping the job"
+            query = replica.holdings(epoch=epoch)
+            out += [Send(self._members.servers[r].peer, query) for r in live]
+            return None
         owners, backups, lost = replicas.failover(
             current.owners, self._maps.backups, self._maps.sizes, member.rank, live
         )
@@ -108,26 +143,87 @@ class Recovery:
                 "once; stopping the job"
             )
         member.move(MemberState.LOST)
-        epoch = self._maps.epoch + 1
-        self._maps.backups = backups
-        self.failing = Failover(epoch, tuple(owners), set(live))
         log.error(
             "%s %s: its %d chunks go to their backups under map epoch %d",
             who,
             why,
             len(owned),
-            epoch,
+            self._maps.epoch + 1,
         )
+        self._fail_over(member, self._maps.epoch + 1, owners, backups, live, out)
+        return None
+
+    def on_held(self, member: Member, header: Header, out: Outbox) -> str | None:
+        """A server's HELD: once every live server said what it holds, each of the dead
+        server's chunks (every chunk: the map was changing) goes to the live server
+        holding its newest copy (the most rounds applied; ties: the owner the migration
+        meant, then the one before), and the failover proceeds as for any death.
+        Returns why the job must end (a chunk no live server holds), else None. Raises
+        MALFORMED or BAD_STATE :class:`ProtocolError` for a bad or unasked HELD."""
+        epoch, rounds = replica.read_held(header, len(self._maps.sizes))
+        asking = self.asking
+        if asking is None or epoch != asking.epoch or member.rank not in asking.waiting:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, f"no HOLDINGS of map {epoch} asked")
+        asking.waiting.discard(member.rank)
+        asking.rounds[member.rank] = rounds
+        if asking.waiting:
+            return None
+        self.asking = None
+        current = self._maps.map
+        before = current.owners if current is not None else asking.meant
+        owners: list[int] = []
+        lost: list[int] = []
+        for cid in range(len(self._maps.sizes)):
+            holders = {s: r[cid] for s, r in asking.rounds.items() if cid in r}
+            if not holders:
+                lost.append(cid)
+                owners.append(asking.meant[cid])
+                continue
+            newest = max(holders.values())
+            preferred = [asking.meant[cid], before[cid], *sorted(holders)]
+            owners.append(next(s for s in preferred if holders.get(s) == newest))
+        dead = asking.dead
+        if lost:
+            return (
+                f"server {dead.rank} died while chunks moved, and no live server holds "
+                f"chunks {_ranges(lost)}; stopping the job"
+            )
+        live = sorted(asking.rounds)
+        backups = replicas.backups(owners, self._maps.sizes, live, keep=self._maps.backups)
+        moved = sum(a != b for a, b in zip(owners, before, strict=False))
+        log.error(
+            "server %d's chunks, and every chunk on the move, go to the newest copies "
+            "under map epoch %d (%d chunks change owner)",
+            dead.rank,
+            asking.epoch,
+            moved,
+        )
+        self._fail_over(dead, asking.epoch, owners, backups, live, out)
+        return None
+
+    def _fail_over(
+        self,
+        dead: Member,
+        epoch: int,
+        owners: list[int],
+        backups: list[int],
+        live: list[int],
+        out: Outbox,
+    ) -> None:
+        """Send the failover map ``epoch`` (``owners``, ``backups``) to the ``live``
+        servers and the notice of ``dead`` to the workers; it is published once every
+        live server acknowledged it."""
+        self._maps.backups = backups
+        self.failing = Failover(epoch, tuple(owners), set(live))
         servers = [m.addr for m in self._members.servers]
         to_servers = replica.failover(
-            epoch=epoch, dead=member.rank, owners=owners, backups=backups, servers=servers
+            epoch=epoch, dead=dead.rank, owners=owners, backups=backups, servers=servers
         )
         out += [Send(self._members.servers[r].peer, to_servers) for r in live]
-        notice = replica.failover_notice(epoch=epoch, dead=member.addr)
+        notice = replica.failover_notice(epoch=epoch, dead=dead.addr)
         out += [Send(w.peer, notice) for w in self._members.workers.values() if not w.finished]
         if not live:
             out += self._publish()
-        return None
 
     def on_ack(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         """A server's FAILOVER_ACK: once every live server took the failover map, it is

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ChunkMoved, JobAborted, ProtocolError
-from trimtab.protocol import elastic, headers
+from trimtab.protocol import elastic, headers, replica
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -297,6 +297,10 @@ class Server:
             self._stop = True
         elif op == Control.FAILOVER:
             self._replicas.failover(header)
+        elif op == Control.HOLDINGS:
+            epoch = replica.read_holdings(header)["e"]
+            rounds = self._replicas.replicas.holdings()
+            self._loop.send(self._coord, replica.held(epoch=epoch, rounds=rounds))
         elif op == Control.ABORT:
             self._abort = headers.read_abort(header)["why"]
             self._stop = True

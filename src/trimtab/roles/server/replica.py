@@ -94,7 +94,10 @@ class Replicas:
     Attributes:
         backup_of: each chunk's backup server (-1: none); empty without replicas.
         copies: the chunks this server backs up, by id (as of their last REPLICATE,
-            whose bytes may still be in their primary's arena: :meth:`copy_of`).
+            whose bytes may still be in their primary's arena).
+        retired: copies (and chunks) the last map took from this server, kept until
+            the next one: should a server die while that map is being taken, one of
+            them may be a chunk's newest copy (:meth:`holdings`).
         fence: the epoch of the last failover map taken (0: none yet).
         in_flight: REPLICATEs not yet acknowledged, by request id.
     """
@@ -106,6 +109,7 @@ class Replicas:
         store.arenas.close_with(self.arenas.close)
         self.backup_of: list[int] = []
         self.copies: dict[int, Chunk] = {}
+        self.retired: dict[int, Chunk] = {}
         # Copies whose last REPLICATE came through shared memory: its header and frames
         # (views of the primary's arena), read into the copy only if it is promoted.
         self._unread: dict[int, tuple[replica.ReplicateHeader, torch.Tensor, list[memoryview]]]
@@ -133,6 +137,7 @@ class Replicas:
             "replicated": self.replicated,
             "replicated_shared": self.shared,
             "copies": len(self.copies),
+            "retired": len(self.retired),
             "promoted": self.promoted,
             "fence": self.fence,
         }
@@ -322,12 +327,13 @@ class Replicas:
         self.fence = epoch
         self.backup_of = backups
         moved: Moved = []
+        retired, self.retired = self.retired, {}
         for cid in [c for c in store.chunks if c < len(owners) and owners[c] != store.index]:
             moved += [(peer, rid, cid) for peer, rid in self.demote(cid)]
         store.owners = owners
         for cid, owner in enumerate(owners):
             if owner == store.index and cid not in store.chunks:
-                copy = self.copies.pop(cid, None)
+                copy = self._newest(cid, retired)
                 if copy is not None:
                     self._read_out(cid, copy)
                 else:
@@ -338,10 +344,12 @@ class Replicas:
                     copy = store.new_chunk(store.specs[cid])
                 store.chunks[cid] = copy
                 self.promoted += 1
+        for cid in retired:  # (the map before the last one's: nobody's newest now)
+            if cid not in self.copies and cid not in self.retired:
+                self._unread.pop(cid, None)
+                self.arenas.unmap(cid)
         for cid in [c for c in self.copies if self.backup(c) != store.index]:
-            del self.copies[cid]
-            self._unread.pop(cid, None)
-            self.arenas.unmap(cid)
+            self.retired[cid] = self.copies.pop(cid)
         changed = [
             cid
             for cid in store.chunks
@@ -377,9 +385,11 @@ class Replicas:
         chunk.arrived.clear()
         chunk.any_grad = chunk.mean_only = False
         chunk.scale = chunk.weight_sum = 0.0
+        self._unread.pop(cid, None)  # (none: a copy promoted was read out)
         if self.backup(cid) == self.store.index:
-            self._unread.pop(cid, None)  # (none: a copy promoted was read out)
             self.copies[cid] = chunk
+        else:
+            self.retired[cid] = chunk  # until the next map: see holdings()
         return waiting
 
     def resync(self, cid: int) -> tuple[list[Release], Waiting]:
@@ -394,6 +404,23 @@ class Replicas:
             waiting += flight.waiting
         self._forget_slots(cid)
         return releases, waiting
+
+    def holdings(self) -> dict[int, int]:
+        """Each chunk this server holds, owned, as a copy or retired, and the rounds
+        applied to the newest of them: for HELD, where a server died while a map was
+        being taken and the coordinator looks for each chunk's newest copy. Never
+        blocks."""
+        rounds: dict[int, int] = {}
+        for held in (self.retired, self.copies, self.store.chunks):
+            for cid, chunk in held.items():
+                rounds[cid] = max(rounds.get(cid, 0), chunk.round)
+        return rounds
+
+    def _newest(self, cid: int, retired: dict[int, Chunk]) -> Chunk | None:
+        """Chunk ``cid``'s copy here (a backup's, or one ``retired`` by the map before:
+        never both, a backup's copy is never retired), taken off; None if neither."""
+        copy = self.copies.pop(cid, None)
+        return copy if copy is not None else retired.pop(cid, None)
 
     def _forget_slots(self, cid: int) -> None:
         """Chunk ``cid``'s replications were taken off unacknowledged: which arena its
