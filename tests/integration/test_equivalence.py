@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,62 +52,116 @@ def _train(
     _run(config, command, env)
 
 
-CASES = [
-    # (optimizer, per-worker batch sizes, servers): unequal sizes sum to the global batch.
-    # Over TCP, one case of each optimizer mode; the whole matrix of sizes, servers and
-    # optimizers runs on the in-process cluster (tests/unit/test_roles_inproc.py), where
-    # the same roles run without the processes' start (4 s a job on 2 cores).
-    ("sgd", (10, 3, 11), 2),
-    ("adam", (17, 7), 1),
-    ("rmsprop-sum", (9, 15), 2),
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A BSP case run by equiv_worker.py ``--cases``: the optimizer, each worker's batch
+    size (unequal sizes sum to the global batch), and what its job is."""
+
+    optimizer: str
+    sizes: tuple[int, ...]
+    servers: int = 2
+    rebalance_every: int = 0  # forced migrations of every chunk every N steps (0: none)
+    overlap: bool = False  # DistributedOptimizer(model=...): the forward waits per module
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """What its job is (workers, servers, migrations): the cases of one shape share
+        a job."""
+        return len(self.sizes), self.servers, self.rebalance_every
+
+    @property
+    def argument(self) -> str:
+        sizes = ",".join(map(str, self.sizes))
+        return f"{self.optimizer}:{sizes}{':overlap' if self.overlap else ''}"
+
+    @property
+    def directory(self) -> str:  # where equiv_worker.py writes the case's files
+        return self.argument.replace(":", "-").replace(",", "x")
+
+
+#: Over TCP, one case of each optimizer mode; the whole matrix of sizes, servers and
+#: optimizers runs on the in-process cluster (tests/unit/test_roles_inproc.py), where
+#: the same roles run without the processes' start (4 s a job on 2 cores).
+BSP_CASES = [
+    Case("sgd", (10, 3, 11)),
+    Case("adam", (17, 7), servers=1),
+    Case("rmsprop-sum", (9, 15)),
+]
+#: step() only sends, each module's forward waits for its own parameters.
+OVERLAP_CASES = [
+    Case("sgd", (5, 19), overlap=True),
+    Case("adam", (4, 9, 11), rebalance_every=3, overlap=True),
 ]
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Case], tuple[Path, str]]:
+    """Runs BSP_CASES and OVERLAP_CASES, one job per shape (a process costs more than its
+    20 steps): the first test of a shape runs every case of it, one after the other, and
+    each test reads its own case's files. Returns, for a case, the directory of its
+    files and the id of its job (whose stats.json, beside that directory, is the whole
+    job's)."""
+    root = tmp_path_factory.mktemp("equiv")
+    jobs: dict[tuple[int, int, int], tuple[Path, str]] = {}
+
+    def run(case: Case) -> tuple[Path, str]:
+        if case.shape not in jobs:
+            workers, servers, every = case.shape
+            config = LaunchConfig(
+                workers=workers, servers=servers, chunk_bytes=512, rebalance_every=every
+            )
+            out = root / "{}w{}s-migrate{}".format(*case.shape)
+            out.mkdir()
+            together = [c.argument for c in BSP_CASES + OVERLAP_CASES if c.shape == case.shape]
+            _run(config, [sys.executable, str(SCRIPT), "--cases", str(out), *together])
+            jobs[case.shape] = out, config.job
+        out, job = jobs[case.shape]
+        return out / case.directory, job
+
+    return run
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("optimizer", "sizes", "servers"),
-    CASES,
-    ids=[f"{o}-{len(b)}w{s}s-{'x'.join(map(str, b))}" for o, b, s in CASES],
+    "case",
+    BSP_CASES,
+    ids=[
+        f"{c.optimizer}-{len(c.sizes)}w{c.servers}s-{'x'.join(map(str, c.sizes))}"
+        for c in BSP_CASES
+    ],
 )
 def test_bsp_over_tcp_matches_one_process(
-    tmp_path: Path, optimizer: str, sizes: tuple[int, ...], servers: int
+    trained: Callable[[Case], tuple[Path, str]], case: Case
 ) -> None:
-    config = LaunchConfig(workers=len(sizes), servers=servers, chunk_bytes=512)
-    _train(config, optimizer, sizes, tmp_path)
-    expected = reference(Setup(optimizer, sizes))
-    for rank in range(len(sizes)):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    out, job = trained(case)
+    expected = reference(Setup(case.optimizer, case.sizes))
+    for rank in range(len(case.sizes)):
+        got = torch.load(out / f"rank{rank}.pt")
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
-    assert processes_of(config.job) == []
-
-
-OVERLAP_CASES = [("sgd", (5, 19), 0), ("adam", (4, 9, 11), 3)]
+    assert processes_of(job) == []
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("optimizer", "sizes", "rebalance_every"),
+    "case",
     OVERLAP_CASES,
-    ids=[f"{o}-{len(b)}w-migrate{m}" for o, b, m in OVERLAP_CASES],
+    ids=[f"{c.optimizer}-{len(c.sizes)}w-migrate{c.rebalance_every}" for c in OVERLAP_CASES],
 )
 def test_forward_waiting_per_module_matches_one_process(
-    tmp_path: Path, optimizer: str, sizes: tuple[int, ...], rebalance_every: int
+    trained: Callable[[Case], tuple[Path, str]], case: Case
 ) -> None:
     """``DistributedOptimizer(model=...)``: step() only sends, each module's forward
     waits for its own parameters (answers that may have to follow a migrated chunk),
     the final ``state_dict()`` waits for the rest: still the one-process parameters."""
-    config = LaunchConfig(
-        workers=len(sizes), servers=2, chunk_bytes=512, rebalance_every=rebalance_every
-    )
-    _train(config, optimizer, sizes, tmp_path, env={"EQUIV_OVERLAP": "1"})
-    expected = reference(Setup(optimizer, sizes))
-    for rank in range(len(sizes)):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    out, job = trained(case)
+    expected = reference(Setup(case.optimizer, case.sizes))
+    for rank in range(len(case.sizes)):
+        got = torch.load(out / f"rank{rank}.pt")
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
-    if rebalance_every:
-        stats = json.loads((tmp_path / "stats.json").read_text())
+    if case.rebalance_every:
+        stats = json.loads((out.parent / "stats.json").read_text())
         assert stats["job"]["migrations"] > 0  # chunks moved under the waiting forwards
-    assert processes_of(config.job) == []
+    assert processes_of(job) == []
 
 
 COMPRESSION_CASES = [("sgd", (5, 19), "fp16"), ("adam", (12, 12), "bf16")]

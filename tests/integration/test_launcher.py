@@ -236,7 +236,7 @@ def _processes_marked(mark: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if needle in environ.split(b"\\0"):
+        if needle in environ.split(b"\0"):
             found.append(int(entry.name))
     return found
 
