@@ -238,6 +238,42 @@ def test_a_departed_lane_peer_is_forgotten_and_a_broken_lane_reconnects() -> Non
         server.close()
 
 
+@lane_only
+def test_closing_drops_at_once_what_waits_for_a_peer_whose_process_ended() -> None:
+    """A peer's lane broke (its process ended) and a later send fell back to ZeroMQ,
+    whose handshake nobody answers: closing does not wait out the linger for it (2 s,
+    which every survivor of a killed server paid at its end), while a message to a live
+    peer still leaves as the transport closes."""
+    import secrets
+
+    from trimtab.transport.auth import JobKey
+
+    key = JobKey(secrets.token_bytes(32))
+    live = ZmqTransport(bind=True, lane=True, auth=key)
+    doomed = ZmqTransport(bind=True, lane=True, auth=key)
+    client = ZmqTransport(bind=False, lane=True, auth=key)
+    try:
+        to_doomed = client.connect(doomed.address)
+        client.send(to_doomed, [b"hello"])
+        _recv(doomed, client)
+        doomed.close()  # as a killed process's lane: broken
+        deadline = time.monotonic() + 10
+        while to_doomed not in client.lost():
+            assert client.recv(0.05) is None and time.monotonic() < deadline
+        to_live = client.connect(live.address)
+        client.send(to_live, [b"first words"])
+        _recv(live, client)
+        client.send(to_doomed, [b"to nobody"])  # its lane is gone: through ZeroMQ
+        client.send(to_live, [b"last words"])
+        started = time.monotonic()
+        client.close()
+        assert time.monotonic() - started < 1.0  # (the linger it no longer waits: 2 s)
+        assert bytes(_recv(live).frames[0]) == b"last words"
+    finally:
+        client.close()
+        live.close()
+
+
 # -- polling before sleeping (TRIMTAB_SPIN_US) ------------------------------------------
 
 

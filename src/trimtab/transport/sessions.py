@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Collection
 
 from trimtab.transport.auth import (
     CHALLENGE_BYTES,
@@ -65,6 +66,15 @@ class ZmqSessions:
     def waiting(self) -> bool:
         """Whether messages wait for a handshake to finish."""
         return any(self._waiting.values())
+
+    def waiting_besides(self, skip: Collection[str]) -> bool:
+        """Whether messages to an address not in ``skip`` wait for a handshake."""
+        return any(frames for address, frames in self._waiting.items() if address not in skip)
+
+    def established(self, address: str) -> bool:
+        """Whether our connection to ``address`` finished its handshake (always, without
+        a key: there is none)."""
+        return self._key is None or address in self._out
 
     # -- our connections (DEALER) ------------------------------------------------------
 

@@ -473,9 +473,14 @@ class ZmqTransport(Transport):
         if self._closed:
             return
         deadline = time.monotonic() + linger_s  # one grace period for all, as ZeroMQ's
+        # Peers whose lane broke (their process ended) and that no handshake reached
+        # since: what waits for them is dropped, not lingered over (it cannot leave).
+        gone = {
+            a for a in self._lost if a not in self._lane_out and not self._sessions.established(a)
+        }
         # Messages that wait for a handshake leave only as our recv finishes it.
         while time.monotonic() < deadline and (
-            self._sessions.waiting or any(c.waiting for c in self._lane_fds.values())
+            self._sessions.waiting_besides(gone) or any(c.waiting for c in self._lane_fds.values())
         ):
             self.recv(0.02)
         self._closed = True
@@ -489,8 +494,10 @@ class ZmqTransport(Transport):
             self._listener = None
         for watch in self._watches.values():
             watch.close()
-        for sock in [*self._dealers.values(), *([self._router] if self._router else [])]:
-            sock.close(linger=int(linger_s * 1000))
+        for address, dealer in self._dealers.items():
+            dealer.close(linger=0 if address in gone else int(linger_s * 1000))
+        if self._router is not None:
+            self._router.close(linger=int(linger_s * 1000))
         self._dealers.clear()
         self._router = None
         self._shared.release()
