@@ -8,6 +8,10 @@ driven through its flags and judged from its outputs, :mod:`.faultjob`):
   joining at 5/8 (``--fault server:1:kill@T1 worker:1:kill@T2 worker:+1@T3``);
 - ``three_servers``: three server kills in one run, of 5 servers (so that two remain to
   hold each chunk and its re-created backup);
+- ``migrating``: every chunk's roles move every 4 steps (``--rebalance-every 4``), and a
+  server dies as a migration reaches it at 1/4 of the run
+  (``--fault server:1:kill@T1:migrating``): the coordinator finds each chunk's newest
+  copy;
 - ``replicas_cost``: the same job without faults, with and without ``--replicas 1``;
   ``step_ratio`` is the median step time with replicas over without.
 
@@ -28,8 +32,9 @@ import sys
 from typing import Any
 
 
-def scenarios(steps: int) -> dict[str, tuple[list[str], int]]:
-    """Name -> (fault specs, servers) of each fault run of ``steps`` steps."""
+def scenarios(steps: int) -> dict[str, tuple[list[str], int, list[str]]]:
+    """Name -> (fault specs, servers, flags besides :data:`JOB_FLAGS`) of each fault run
+    of ``steps`` steps."""
     q = steps // 4
     return {
         "mixed": (
@@ -37,12 +42,16 @@ def scenarios(steps: int) -> dict[str, tuple[list[str], int]]:
             # Python and torch and reach a step boundary before the job ends.
             [f"server:1:kill@{q}", f"worker:1:kill@{2 * q}", f"worker:+1@{2 * q + q // 2}"],
             3,
+            [],
         ),
         # Five servers, so that two remain to hold a chunk and its re-created backup.
         "three_servers": (
             [f"server:1:kill@{q}", f"server:2:kill@{2 * q}", f"server:0:kill@{3 * q}"],
             5,
+            [],
         ),
+        # Roles move every 4 steps; the server dies as the first move after T1 reaches it.
+        "migrating": ([f"server:1:kill@{q}:migrating"], 3, ["--rebalance-every", "4"]),
     }
 
 
@@ -58,14 +67,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = JOB_FLAGS
     out: dict[str, Any] = {"workers": 2, "servers": 3, "steps": args.steps, "runs": {}}
     wanted = args.runs.split(",")
-    for name, (faults, servers) in scenarios(args.steps).items():
+    for name, (faults, servers, flags) in scenarios(args.steps).items():
         if name not in wanted:
             continue
-        _say(f"{name}: {servers} servers, --fault {' '.join(faults)}")
+        _say(f"{name}: {servers} servers, --fault {' '.join(faults)} {' '.join(flags)}")
         seen = run_job(
             args.steps,
             faults,
-            base,
+            [*base, *flags],
             servers=servers,
             pause_s=args.pause,
             hidden=args.hidden,
@@ -100,8 +109,8 @@ def _say(text: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs",
-        default="mixed,three_servers,replicas_cost",
-        help="comma-separated subset of mixed, three_servers, replicas_cost",
+        default="mixed,three_servers,migrating,replicas_cost",
+        help="comma-separated subset of mixed, three_servers, migrating, replicas_cost",
     )
     p.add_argument("--steps", type=int, default=80, help="steps per run (80)")
     p.add_argument(
