@@ -39,6 +39,7 @@ from typing import TypeVar
 from trimtab.errors import ConfigError
 from trimtab.launch import tcprate
 from trimtab.launch.netns import call_in
+from trimtab.transport.hostid import process_running
 
 __all__ = [
     "PREFIX",
@@ -106,16 +107,6 @@ def unavailable() -> str | None:
     if not (cap >> _CAP_NET_ADMIN & 1 and cap >> _CAP_SYS_ADMIN & 1):
         return "making network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
     return None
-
-
-def _owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +185,7 @@ def list_beds() -> list[BedInfo]:
         addresses = [h.address for h in hosts if h.address]
         subnet = str(ipaddress.ip_network(f"{addresses[0]}/24", strict=False)) if addresses else ""
         bed = f"{PREFIX}{owner}{letter}"
-        beds.append(BedInfo(bed, owner, _owner_alive(owner), tuple(hosts), subnet))
+        beds.append(BedInfo(bed, owner, process_running(owner), tuple(hosts), subnet))
     return beds
 
 

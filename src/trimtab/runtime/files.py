@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from trimtab.transport.hostid import process_running
+
 #: The checksum of a checkpoint's files (``hashlib``'s name): written with each file,
 #: checked before a job resumes from it.
 CHECKSUM = "sha256"
@@ -91,7 +93,7 @@ def remove_stale_temporaries(root: Path) -> list[Path]:
             continue
         for path in names:
             pid = path.name[: -len(".tmp")].rpartition(".")[2]
-            if not pid.isdigit() or _running(int(pid)):
+            if not pid.isdigit() or process_running(int(pid)):
                 continue
             try:
                 path.unlink()
@@ -99,14 +101,3 @@ def remove_stale_temporaries(root: Path) -> list[Path]:
                 continue
             removed.append(path)
     return removed
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists here (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

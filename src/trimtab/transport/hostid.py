@@ -21,7 +21,7 @@ import ipaddress
 import os
 import socket
 
-__all__ = ["host_id", "is_own_address"]
+__all__ = ["host_id", "is_own_address", "process_running"]
 
 
 @functools.cache
@@ -59,4 +59,16 @@ def is_own_address(host: str) -> bool:
             probe.bind((str(ip), 0))
     except OSError:
         return False
+    return True
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (another user's counts): how a file
+    or an arena named after its maker's pid tells a live maker from one that is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
     return True

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from trimtab.transport.hostid import host_id, is_own_address
+from trimtab.transport.hostid import host_id, is_own_address, process_running
 
 log = logging.getLogger("trimtab.shm")
 
@@ -239,16 +239,6 @@ def owner_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
-
-
 def remove_stale_arenas(shm_dir: Path = SHM_DIR) -> list[str]:
     """Remove the arenas whose owner process is gone (a worker killed outright, or a
     launcher's: SIGKILL leaves no chance to clean up); returns their names. Each new
@@ -258,7 +248,7 @@ def remove_stale_arenas(shm_dir: Path = SHM_DIR) -> list[str]:
     with contextlib.suppress(OSError):
         for path in shm_dir.glob("trimtab-*"):
             pid = owner_of(path.name)
-            if pid is not None and pid != os.getpid() and _gone(pid):
+            if pid is not None and pid != os.getpid() and not process_running(pid):
                 with contextlib.suppress(OSError):  # another process removed it first
                     path.unlink()
                     removed.append(path.name)
