@@ -274,6 +274,28 @@ def test_closing_drops_at_once_what_waits_for_a_peer_whose_process_ended() -> No
         live.close()
 
 
+def test_closing_drops_at_once_what_waits_for_an_address_nobody_listens_on() -> None:
+    """A server started as its job ended sends REGISTER to a coordinator that is gone:
+    no connection ever comes up, and closing does not linger for it (it waited 4 s)."""
+    import secrets
+
+    from trimtab.transport.auth import JobKey
+
+    key = JobKey(secrets.token_bytes(32))
+    with socket.socket() as s:  # a free port, closed again: nobody listens there
+        s.bind(("127.0.0.1", 0))
+        nobody = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    node = ZmqTransport(bind=True, lane=True, auth=key)
+    try:
+        node.send(node.connect(nobody), [b"register"])
+        assert node.recv(1.2) is None  # (a connection up within 1 s was not refused)
+        started = time.monotonic()
+        node.close()
+        assert time.monotonic() - started < 1.0  # (the linger it no longer waits: 4 s)
+    finally:
+        node.close()
+
+
 # -- polling before sleeping (TRIMTAB_SPIN_US) ------------------------------------------
 
 

@@ -5,7 +5,8 @@ draft option, not built into pyzmq's libzmq). Its socket monitor does report eac
 ``DISCONNECTED`` connection, by file descriptor; and each message received says which
 descriptor it came through (``SRCFD``). A :class:`DisconnectWatch` joins the two: the
 descriptor of each peer's first message, then the peer whose descriptor disconnected.
-A DEALER has one peer, so its monitor's ``DISCONNECTED`` names that peer outright.
+A DEALER has one peer, so its monitor's ``DISCONNECTED`` names that peer outright, and
+its ``CONNECTED`` says whether its connection ever came up (:attr:`connected`).
 
 Not thread-safe: the transport's owning thread uses it. Nothing blocks.
 """
@@ -13,6 +14,7 @@ Not thread-safe: the transport's owning thread uses it. Nothing blocks.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -30,7 +32,12 @@ class DisconnectWatch:
     """
 
     def __init__(self, sock: zmq.Socket[bytes], peer: Peer | None = None) -> None:
-        self.monitor: zmq.Socket[bytes] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_CONNECTED if peer is not None else 0)
+        self.monitor: zmq.Socket[bytes] = sock.get_monitor_socket(events)
+        #: A DEALER's: whether its connection came up, as of the last :meth:`closed`,
+        #: and when the watch began (``time.monotonic()``).
+        self.connected = False
+        self.since = time.monotonic()
         self._sock = sock
         self._peer = peer
         self._by_fd: dict[int, Peer] = {}
@@ -63,6 +70,9 @@ class DisconnectWatch:
             except zmq.Again:
                 return gone
             event = parse_monitor_message(message)
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self.connected = True
+                continue
             if event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
             if self._peer is not None:

@@ -81,6 +81,9 @@ log = logging.getLogger("trimtab.transport")
 _BURST = 64
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
+#: A ZeroMQ connection not up this long after it was made has nobody listening (on a
+#: loopback or a LAN it comes up within milliseconds): closing does not linger for it.
+_CONNECT_S = 1.0
 
 
 class ZmqTransport(Transport):
@@ -142,6 +145,7 @@ class ZmqTransport(Transport):
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
         self._dealer_address: dict[zmq.Socket[bytes], str] = {}
+        self._dealer_watch: dict[str, DisconnectWatch] = {}
         self._ready: collections.deque[Envelope] = collections.deque()
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
@@ -230,7 +234,7 @@ class ZmqTransport(Transport):
             self._dealer_peer[dealer] = out_peer(address)
             self._dealer_address[dealer] = address
             self._poller.register(dealer, zmq.POLLIN)
-            self._watch(DisconnectWatch(dealer, out_peer(address)))
+            self._dealer_watch[address] = self._watch(DisconnectWatch(dealer, out_peer(address)))
             hello = self._sessions.opened(address)
             if hello is not None:
                 dealer.send_multipart(hello)
@@ -474,9 +478,17 @@ class ZmqTransport(Transport):
             return
         deadline = time.monotonic() + linger_s  # one grace period for all, as ZeroMQ's
         # Peers whose lane broke (their process ended) and that no handshake reached
-        # since: what waits for them is dropped, not lingered over (it cannot leave).
+        # since, and those a ZeroMQ connection never reached (nobody listens: a process
+        # that ended, or never began): what waits for them cannot leave, so it is dropped,
+        # not lingered over.
+        for watch in self._dealer_watch.values():
+            self._gone.extend(watch.closed())  # (its last events: did it connect?)
         gone = {
             a for a in self._lost if a not in self._lane_out and not self._sessions.established(a)
+        } | {
+            a
+            for a, w in self._dealer_watch.items()
+            if not w.connected and time.monotonic() - w.since > _CONNECT_S
         }
         # Messages that wait for a handshake leave only as our recv finishes it.
         while time.monotonic() < deadline and (
@@ -499,6 +511,7 @@ class ZmqTransport(Transport):
         if self._router is not None:
             self._router.close(linger=int(linger_s * 1000))
         self._dealers.clear()
+        self._dealer_watch.clear()
         self._router = None
         self._shared.release()
         for fd in (self._wake_r, self._wake_w):
