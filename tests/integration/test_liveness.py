@@ -57,23 +57,7 @@ class HandJob:
     def start(self, mode: str, steps: int, server_flags: tuple[str, ...] = ()) -> None:
         base = [sys.executable, "-m", "trimtab"]
         address_file = self.tmp / "address"
-        self._spawn(
-            "coordinator",
-            [
-                *base,
-                "coordinator",
-                "--workers",
-                str(self.workers),
-                "--servers",
-                str(self.servers),
-                "--job",
-                self.job,
-                "--chunk-bytes",
-                "128",
-                "--address-file",
-                str(address_file),
-            ],
-        )
+        self._spawn("coordinator", [*self._coordinator_argv(), "--address-file", str(address_file)])
         deadline = time.monotonic() + 60
         while not address_file.exists():
             assert time.monotonic() < deadline, "the coordinator did not start"
@@ -87,6 +71,30 @@ class HandJob:
             env = {**self.env, "TRIMTAB_COORDINATOR": address, "TRIMTAB_JOB": self.job}
             env["TRIMTAB_RANK"] = str(rank)
             self._spawn(f"worker {rank}", [sys.executable, str(WORKER), mode, str(steps)], env)
+
+    def restart_coordinator(self) -> None:
+        """Start a coordinator replacing the (dead) first one: same job, same port,
+        ``--rejoin``."""
+        address = (self.tmp / "address").read_text().strip()
+        os.rename(self.tmp / "coordinator.log", self.tmp / "coordinator-first.log")
+        argv = [*self._coordinator_argv(), "--port", address.rsplit(":", 1)[1], "--rejoin"]
+        self._spawn("coordinator", argv)
+
+    def _coordinator_argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "trimtab",
+            "coordinator",
+            "--workers",
+            str(self.workers),
+            "--servers",
+            str(self.servers),
+            "--job",
+            self.job,
+            "--chunk-bytes",
+            "128",
+        ]
 
     def output(self, name: str) -> str:
         return (self.tmp / f"{name.replace(' ', '-')}.log").read_text(errors="replace")
@@ -194,8 +202,12 @@ def test_a_killed_worker_ends_the_job_within_seconds(hand_job: HandJob) -> None:
 
 
 @pytest.mark.timeout(180)
-@paths(servers=1)
-def test_a_killed_coordinator_gives_workers_job_aborted(hand_job: HandJob) -> None:
+def test_a_killed_coordinator_nobody_replaces_gives_workers_job_aborted(
+    hand_job: HandJob,
+) -> None:
+    # Members wait TRIMTAB_COORDINATOR_TIMEOUT_S for a replacement (a launcher starts
+    # one; by hand, nobody did), then end as before failover existed.
+    hand_job.env["TRIMTAB_COORDINATOR_TIMEOUT_S"] = "3"
     hand_job.start("train", steps=100_000)
     hand_job.wait_for("READY", ["worker 0", "worker 1"])
     killed = time.time()
@@ -206,9 +218,30 @@ def test_a_killed_coordinator_gives_workers_job_aborted(hand_job: HandJob) -> No
         out = hand_job.output(f"worker {rank}")
         assert "KeyError" not in out, out
         assert hand_job.aborted_within(f"worker {rank}", killed) < BOUND_S
-        assert "coordinator" in out.split("ABORTED")[1], out
+        assert "no coordinator replaced it within 3s" in out.split("ABORTED")[1], out
         assert statuses[f"worker {rank}"] == 7
     assert [statuses[f"server {s}"] for s in range(hand_job.servers)] == [1] * hand_job.servers
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("hand_job", [(False, 2)], ids=["tcp"], indirect=True)
+def test_a_killed_coordinator_replaced_by_hand_lets_the_job_finish(hand_job: HandJob) -> None:
+    # As on a cluster (over TCP; the launcher's failover test takes the lane): its
+    # replacement is started with --rejoin on the same port; the servers and workers
+    # rejoin it and train on to the end (a worker done meanwhile sends DONE again).
+    hand_job.start("train", steps=150)
+    hand_job.wait_for("READY", ["worker 0", "worker 1"])
+    hand_job.procs["coordinator"].send_signal(signal.SIGKILL)
+    hand_job.procs["coordinator"].wait()
+    hand_job.restart_coordinator()
+    statuses = hand_job.wait_all(EXIT_S + 60)
+    assert set(statuses.values()) == {0}, (statuses, hand_job.outputs())
+    assert "rebuilt the job from its members: 2 servers, 2 workers back" in hand_job.output(
+        "coordinator"
+    )
+    for rank in (0, 1):
+        out = hand_job.output(f"worker {rank}")
+        assert "FINISHED" in out and "a new coordinator took over" in out, out
 
 
 @pytest.mark.timeout(240)

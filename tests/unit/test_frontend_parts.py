@@ -30,8 +30,9 @@ class _Client:
         self.sent: list[dict[str, Any]] = []
         self._answers = answers
         self.news: dict[str, Any] | None = None  # a MAP_NEWS the coordinator sent
+        self.map_news = self
 
-    def take_map_news(self) -> dict[str, Any] | None:
+    def take(self) -> dict[str, Any] | None:  # (as MapNews.take)
         news, self.news = self.news, None
         return news
 

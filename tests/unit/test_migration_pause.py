@@ -4,7 +4,6 @@ the published map (MAP_NEWS), adopted at their next step's first push."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -18,8 +17,8 @@ from trimtab.protocol import headers as h
 from trimtab.protocol.messages import Control
 from trimtab.protocol.prefetch import map_news, read_map_news
 from trimtab.roles.server.cuts import cut_of, rounds_under_way
-from trimtab.roles.worker.client import WorkerClient
 from trimtab.roles.worker.context import JobTerms
+from trimtab.roles.worker.news import MapNews
 
 OK = {"o": int(Control.OK), "epoch": 1}
 
@@ -67,17 +66,15 @@ def test_map_news_carries_the_published_map_and_is_read_as_a_map() -> None:
 
 
 def test_the_client_keeps_the_newest_news_once_and_drops_a_malformed_one() -> None:
-    client = WorkerClient.__new__(WorkerClient)  # only the news' state: no sockets
-    client._lock = threading.Lock()
-    client._news = None
+    news = MapNews()
     for epoch in (3, 5, 4):
-        client._keep_news(
+        news.keep(
             dict(map_news(h.map_reply(rid=0, epoch=epoch, owners=[], servers=[], prev=[], cuts={})))
         )
-    client._keep_news({"o": int(Control.MAP_NEWS), "epoch": 9})  # malformed: dropped
-    taken = client.take_map_news()
+    news.keep({"o": int(Control.MAP_NEWS), "epoch": 9})  # malformed: dropped
+    taken = news.take()
     assert taken is not None and taken["epoch"] == 5
-    assert client.take_map_news() is None
+    assert news.take() is None
 
 
 def test_a_reporter_adopts_news_at_a_steps_first_push_only() -> None:

@@ -107,6 +107,19 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
     add_flags(coord, ElasticSettings)
     add_flags(coord, CheckpointSettings)
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
+    coord.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="replace the job's coordinator, which died: bind its address (--host, --port) "
+        "and rebuild the job from its servers and workers, which rejoin",
+    )
+    coord.add_argument(
+        "--done-workers",
+        type=_ranks,
+        default=(),
+        metavar="R,R,...",
+        help="with --rejoin: the ranks of the workers whose processes ended already",
+    )
     _auth_flags(coord, made_here=True)
     add_flags(coord, LaunchConfig, ("verbose",))
     coord.set_defaults(handler=_coordinator)
@@ -200,6 +213,13 @@ def _coordinator(args: argparse.Namespace) -> int:
         server_key=server_key(os.environ, key),
         checkpoint=from_args(CheckpointSettings, args),
     )
+    if args.done_workers and not args.rejoin:
+        raise ConfigError("--done-workers is for a coordinator started with --rejoin")
+    if args.rejoin and not args.port:
+        raise ConfigError(
+            "--rejoin needs the dead coordinator's --port: its members reconnect there"
+        )
+    config = dataclasses.replace(config, rejoin=args.rejoin, done_workers=args.done_workers)
     # How fast a silent node is declared lost (tests shorten it).
     heartbeat_s = float(os.environ.get("TRIMTAB_HEARTBEAT_S", config.heartbeat_s))
     dead_after_s = envvars.dead_after_s(os.environ, config.dead_after_s)
@@ -225,6 +245,14 @@ def _coordinator(args: argparse.Namespace) -> int:
         print(f"trimtab coordinator: the job ended, but {failing}", flush=True)
         return CHECKPOINT_FAILED_STATUS
     return 0
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    """``--done-workers``: ranks joined by commas. Raises ``ValueError`` otherwise."""
+    ranks = tuple(int(r) for r in text.split(",") if r.strip())
+    if any(r < 0 for r in ranks):
+        raise ValueError(text)
+    return ranks
 
 
 def _coordinator_key(args: argparse.Namespace) -> JobKey | None:
@@ -276,6 +304,9 @@ def _server(args: argparse.Namespace) -> int:
         priority=not args.no_priority,
         spin_s=spin_from_env(os.environ),
         server_key=server_key(os.environ, key),
+        coordinator_timeout_s=float(
+            os.environ.get(envvars.COORDINATOR_TIMEOUT_S, ServerConfig.coordinator_timeout_s)
+        ),
     )
     transport: Transport = ZmqTransport(
         bind=True,

@@ -204,6 +204,9 @@ class CrashingTransport(Transport):
     def connect(self, address: str) -> Peer:
         return self._inner.connect(address)
 
+    def reconnect(self, address: str) -> Peer:
+        return self._inner.reconnect(address)
+
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
         header = _header(frames, self._job)
         if header is not None:

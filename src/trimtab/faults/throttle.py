@@ -114,6 +114,9 @@ class ThrottledTransport(Transport):
     def connect(self, address: str) -> Peer:
         return self._inner.connect(address)
 
+    def reconnect(self, address: str) -> Peer:
+        return self._inner.reconnect(address)
+
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
         schedule = self._active()
         if schedule is not None and peer != self._coord:

@@ -84,6 +84,9 @@ def config_from_env() -> WorkerConfig:
             request_timeout_s=float(
                 _env("TRIMTAB_REQUEST_TIMEOUT_S") or WorkerConfig.request_timeout_s
             ),
+            coordinator_timeout_s=float(
+                _env("TRIMTAB_COORDINATOR_TIMEOUT_S") or WorkerConfig.coordinator_timeout_s
+            ),
             spin_s=spin_from_env(os.environ),
             shared_memory=not shm_turned_off(os.environ),
             credit_bytes=window_from_env(os.environ),

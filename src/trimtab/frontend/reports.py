@@ -110,7 +110,7 @@ class StepReporter:
         later, so that no push of it is answered *moved*), read the coordinator's
         directive, and send the previous step's report when it is due."""
         if first:
-            news = self._ctx.client.take_map_news()
+            news = self._ctx.client.map_news.take()
             if news is not None:
                 self._ctx.adopt_map(news)
         if self._sender is not None:

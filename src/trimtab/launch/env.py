@@ -30,6 +30,7 @@ __all__ = [
     "AUTH",
     "COMPRESSION",
     "COORDINATOR",
+    "COORDINATOR_TIMEOUT_S",
     "CROSS_RANK",
     "CROSS_SIZE",
     "DMLC_NODE_HOST",
@@ -86,6 +87,9 @@ PRIORITY = "TRIMTAB_PRIORITY"
 #: Seconds of silence after which the coordinator takes a member for dead (30 by
 #: default; a job with ``--replicas 1`` fails over then).
 DEAD_AFTER_S = "TRIMTAB_DEAD_AFTER_S"
+#: Seconds a server or worker waits for a silent coordinator, or for the replacement of
+#: a dead one (30 by default), before it ends (read by ``trimtab server`` and ``init()``).
+COORDINATOR_TIMEOUT_S = "TRIMTAB_COORDINATOR_TIMEOUT_S"
 
 DMLC_ROLE = "DMLC_ROLE"
 DMLC_PS_ROOT_URI = "DMLC_PS_ROOT_URI"

@@ -31,6 +31,7 @@ from trimtab.faults.kills import parse_faults
 from trimtab.frontend.compression import compressor
 from trimtab.launch import env as envvars
 from trimtab.launch.control import job_status
+from trimtab.launch.coordinator import coordinator_argv, replacement_argv
 from trimtab.launch.cores import available_cores
 from trimtab.launch.faults import FaultWatch
 from trimtab.launch.hosts import Layout, place
@@ -48,7 +49,7 @@ from trimtab.launch.procs import (
 from trimtab.launch.procs import describe as _describe
 from trimtab.launch.procs import die_with_parent as _die_with_parent
 from trimtab.launch.resume import resolved
-from trimtab.launch.spec import LaunchConfig, to_argv
+from trimtab.launch.spec import LaunchConfig
 from trimtab.launch.testbed import Host, Testbed
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Header
@@ -93,6 +94,9 @@ class Job:
         # (an elastic job's supervisor polls it): joiners it never counted stop early.
         self._members: set[int] = set()
         self.coordinator_address = ""
+        #: Coordinators that replaced a dead one so far.
+        self.coordinator_failovers = 0
+        self._checkpoint = CheckpointSettings()  # as passed on (resolved at the start)
         self._started = 0.0
         self._secret_dir: Path | None = None
         self._server_key = ""  # hex, made for a job without authentication
@@ -222,37 +226,17 @@ class Job:
 
     def _start(self) -> None:
         c = self.config
-        role = [sys.executable, "-m", "trimtab"]
         env = self._role_env()
-        env.setdefault("OMP_NUM_THREADS", "1")
-        log_flags = ["--verbose"] if c.verbose else []
+        self._checkpoint = resolved(c.checkpoint, c.chunk_bytes, self._say)
+        host = self.layout.address(self.layout.coordinator, c.host)
         with tempfile.TemporaryDirectory(prefix="trimtab-") as tmp:
             address_file = Path(tmp) / "coordinator"
-            coord = self._spawn(
-                "coordinator",
-                [
-                    *role,
-                    "coordinator",
-                    "--workers",
-                    str(c.workers),
-                    "--servers",
-                    str(c.servers),
-                    *to_argv(c.settings.placement),
-                    *to_argv(c.settings.consistency),
-                    *to_argv(c.settings.batching),
-                    *to_argv(c.settings.elastic),
-                    *to_argv(resolved(c.checkpoint, c.chunk_bytes, self._say)),
-                    "--job",
-                    c.job,
-                    "--host",
-                    self.layout.address(self.layout.coordinator, c.host),
-                    "--address-file",
-                    str(address_file),
-                    *log_flags,
-                ],
-                env,
-                self.layout.coordinator,
-            )
+            argv = [
+                *coordinator_argv(c, host, self._checkpoint),
+                "--address-file",
+                str(address_file),
+            ]
+            coord = self._spawn("coordinator", argv, env, self.layout.coordinator)
             deadline = time.monotonic() + c.startup_timeout_s
             while not address_file.exists():
                 if coord.popen.poll() is not None:
@@ -426,6 +410,10 @@ class Job:
                 return end_status(others, bool(lost))
             for p in others:
                 code = p.popen.poll()
+                if code is not None and code < 0 and p.source == "coordinator" and not ended:
+                    self._injected(p, code)  # (says so, if --fault killed it)
+                    self._replace_coordinator(p, code, workers)
+                    continue
                 if code is not None and code != 0 and self._injected(p, code):
                     self._procs.remove(p)  # killed by --fault (said once): the job decides
                     continue
@@ -444,6 +432,21 @@ class Job:
                     )
                     return 1
             time.sleep(0.05)
+
+    def _replace_coordinator(self, p: _Proc, code: int, workers: list[_Proc]) -> None:
+        """The coordinator died (status ``code``, a signal's) while the job ran: start
+        its replacement at the same address, which the job's members rejoin
+        (:mod:`trimtab.roles.coordinator.rejoin`), told which workers ended already.
+        Never blocks."""
+        self._procs.remove(p)
+        c = self.config
+        done = [w.rank for w in workers if w.popen.poll() == 0]
+        host = self.layout.address(self.layout.coordinator, c.host)
+        argv = replacement_argv(c, host, self._checkpoint, self.coordinator_address, done)
+        self._say(f"the coordinator died ({_describe(code)}); its replacement starts at "
+                  f"{self.coordinator_address} and the job's members rejoin it")  # fmt: skip
+        self._spawn("coordinator", argv, self._role_env(), self.layout.coordinator)
+        self.coordinator_failovers += 1
 
     def _injected(self, p: _Proc, code: int) -> bool:
         """Whether ``p``'s death (status ``code``) was a ``--fault`` kill; says so the

@@ -138,6 +138,11 @@ class Control(enum.IntEnum):
     MAP_NEWS = 58  # coord -> worker, unasked, as a migration's map is published: the
     #               published map {epoch, owners, servers, prev, cuts} (as MAP answers
     #               MAP_GET), adopted at the next step's first push (no MOVED round trips)
+    REJOIN = 60  # node -> a replacement coordinator, after its coordinator died {role,
+    #              rank, n: a nonce, ...}: a server's {addr, tk?, mk: the member key masked
+    #              by the server key, jm: its job map, mv}; a worker's {pf, lo?}. Reply
+    #              REJOINED once every member is back (see protocol.rejoin)
+    REJOINED = 61  # coord -> node {pf}: the new coordinator's proof, then the job goes on
 
 
 class Data(enum.IntEnum):

@@ -58,6 +58,34 @@ def join_ticket(server_key: bytes, job: str) -> bytes:
     return credential(server_key, job, "join", 0)
 
 
+def key_mask(server_key: bytes | None, job: str, nonce: bytes) -> bytes:
+    """What a server's REJOIN masks the member key with (XOR, 32 bytes): an HMAC of its
+    ``nonce`` under the job's server key, so that only a coordinator holding that key
+    reads it; zeros in a job without a server key (no secret: nothing is secret)."""
+    if not server_key:
+        return bytes(32)
+    return hmac.new(server_key, f"{job}\0mask\0".encode() + nonce, hashlib.sha256).digest()
+
+
+def masked(key: bytes, mask: bytes) -> bytes:
+    """``key`` XOR ``mask`` (both 32 bytes): masks, and unmasks."""
+    return bytes(a ^ b for a, b in zip(key, mask, strict=True))
+
+
+def rejoin_proof(secret: bytes, job: str, side: str, nonce: bytes) -> bytes:
+    """One side's proof over a REJOIN's ``nonce``: an HMAC under ``secret`` (the server
+    key, between a server and its coordinator; a worker's credential, between it and
+    its coordinator) of the job, the side (``"coordinator"``, ``"worker"``) and the
+    nonce, truncated to :data:`CREDENTIAL_BYTES`."""
+    message = f"{job}\0rejoin\0{side}\0".encode() + nonce
+    return hmac.new(secret, message, hashlib.sha256).digest()[:CREDENTIAL_BYTES]
+
+
+def proven(shown: object, expected: bytes) -> bool:
+    """Whether ``shown`` is the bytes ``expected`` (compared in constant time)."""
+    return isinstance(shown, bytes) and hmac.compare_digest(shown, expected)
+
+
 def admit_server(ticket: bytes | None, header: Header, *, running: bool) -> None:
     """Whether a would-be server's REGISTER may go on to the coordinator's members (which
     check the job wants one): it must show the job's join ``ticket`` (``tk``) or, in a
@@ -100,6 +128,11 @@ class Credentials:
         self._workers = {r: credential(key, self.job, WORKER, r) for r in range(num_workers)}
         self._servers = {}
         self.own = own
+
+    @property
+    def key(self) -> bytes | None:
+        """The member key, once learned."""
+        return self._key
 
     def admit(self, ranks: Iterable[int]) -> None:
         """Take the credentials of worker ``ranks`` too (workers that joined the running

@@ -59,6 +59,13 @@ class Transport(abc.ABC):
     def connect(self, address: str) -> Peer:
         """Open (once) a connection to ``address``; return its peer name. Does not block."""
 
+    def reconnect(self, address: str) -> Peer:
+        """Connect to ``address`` afresh, as to a new peer: a process that replaced the
+        one that was there (a coordinator's failover) shares no session with the old
+        one. What was queued for the old connection is dropped. Returns the same peer
+        as :meth:`connect`. Never blocks."""
+        return self.connect(address)
+
     @abc.abstractmethod
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
         """Queue a message to ``peer``. Frames may be sent without copying, so the caller

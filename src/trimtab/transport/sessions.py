@@ -87,6 +87,13 @@ class ZmqSessions:
         self._waiting[address] = []
         return [hs.hello]
 
+    def forget(self, address: str) -> None:
+        """Drop our session with ``address``, a handshake under way and what waits for
+        it: the process there was replaced, and a new connection shakes hands anew."""
+        self._out.pop(address, None)
+        self._shaking_out.pop(address, None)
+        self._waiting.pop(address, None)
+
     def seal_out(self, address: str, frames: list[Frame]) -> list[Frame] | None:
         """``frames`` as they go to ``address``, or None if they wait for the handshake."""
         if self._key is None:

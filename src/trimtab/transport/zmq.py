@@ -240,6 +240,26 @@ class ZmqTransport(Transport):
                 dealer.send_multipart(hello)
         return out_peer(address)
 
+    def reconnect(self, address: str) -> Peer:
+        """As :meth:`Transport.reconnect`: its lane or ZeroMQ socket closed (what waits
+        on it dropped), its session forgotten, then :meth:`connect` again."""
+        conn = self._lane_out.pop(address, None)
+        if conn is not None and self._lane_fds.pop(conn.fd, None) is not None:
+            self._poller.unregister(conn.fd)
+            conn.close()
+        dealer = self._dealers.pop(address, None)
+        if dealer is not None:
+            self._poller.unregister(dealer)
+            del self._dealer_peer[dealer], self._dealer_address[dealer]
+            watch = self._dealer_watch.pop(address)
+            self._poller.unregister(watch.monitor)
+            del self._watches[watch.monitor]
+            watch.close()
+            dealer.close(linger=0)
+        self._sessions.forget(address)
+        self._lost.discard(address)
+        return self.connect(address)
+
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
         """As :meth:`Transport.send`; also raises :class:`ConfigError` for a message over
         the limits (its receiver would refuse it)."""

@@ -62,6 +62,13 @@ class CoordinatorConfig:
         server_key: the job's server key (``TRIMTAB_SERVER_KEY``, from the launcher):
             a server joining a running job must show the join ticket made from it.
             Empty: only the servers the job starts with may join, before it is placed.
+        rejoin: this coordinator replaces one that died: the job's members rejoin it
+            (:mod:`.rejoin`) instead of registering.
+        done_workers: with ``rejoin``, the worker ranks whose processes ended: they
+            will not rejoin.
+        rejoin_wait_s: with ``rejoin``, how long the members have to come back before
+            the job ends (less than their own wait for a replacement, 30 s, so that
+            they hear why).
     """
 
     num_workers: int
@@ -83,6 +90,9 @@ class CoordinatorConfig:
     server_key: bytes = dataclasses.field(default=b"", repr=False)
     min_workers: int = _ELASTIC.min_workers
     max_workers: int = _ELASTIC.max_workers
+    rejoin: bool = False
+    done_workers: tuple[int, ...] = ()
+    rejoin_wait_s: float = 20.0
 
     def __post_init__(self) -> None:
         settings = self.settings()  # every policy rule, checked in one place

@@ -304,6 +304,24 @@ class Maps:
         self._awaiting_acks = {m.rank for m in members.servers}
         return [Send(m.peer, {**self.header, "i": 0}) for m in members.servers]
 
+    def rebuild(self, job_map: JobMapHeader, members: Members) -> None:
+        """A replacement coordinator's map (:mod:`.rejoin`): the servers' ``job_map`` as
+        it stands (its tables, owners, backups and epoch), which every server holds
+        already: nothing is sent. ``members`` are laid out already. Raises a MALFORMED
+        :class:`ProtocolError` for tables that do not cover the tensors."""
+        tables = headers.read_tables(job_map)
+        tensors = list(job_map["tensors"])
+        self.tables, first = [], 0
+        for count, opt in tables:
+            self.tables.append((tensors[first : first + count], dict(opt)))
+            first += count
+        specs = [TensorSpec.from_wire(t) for t in tensors]
+        self.sizes = [c.nbytes for c in make_chunks(specs, job_map["chunk_bytes"])]
+        owners = tuple(job_map["owners"])
+        self.map = PlacementMap(job_map["epoch"], owners, tuple(job_map["servers"]))
+        self.backups = list(job_map.get("bk", [])) if self.replicas else []
+        self.header = self._job_map(members)
+
     def _job_map(self, members: Members) -> JobMapHeader:
         """The job map of the current map and every table (MAP's header, without ``i``)."""
         assert self.map is not None

@@ -28,14 +28,15 @@ from trimtab.protocol.messages import Control, ErrorCode, Header, decode, error_
 from trimtab.roles.coordinator.checkpoint import Checkpoints
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
-from trimtab.roles.coordinator.dump import describe
+from trimtab.roles.coordinator.dump import describe, status
 from trimtab.roles.coordinator.liveness import Liveness
 from trimtab.roles.coordinator.lost import MemberLoss
 from trimtab.roles.coordinator.maps import Maps
-from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
+from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.recovery import Recovery
+from trimtab.roles.coordinator.rejoin import Rejoins
 from trimtab.roles.coordinator.steps import Steps, report_interval_s
 from trimtab.runtime import credentials
 from trimtab.runtime.diagnostics import add_state_dump
@@ -113,6 +114,8 @@ class Coordinator(MemberLoss):
         self._elastic = self._make_elastic(batching, consistency.synchronous)
         self._recovery = Recovery(self._members, self._maps, config.replicas, self._rebalancer)
         self._liveness = Liveness(config.dead_after_s)
+        # A replacement coordinator's first phase: the members come back (REJOIN).
+        self._rejoins = Rejoins.of(config) if config.rejoin else None
         #: The member key: every member's credential is made from it (REGISTERED).
         self._key = credentials.new_key()
         self._ticket = (
@@ -126,6 +129,7 @@ class Coordinator(MemberLoss):
             Control.STATUS: self._on_status,
             Control.SCALE: self._on_scale,
             Control.SCALE_WORKERS: self._on_scale_workers,
+            Control.REJOIN: self._on_rejoin,
         }
         both, worker, server = _BOTH, frozenset({Role.WORKER}), frozenset({Role.SERVER})
         # Each member op, and the roles that may send it.
@@ -229,6 +233,8 @@ class Coordinator(MemberLoss):
                     self._dispatch(env.peer, env.frames)
                 for member, why in self._liveness.lost(self._members, self._transport.lost()):
                     self.member_lost(member, why)
+                if self._rejoins is not None:
+                    self._send(self._rejoin_poll([]))
             if self._abort is not None:
                 for member in self._members.by_peer.values():
                     self._loop.send(member.peer, headers.abort(why=self._abort))
@@ -260,8 +266,8 @@ class Coordinator(MemberLoss):
                 opener(peer, header, out)
                 return
             if member is None:
-                if op == Control.HEARTBEAT:
-                    return  # a node's first heartbeat can overtake its REGISTER
+                if op == Control.HEARTBEAT or (self._rejoins and not self._rejoins.rebuilt):
+                    return  # it can overtake a node's REGISTER (or a member's REJOIN)
                 raise ProtocolError(
                     ErrorCode.BAD_STATE.value, f"op {op} before REGISTER; register first"
                 )
@@ -295,44 +301,21 @@ class Coordinator(MemberLoss):
                 self._loop.send(m.peer, m.header, m.frames)
 
     def status(self) -> dict[str, Any]:
-        """Membership and placement, for tools and tests. Loop thread only."""
-        servers = self._members.servers
-        current = self._maps.map
+        """Membership and placement, for tools and tests (see :func:`.dump.status`).
+        Loop thread only."""
         return {
-            "servers": [m.addr for m in servers],
-            "workers": sorted(self._members.workers),
-            "done": sorted(r for r, m in self._members.workers.items() if m.finished),
-            "left": sorted(
-                r for r, m in self._members.workers.items() if m.state is MemberState.LEFT
-            ),
-            "epoch": self._maps.epoch,
-            "owners": list(current.owners) if current else [],
-            "clocks": {str(r): c for r, c in self._steps.clocks.items()},
-            "migrations": self.migrations,
-            "bytes_moved": self.bytes_moved,
-            "active_servers": [m.rank for m in self._members.active_servers()],
-            "live_servers": [m.rank for m in servers if not m.finished],
-            "wanted_servers": self._members.wanted_servers(),
+            **status(self._members, self._maps, self._steps, self._rebalancer, self._speeds),
             **self._elastic_status(),
-            "migrating": self._rebalancer.migrating is not None,
-            # With replicas: each chunk's backup (-1: none), the chunks held once.
-            "backups": list(self._maps.backups),
-            "unbacked": len(self._rebalancer.unbacked()),
             "failovers": self._recovery.failovers,
             "last_checkpoint": self.checkpoints.last_checkpoint,  # the newest complete one
-            "speeds": [self._speeds.speed(m.rank) for m in servers],
-            # The workers' bounds (lower, upper or None for no bound) per server.
-            "worker_speeds": [
-                None
-                if (b := self._speeds.observed(m.rank)) is None
-                else [b[0], b[1] if b[1] != float("inf") else None]
-                for m in servers
-            ],
+            "rejoining": self._rejoins.missing() if self._rejoins else [],
         }
 
     # -- ops anyone may send ---------------------------------------------------------
 
     def _on_register(self, peer: Peer, header: Header, out: Outbox) -> None:
+        if self._rejoins is not None and not self._rejoins.rebuilt:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "the job's members rejoin first")
         running = self._maps.map is not None
         if headers.read_register(header)["role"] == Role.SERVER.value:
             credentials.admit_server(self._ticket, header, running=running)
@@ -355,6 +338,23 @@ class Coordinator(MemberLoss):
         if member.role is Role.SERVER and running:
             self._rebalancer.membership_changed(out)  # a server joined a running job
         self._place(out)
+
+    def _on_rejoin(self, peer: Peer, header: Header, out: Outbox) -> None:
+        if self._rejoins is None:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "no coordinator died here: REGISTER")
+        out += self._rejoins.take(peer, header, self._members)
+        self._rejoin_poll(out)
+
+    def _rejoin_poll(self, out: Outbox) -> Outbox:
+        """The job rebuilt from its members once it can be (:meth:`Rejoins.poll`); or
+        ended, they told why. Returns ``out``, added to."""
+        assert self._rejoins is not None
+        try:
+            out += self._rejoins.poll(self._members, self._maps)
+        except JobAborted as exc:
+            out += self._rejoins.aborts(str(exc))
+            self.abort(str(exc))
+        return out
 
     def _on_status(self, peer: Peer, header: Header, out: Outbox) -> None:
         out.append(Send(peer, headers.status_reply(rid=header["i"], status=self.status())))

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trimtab.errors import ChunkMoved, JobAborted, ProtocolError
-from trimtab.protocol import elastic, headers, replica
+from trimtab.protocol import elastic, headers, rejoin, replica
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -27,8 +27,10 @@ from trimtab.protocol.messages import (
     error_of,
     read_error,
 )
+from trimtab.protocol.rejoin import RejoinHeader
 from trimtab.roles.server import checkpoint
 from trimtab.roles.server.config import ServerConfig
+from trimtab.roles.server.coordlink import LOAD_REPORT_S, CoordinatorLink, held_job_map
 from trimtab.roles.server.dump import describe
 from trimtab.roles.server.handover import Handover
 from trimtab.roles.server.lifecycle import ServerState
@@ -41,15 +43,13 @@ from trimtab.roles.server.replica_link import ReplicaLink
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.state import load_state, state_reply
 from trimtab.roles.server.store import ChunkStore, Reply, mean_of
+from trimtab.runtime import credentials
 from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
-from trimtab.runtime.loop import Heartbeat, NodeLoop
+from trimtab.runtime.loop import NodeLoop
 from trimtab.transport import Envelope, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
-
-#: Seconds between load reports (busy time, bytes) to the coordinator, for PSLD.
-LOAD_REPORT_S = 0.25
 
 #: At most this many queued messages are looked at at once to order pushes by priority.
 PRIORITY_WINDOW = 256
@@ -87,9 +87,9 @@ class Server:
         self._transport.spin_s = config.spin_s
         self._loop = NodeLoop(config.job, self._transport, log)
         self.state = ServerState.JOINING
-        self._coord = self._transport.connect(config.coordinator)
-        self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
         self.meter = LoadMeter()
+        self._link = CoordinatorLink(config, self._transport, self._loop, self.meter, self._rejoin)
+        self._coord = self._link.peer
         self._arenas = SharedArenas(config.job)
         self._store = ChunkStore(self.meter, self._arenas)
         self._credentials = Credentials(config.job)
@@ -113,7 +113,6 @@ class Server:
         self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
         self._stop = False
         self._abort: str | None = None
-        self._load_due = 0.0
 
     @property
     def address(self) -> str:
@@ -181,16 +180,12 @@ class Server:
         try:
             while not self._stop:
                 env = self._transport.recv(min(self.config.heartbeat_s, LOAD_REPORT_S))
-                if self._heartbeat.due():
-                    self._loop.send(self._coord, self._heartbeat.header())
-                if self.state is ServerState.SERVING and time.monotonic() >= self._load_due:
-                    self._report_load()
+                gone = self._link.tick(self.state is ServerState.SERVING)
+                if gone is not None:
+                    self._abort = gone
+                    break
                 self._checkpoints.poll()  # files written by its thread: say so
                 if env is None:
-                    gone = self._heartbeat.gone(self._transport.lost(), self._coord)
-                    if gone is not None:
-                        self._abort = gone
-                        break
                     continue
                 if warming is not None:
                     self._warmed(warming)
@@ -227,7 +222,7 @@ class Server:
     def _serve(self, peer: Peer, frames: list[memoryview], header: Header | None) -> None:
         """Handle one message, from the coordinator or a data peer."""
         if peer == self._coord:
-            self._heartbeat.heard()
+            self._link.heartbeat.heard()
             self._on_control(frames)
             return
         started = time.perf_counter()
@@ -243,7 +238,8 @@ class Server:
             log.error("undecodable message from the coordinator: %s", exc)
             return
         try:
-            self._control(header)
+            if self._link.take(header):
+                self._control(header)
         except ProtocolError as exc:  # a reader's: the coordinator's terms are unknown
             self._abort = f"malformed message from the coordinator: {error_of(exc)[1]}"
             self._stop = True
@@ -312,8 +308,7 @@ class Server:
         """Wait for the warm-up thread, heartbeating meanwhile. Blocks."""
         while warming.is_alive():
             warming.join(0.1)
-            if self._heartbeat.due():
-                self._loop.send(self._coord, self._heartbeat.header())
+            self._link.beat()
 
     def _apply_map(self, header: headers.JobMapHeader) -> None:
         store = self._store
@@ -337,14 +332,21 @@ class Server:
             self._handover.moves[cid].peer = peer  # only its ACK settles the handover
             self._loop.send(peer, header, frames)
 
-    def _report_load(self) -> None:
-        self._load_due = time.monotonic() + LOAD_REPORT_S
-        meter = self.meter
-        self._loop.send(
-            self._coord,
-            headers.load(
-                busy_s=meter.busy_s, nbytes=meter.bytes, requests=meter.requests, step=meter.step
-            ),
+    def _rejoin(self, nonce: bytes) -> RejoinHeader | None:
+        """This server's REJOIN for a coordinator that replaced a dead one (see
+        :mod:`.coordlink`), or None before it serves a job (nothing to rejoin)."""
+        key = self._credentials.key
+        if self.state is not ServerState.SERVING or key is None or not self._store.job:
+            return None
+        server_key, job = self.config.server_key, self.config.job
+        return rejoin.rejoin_server(
+            rank=self.index,
+            nonce=nonce,
+            addr=self.address,
+            masked_key=credentials.masked(key, credentials.key_mask(server_key, job, nonce)),
+            job_map=held_job_map(self._store, self._replicas.replicas.backup_of),
+            moving=bool(self._store.moves),
+            ticket=credentials.join_ticket(server_key, job) if server_key else None,
         )
 
     # -- data plane ----------------------------------------------------------------

@@ -159,6 +159,8 @@ class ChunkStore:
         # Each table's opt (one per DistributedOptimizer), and each tensor's table.
         self._opts: list[dict[str, Any]] = []
         self._table_of: list[int] = []
+        #: The job map that told it the tables (MAP, EXTEND), without its request keys.
+        self.job: dict[str, Any] = {}
         self.shared_pushes = 0  # pushes whose gradient came through shared memory
         self.lane_pushes = 0  # pushes that came over the transport's local lane
         #: Called with each chunk whose round just completed (a checkpoint's snapshot).
@@ -192,6 +194,7 @@ class ChunkStore:
                 )
         self.tensors = [TensorSpec.from_wire(t) for t in header["tensors"]]
         self.specs = make_chunks(self.tensors, header["chunk_bytes"])
+        self.job = {k: v for k, v in header.items() if k not in ("o", "i", "j")}
         self._opts = [opt for _, opt in tables]
         self._table_of = [i for i, (n, _) in enumerate(tables) for _ in range(n)]
         self.mode = OptimizerMode(self._opts[0]["mode"])

@@ -37,7 +37,6 @@ from trimtab.errors import (
 )
 from trimtab.protocol import headers
 from trimtab.protocol.credit import credit
-from trimtab.protocol.headers import MapReplyHeader
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -48,9 +47,10 @@ from trimtab.protocol.messages import (
     encode,
     payload_frames,
 )
-from trimtab.protocol.prefetch import read_map_news
 from trimtab.protocol.replica import read_failover_notice
 from trimtab.roles.worker.config import WorkerConfig
+from trimtab.roles.worker.failover import ControlFailover
+from trimtab.roles.worker.news import MapNews
 from trimtab.roles.worker.replies import DataFuture, Reply, SharedMemoryRefused, wait
 from trimtab.roles.worker.turns import Turns
 from trimtab.runtime.credit import CreditGate
@@ -96,6 +96,7 @@ class WorkerClient:
         self._lock = threading.Lock()
         self._outbox: collections.deque[tuple[Peer | str, list[Frame]]] = collections.deque()
         self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
+        self._failover = ControlFailover(config, self._transport, self._coord, self._heartbeat)
         self._running = False
         self._closing = False  # close() began: the coordinator may go any moment
         self._dead: str | None = None
@@ -111,7 +112,8 @@ class WorkerClient:
         self.chunk_bytes = 0
         #: The epoch of the placement map this worker routes by (its Context sets it).
         self.map_epoch = 0
-        self._news: MapReplyHeader | None = None  # the newest MAP_NEWS not yet taken
+        #: The newest map the coordinator sent unasked (MAP_NEWS), until a step takes it.
+        self.map_news = MapNews()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -251,7 +253,9 @@ class WorkerClient:
             if not self._flush_data():
                 self._data.wake()  # the thread receiving on the data sockets sends it
         else:
-            self._outbox.append((to, [encode(header), *frames]))
+            control = [encode(header), *frames]
+            self._failover.sent(rid, control)
+            self._outbox.append((to, control))
             self._transport.wake()
         return fut
 
@@ -356,7 +360,7 @@ class WorkerClient:
     def _io_loop(self) -> None:
         try:
             while self._running:
-                while self._outbox:
+                while self._outbox and not self._failover.away:
                     to, frames = self._outbox.popleft()
                     peer = self._transport.connect(to) if isinstance(to, str) else to
                     self._transport.send(peer, frames)
@@ -368,7 +372,9 @@ class WorkerClient:
                     self._transport.send(self._coord, [encode(beat)])
                 env = self._transport.recv(self.config.heartbeat_s)
                 if env is None:
-                    gone = self._heartbeat.gone(self._transport.lost(), self._coord)
+                    gone = self._failover.check(
+                        self.credential, self.rank, self.routing_floor, self._closing
+                    )
                     if gone is not None:
                         self._fail(gone, quiet=self._closing)
                     continue
@@ -388,6 +394,14 @@ class WorkerClient:
             log.error("dropped an undecodable message from %r: %s", peer, exc)
             return
         op = header["o"]
+        if peer == self._coord:
+            usual, again = self._failover.take(header, self.credential)
+            held = {id(m) for _, m in self._outbox}  # (those go as they are)
+            self._outbox.extendleft((self._coord, m) for m in reversed(again) if id(m) not in held)
+            if op == Control.ERROR and self._failover.away:
+                return self._fail(f"the new coordinator refused us: {header.get('msg')}")
+            if not usual:
+                return None
         if peer == self._coord and op in (Control.ABORT, Control.SHUTDOWN):
             self._fail(str(header.get("why", "the job was shut down")))
             return
@@ -412,10 +426,12 @@ class WorkerClient:
                 receipt["j"] = self.config.job
                 self._data_out.append((server, [encode(receipt)]))
         if op == Control.MAP_NEWS and peer == self._coord:
-            self._keep_news(header)
+            self.map_news.keep(header)
             return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
+        if peer == self._coord:
+            self._failover.answered(header["i"])
         if fut is None:
             log.warning("reply to unknown request %s (op %s)", header["i"], op)
             return
@@ -463,23 +479,6 @@ class WorkerClient:
         for f in futures:
             if not f.done():
                 f.set_exception(ChunkMoved(f.chunk, -1, epoch))
-
-    def _keep_news(self, header: Header) -> None:
-        try:
-            news = read_map_news(header)
-        except ProtocolError as exc:  # a routing hint: without it, chunks answer moved
-            log.error("dropped a malformed MAP_NEWS: %s", exc)
-            return
-        with self._lock:
-            if self._news is None or news["epoch"] > self._news["epoch"]:
-                self._news = news
-
-    def take_map_news(self) -> MapReplyHeader | None:
-        """The newest map the coordinator published and sent unasked (MAP_NEWS) since
-        the last call, or None. Thread-safe; never blocks (beyond a short lock)."""
-        with self._lock:
-            news, self._news = self._news, None
-        return news
 
     def _fail(self, why: str, *, quiet: bool = False) -> None:
         if self._dead is None:

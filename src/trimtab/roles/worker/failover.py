@@ -1,0 +1,103 @@
+"""A worker's side of its coordinator's failover (:mod:`trimtab.runtime.rejoin`).
+
+A worker keeps each control request's message until its reply comes. When the
+coordinator dies, its I/O thread reconnects to the same address, sends REJOIN (its
+rank, and a proof of its credential over a fresh nonce) and holds every new control
+request meanwhile; the training thread's data path goes on (pushes and values are the
+servers'). Once a REJOINED proves the replacement holds the member key, every request
+the dead coordinator left unanswered is sent again, in order, then the held ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from trimtab.protocol import rejoin
+from trimtab.protocol.messages import Control, Header, encode
+from trimtab.roles.worker.config import WorkerConfig
+from trimtab.runtime import credentials
+from trimtab.runtime.loop import Heartbeat
+from trimtab.runtime.rejoin import Rejoin
+from trimtab.transport import Frame, Peer, Transport
+
+log = logging.getLogger("trimtab.worker")
+
+
+class ControlFailover:
+    """The control requests unanswered, and the wait for a replacement coordinator.
+
+    :meth:`sent` and :meth:`answered` may be called from any thread (single dict
+    operations); the rest from the I/O thread only. Never blocks.
+
+    Args:
+        config: the worker's (the coordinator's address, how long to wait for a
+            replacement).
+        transport: the I/O thread's transport.
+        coord: the coordinator's peer on it.
+        heartbeat: the I/O thread's heartbeat (which notices the coordinator's silence).
+    """
+
+    def __init__(
+        self, config: WorkerConfig, transport: Transport, coord: Peer, heartbeat: Heartbeat
+    ) -> None:
+        self._address = config.coordinator
+        self._transport = transport
+        self._coord = coord
+        self._heartbeat = heartbeat
+        self.rejoin = Rejoin(config.job, config.coordinator_timeout_s)
+        self._unanswered: dict[int, list[Frame]] = {}
+
+    @property
+    def away(self) -> bool:
+        """Whether the worker waits for a replacement (control requests are held)."""
+        return self.rejoin.away
+
+    def sent(self, rid: int, message: list[Frame]) -> None:
+        """Control request ``rid`` (``message``) is on its way."""
+        self._unanswered[rid] = message
+
+    def answered(self, rid: int) -> None:
+        """Control request ``rid`` was answered."""
+        self._unanswered.pop(rid, None)
+
+    def check(self, token: bytes, rank: int, floor: Callable[[], int], closing: bool) -> str | None:
+        """Whether the coordinator is gone: then, for a registered worker (``token``)
+        that is not closing with every request answered, send REJOIN over a new
+        connection and return None; else return why the job is over (or, away, why the
+        wait for a replacement ended)."""
+        r, transport = self.rejoin, self._transport
+        lost = transport.lost()
+        if r.away and self._coord not in lost:
+            return r.late()
+        gone = (
+            "the replacement coordinator's connection closed"
+            if r.away
+            else self._heartbeat.gone(lost, self._coord)
+        )
+        if gone is None:
+            return None
+        if not token or (closing and not self._unanswered):
+            return gone
+        r.begin(gone)
+        transport.reconnect(self._address)
+        proof = credentials.rejoin_proof(token, r.job, "worker", r.nonce)
+        header = rejoin.rejoin_worker(rank=rank, nonce=r.nonce, proof=proof, floor=floor())
+        header["j"] = r.job
+        transport.send(self._coord, [encode(header)])
+        return None
+
+    def take(self, header: Header, token: bytes) -> tuple[bool, list[list[Frame]]]:
+        """A message from the coordinator: (whether the worker handles it as usual,
+        the messages to send again). A REJOINED whose proof holds ends the wait: every
+        request left unanswered goes again. While away, only ABORT, SHUTDOWN and ERROR
+        (a refused REJOIN) pass."""
+        op = header["o"]
+        if op == Control.REJOINED:
+            if self.rejoin.end(rejoin.read_rejoined(header)["pf"], token):
+                return False, [m for _, m in sorted(self._unanswered.items())]
+            return False, []
+        if self.away and op not in (Control.ABORT, Control.SHUTDOWN, Control.ERROR):
+            log.debug("ignored op %s from a coordinator not proven yet", op)
+            return False, []
+        return True, []
