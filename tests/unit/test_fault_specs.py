@@ -12,10 +12,14 @@ import pytest
 from trimtab.errors import ConfigError
 from trimtab.faults import crash
 from trimtab.faults.kills import Action, FaultSpec, Phase, marker, parse_faults, read_marker
+from trimtab.faults.throttle import ThrottledTransport
+from trimtab.launch.coordinator import coordinator_argv, replacement_argv
 from trimtab.launch.faults import FaultWatch
 from trimtab.launch.spec import LaunchConfig
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control
+from trimtab.settings import CheckpointSettings
+from trimtab.transport import Transport
 
 
 def test_parses_kills_joins_and_phases() -> None:
@@ -38,6 +42,9 @@ def test_parses_kills_joins_and_phases() -> None:
     migrating = parse_faults("server:2:kill@8:migrating")[0]
     assert migrating.phase is Phase.MIGRATING and str(migrating) == "server:2:kill@8:migrating"
     assert parse_faults("") == []
+    coordinator = parse_faults("coordinator:1:kill@7")[0]
+    assert coordinator == FaultSpec("coordinator", Action.KILL, 7, 1, Phase.APPLIED)
+    assert str(coordinator) == "coordinator:1:kill@7"
 
 
 @pytest.mark.parametrize(
@@ -55,6 +62,7 @@ def test_parses_kills_joins_and_phases() -> None:
         ("worker:+0@3", "count 0"),
         ("worker:+1@3:mid-push", "phase 'mid-push' is for kills"),
         ("worker:1@3", "needs three parts"),
+        ("coordinator:0:kill@3:mid-push", "phase 'mid-push' is for workers and servers"),
     ],
 )
 def test_a_bad_spec_names_its_bad_part(text: str, names: str) -> None:
@@ -214,6 +222,40 @@ def test_a_server_dies_as_the_first_migration_after_its_step_reaches_it(
     with pytest.raises(Died):
         s.received(migrate)
     assert deaths == [{"spec": "server:1:kill@3:migrating", "epoch": 5, "round": 3}]
+
+
+def test_a_coordinator_dies_at_the_first_report_of_its_step(deaths: list[Any]) -> None:
+    c = crash.CoordinatorCrash(parse_faults("coordinator:0:kill@3; server:0:kill@1"))
+    report = dict(
+        headers.report(clock=2, batch=8, compute_s=0, comm_s=0, cpu_share=0, floor=1, spans=[])
+    )
+    c.received(report)
+    c.received({**report, "o": int(Control.MAP_GET)})
+    assert deaths == []
+    with pytest.raises(Died):
+        c.received({**report, "k": 4})  # a report of a later step counts too
+    assert deaths == [{"spec": "coordinator:0:kill@3", "clock": 4}]
+
+
+def test_each_coordinator_is_given_the_kills_of_its_number() -> None:
+    config = LaunchConfig(
+        workers=2, servers=1, faults=("coordinator:0:kill@3", "coordinator:1:kill@9")
+    )
+    first = coordinator_argv(config, "127.0.0.1", CheckpointSettings())
+    assert [a for a in first if a.startswith("--fault")] == ["--fault=coordinator:0:kill@3"]
+    second = replacement_argv(config, "h", CheckpointSettings(resume="/x"), "tcp://h:9", [1], 1)
+    assert [a for a in second if a.startswith("--fault")] == ["--fault=coordinator:1:kill@9"]
+    assert second[second.index("--port") + 1] == "9" and "--rejoin" in second
+    assert second[second.index("--done-workers") + 1] == "1"
+    assert second[second.index("--resume") + 1] == ""  # the servers hold the parameters
+
+
+@pytest.mark.parametrize("wrapper", [crash.CrashingTransport, ThrottledTransport])
+def test_a_wrapping_transport_passes_every_call_on(wrapper: type[Transport]) -> None:
+    # One it left to Transport's default would answer for the transport it wraps: a
+    # server wrapped for --fault once never learned of closed connections (lost()).
+    calls = {n for n, v in vars(Transport).items() if callable(v) and not n.startswith("_")}
+    assert sorted(calls - set(vars(wrapper))) == []
 
 
 def test_untouched_where_no_spec_kills_the_role() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trimtab.errors import ConfigError
-from trimtab.faults.crash import wrap_server
+from trimtab.faults.crash import wrap_coordinator, wrap_server
 from trimtab.faults.kills import parse_faults
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.faults.throttle import ThrottledTransport
@@ -112,6 +112,14 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
         action="store_true",
         help="replace the job's coordinator, which died: bind its address (--host, --port) "
         "and rebuild the job from its servers and workers, which rejoin",
+    )
+    coord.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="fault specs: each coordinator:N:kill@STEP given kills this coordinator as a "
+        "worker reports STEP (trimtab run gives each coordinator those of its number)",
     )
     coord.add_argument(
         "--done-workers",
@@ -232,7 +240,9 @@ def _coordinator(args: argparse.Namespace) -> int:
         auth=key,
         limits=Limits.for_job(config.chunk_bytes),
     )
-    coord = Coordinator(config, transport=transport)
+    # --fault: this coordinator killed at a step (itself, untouched: see faults.crash)
+    wrapped = wrap_coordinator(transport, parse_faults(args.fault), config.job)
+    coord = Coordinator(config, transport=wrapped)
     if args.address_file:
         tmp = args.address_file.with_suffix(".tmp")
         tmp.write_text(coord.address)

@@ -33,6 +33,7 @@ from trimtab.transport import Envelope, Frame, Peer, Transport
 _PUSH = int(Data.PUSH)
 _VALUE = int(Data.VALUE)
 _MIGRATE = int(Control.MIGRATE)
+_REPORT = int(Control.REPORT)
 
 
 def die(spec: FaultSpec, **facts: Any) -> None:  # pragma: no cover - the process ends here
@@ -179,6 +180,32 @@ class ServerCrash:
                 die(spec, epoch=header.get("epoch"), round=self._reached)
 
 
+class CoordinatorCrash:
+    """The kill point of a coordinator: the first REPORT of the spec's step or later it
+    receives (every coordinator kill spec it is given applies: the launcher gives each
+    coordinator those of its number). Loop thread only."""
+
+    def __init__(self, specs: Sequence[FaultSpec]) -> None:
+        self.specs = [s for s in specs if s.action is Action.KILL and s.role == "coordinator"]
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    def sending(self, header: Header) -> None:
+        pass
+
+    def sent(self, header: Header) -> None:
+        pass
+
+    def received(self, header: Header) -> None:
+        if header.get("o") != _REPORT:
+            return
+        clock = header.get("k")
+        for spec in self.specs:
+            if type(clock) is int and clock >= spec.step:
+                die(spec, clock=clock)
+
+
 class CrashingTransport(Transport):
     """A :class:`Transport` that shows ``crash`` the header of every message it sends
     and receives (and so may end the process, see :func:`die`); otherwise ``inner``'s.
@@ -231,6 +258,12 @@ class CrashingTransport(Transport):
     def through_lane(self, peer: Peer) -> bool:
         return self._inner.through_lane(peer)
 
+    def send_to(self, address: str, frames: Sequence[Frame]) -> None:
+        self.send(self.connect(address), frames)  # (each header shown to the crash)
+
+    def lost(self) -> list[Peer]:
+        return self._inner.lost()
+
     def wake(self) -> None:
         self._inner.wake()
 
@@ -265,3 +298,10 @@ def wrap_server(
     if not crash:
         return inner, None
     return CrashingTransport(inner, crash, job), crash
+
+
+def wrap_coordinator(inner: Transport, specs: Sequence[FaultSpec], job: str) -> Transport:
+    """``inner`` watched for the coordinator kills among ``specs`` (all of which apply),
+    or ``inner`` itself if there are none."""
+    crash = CoordinatorCrash(specs)
+    return CrashingTransport(inner, crash, job) if crash else inner

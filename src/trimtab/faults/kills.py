@@ -10,6 +10,8 @@ joined by ``;``)::
                                       its first chunk (before that value leaves it)
     server:1:kill@30:migrating        server 1 dies as the first migration after it
                                       applied step 30 reaches it (before it takes it)
+    coordinator:0:kill@30             the coordinator dies as a worker reports step 30
+                                      (1: its first replacement, and so on)
     worker:2:kill@60                  worker 2 dies before it pushes step 60's gradient
     worker:2:kill@60:mid-push         ... after half of step 60's pushes left it
     worker:2:kill@60:after-reply      ... once the last reply of step 60 reached it
@@ -30,8 +32,10 @@ A server has two points: the first value of step STEP it is about to send (step 
 applied to one chunk; no value of that step has left it yet), and (``migrating``) the
 first MIGRATE it receives once it sent a value of step STEP or later, before it takes
 it: the other servers take that map, and the job must find each chunk's newest copy.
-INDEX is the index the job gave the server (``trimtab.job_status()``), and a worker's
-rank.
+A coordinator has one point: the first step report (REPORT) of step STEP or later it
+receives. INDEX is the index the job gave the server (``trimtab.job_status()``), a
+worker's rank, and a coordinator's number: 0 the first, 1 the first that replaced a dead
+one (the launcher passes each only the kills of its number).
 
 The victim kills itself (:mod:`trimtab.faults.crash`), so the point is exact, and
 prints a :data:`MARKER` line first that says what and when, which the launcher and the
@@ -118,8 +122,8 @@ def _parse_one(text: str) -> FaultSpec:
         raise bad("'@STEP'", "is missing")
     parts = body.split(":")
     role = parts[0]
-    if role not in ("worker", "server"):
-        raise bad(f"role {role!r}", "is not worker or server")
+    if role not in ("worker", "server", "coordinator"):
+        raise bad(f"role {role!r}", "is not worker, server or coordinator")
     step_text, _, phase_text = when.partition(":")
     step = _number(step_text, "step", bad)
     if len(parts) == 2 and parts[1].startswith("+"):
@@ -136,6 +140,10 @@ def _parse_one(text: str) -> FaultSpec:
     index = _number(parts[1], "index", bad)
     if parts[2] != Action.KILL.value:
         raise bad(f"action {parts[2]!r}", "is not kill")
+    if role == "coordinator":
+        if phase_text:
+            raise bad(f"phase {phase_text!r}", "is for workers and servers")
+        return FaultSpec(role, Action.KILL, step, index, Phase.APPLIED)
     if role == "server":
         if phase_text and phase_text != Phase.MIGRATING.value:
             raise bad(

@@ -126,6 +126,9 @@ class ThrottledTransport(Transport):
                 schedule.on_bytes(nbytes, self._step)
         self._inner.send(peer, frames)
 
+    def send_to(self, address: str, frames: Sequence[Frame]) -> None:
+        self.send(self.connect(address), frames)  # (each value paced)
+
     def recv(self, timeout_s: float | None) -> Envelope | None:
         env = self._inner.recv(timeout_s)
         self._received(env)

@@ -442,7 +442,8 @@ class Job:
         c = self.config
         done = [w.rank for w in workers if w.popen.poll() == 0]
         host = self.layout.address(self.layout.coordinator, c.host)
-        argv = replacement_argv(c, host, self._checkpoint, self.coordinator_address, done)
+        number = self.coordinator_failovers + 1
+        argv = replacement_argv(c, host, self._checkpoint, self.coordinator_address, done, number)
         self._say(f"the coordinator died ({_describe(code)}); its replacement starts at "
                   f"{self.coordinator_address} and the job's members rejoin it")  # fmt: skip
         self._spawn("coordinator", argv, self._role_env(), self.layout.coordinator)

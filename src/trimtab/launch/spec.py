@@ -301,7 +301,7 @@ class LaunchConfig:
         joined = sum(f.count for f in faults if f.action is Action.JOIN)
         for f in faults:
             count = self.workers + joined if f.role == "worker" else self.settings.max_servers
-            if f.action is Action.KILL and f.index >= count:
+            if f.action is Action.KILL and f.role != "coordinator" and f.index >= count:
                 raise ConfigError(f"fault {f}: there are only {count} {f.role}s")
 
     @classmethod

@@ -219,6 +219,12 @@ def judge(seen: Seen, steps: int, hidden: int = 64) -> dict[str, Any]:
     if any(v != v for v in out["recovery_s"]):  # NaN: no step completed after that kill
         out["recovery_s"] = [None if v != v else v for v in out["recovery_s"]]
     out["step_s"] = median_step_s(seen.records)
+    # Per coordinator death: how long worker 0 waited for its replacement's REJOINED.
+    out["rejoined_s"] = [
+        float(line.split("took over after ")[1].split("s")[0])
+        for line in seen.lines
+        if line.startswith("[worker 0]") and "a new coordinator took over after" in line
+    ]
     if final is None:
         out.update(lost_updates=None, equivalent=False, max_diff=None)
         out["reason"] = reason(seen)

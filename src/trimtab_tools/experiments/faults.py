@@ -12,6 +12,11 @@ driven through its flags and judged from its outputs, :mod:`.faultjob`):
   server dies as a migration reaches it at 1/4 of the run
   (``--fault server:1:kill@T1:migrating``): the coordinator finds each chunk's newest
   copy;
+- ``coordinator``: the coordinator killed at 1/4 of the run, its replacement at 1/2, and a
+  server at 3/4 (``--fault coordinator:0:kill@T1 coordinator:1:kill@T2
+  server:1:kill@T3``): each replacement rebuilds the job from its members, the last one
+  fails the server over; ``rejoined_s`` is, per coordinator death, how long the workers
+  waited for its replacement (training went on meanwhile);
 - ``replicas_cost``: the same job without faults, with and without ``--replicas 1``;
   ``step_ratio`` is the median step time with replicas over without.
 
@@ -52,6 +57,12 @@ def scenarios(steps: int) -> dict[str, tuple[list[str], int, list[str]]]:
         ),
         # Roles move every 4 steps; the server dies as the first move after T1 reaches it.
         "migrating": ([f"server:1:kill@{q}:migrating"], 3, ["--rebalance-every", "4"]),
+        # The coordinator dies twice (its first replacement too), then a server.
+        "coordinator": (
+            [f"coordinator:0:kill@{q}", f"coordinator:1:kill@{2 * q}", f"server:1:kill@{3 * q}"],
+            3,
+            [],
+        ),
     }
 
 
@@ -109,8 +120,9 @@ def _say(text: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs",
-        default="mixed,three_servers,migrating,replicas_cost",
-        help="comma-separated subset of mixed, three_servers, migrating, replicas_cost",
+        default="mixed,three_servers,migrating,coordinator,replicas_cost",
+        help="comma-separated subset of mixed, three_servers, migrating, coordinator, "
+        "replicas_cost",
     )
     p.add_argument("--steps", type=int, default=80, help="steps per run (80)")
     p.add_argument(
@@ -141,6 +153,7 @@ def main(args: argparse.Namespace) -> int:
             f"lost_updates {r['lost_updates']}, equivalent {r['equivalent']} "
             f"(max diff {r['max_diff']}), recovery_s {r['recovery_s']}, "
             f"leaked_processes {r['leaked_processes']}, completed {r['completed']}"
+            + (f", rejoined_s {r['rejoined_s']}" if r.get("rejoined_s") else "")
             + (f"\n    reason: {r['reason']}" if "reason" in r else "")
         )
     return 0

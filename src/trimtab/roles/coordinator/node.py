@@ -351,6 +351,7 @@ class Coordinator(MemberLoss):
         assert self._rejoins is not None
         try:
             out += self._rejoins.poll(self._members, self._maps)
+            self._key = self._rejoins.key or self._key  # the job's: credentials are its
         except JobAborted as exc:
             out += self._rejoins.aborts(str(exc))
             self.abort(str(exc))
