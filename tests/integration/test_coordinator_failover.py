@@ -18,7 +18,9 @@ import torch
 from tests.conftest import processes_of
 from tests.equivalence_job import STEPS, Setup, max_difference, reference
 from tests.integration.test_replicas import _run_and_kill
+from tests.testbed import testbed_factory  # noqa: F401 (a fixture)
 from trimtab.launch.job import Job, LaunchConfig
+from trimtab.launch.testbed import Testbed
 
 #: The step after which the 2 x 2 job's coordinator dies: a random one (said on failure).
 SEED = random.randrange(1 << 30)
@@ -92,4 +94,33 @@ def test_a_killed_coordinator_is_replaced_and_the_job_equals_one_process(
         assert "its backups take over" in said  # (the counters start afresh in each)
         assert stats["job"]["unbacked"] == 0 and "replication restored" in said, said
         assert sorted(s["index"] for s in stats["servers"]) == [0, 2], stats["servers"]
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_on_the_bed_a_killed_coordinator_is_replaced_and_the_job_equals_one_process(
+    testbed_factory: Callable[[int], Testbed],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The 2 x 2 job with each role on a host of its own but the coordinator's (beside
+    server 0), every byte between hosts over TCP: its coordinator killed at a random step
+    is replaced on its host, and the job equals one process."""
+    bed = testbed_factory(4)
+    sizes = (5, 19)
+    config = LaunchConfig(workers=2, servers=2, chunk_bytes=512)
+    victims = {AT: "coordinator"}
+    env = {"REPLICA_NOWAIT": "1"}
+    status, lines = _run_and_kill(
+        config, sizes, tmp_path, victims, "sgd", env, before_kill=rebuilt(victims), testbed=bed
+    )
+    said = "\n".join(lines)
+    assert status == 0, f"(killed after step {AT}, seed {SEED})\n" + "\n".join(lines[-60:])
+    expected = reference(Setup("sgd", sizes))
+    for rank in range(len(sizes)):
+        assert max_difference(torch.load(tmp_path / f"rank{rank}.pt"), expected) < 1e-5
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    versions = [v for s in stats["servers"] for v in s["versions"].values()]
+    assert versions and all(v == STEPS for v in versions), versions
+    assert said.count("rebuilt the job from its members: 2 servers, 2 workers back") == 1
     assert processes_of(config.job) == []

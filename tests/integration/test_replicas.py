@@ -21,6 +21,7 @@ import torch
 from tests.conftest import processes_of
 from tests.equivalence_job import STEPS, Setup, max_difference, reference
 from trimtab.launch.job import Job, LaunchConfig
+from trimtab.launch.testbed import Testbed
 
 SCRIPT = Path(__file__).with_name("replica_worker.py")
 
@@ -37,11 +38,12 @@ def _run_and_kill(
     optimizer: str = "sgd",
     env: dict[str, str] | None = None,
     before_kill: Callable[[Job, int, list[str]], None] | None = None,
+    testbed: Testbed | None = None,
 ) -> tuple[int, list[str]]:
     """Run the replica job; after each step of ``victims`` (step: process, e.g.
     "server 1"), when rank 0 asks (OUT/kill<n>), SIGKILL that process and say so
-    (OUT/killed<n>); ``before_kill(job, n, output)`` first, if given. Returns the job's status
-    and output."""
+    (OUT/killed<n>); ``before_kill(job, n, output)`` first, if given. On ``testbed``'s
+    hosts if given. Returns the job's status and output."""
     lines: list[str] = []
     config = dataclasses.replace(config, deadline_s=100.0)
     steps = ",".join(map(str, victims))
@@ -51,6 +53,7 @@ def _run_and_kill(
         command,
         output=lambda src, line: lines.append(f"[{src}] {line}"),
         extra_env={"TRIMTAB_DEAD_AFTER_S": DEAD_AFTER_S, **(env or {})},
+        testbed=testbed,
     )
     status: list[int] = []
     runner = threading.Thread(target=lambda: status.append(job.run()), daemon=True)

@@ -113,3 +113,10 @@ def test_soak_plans_are_seeded_and_keep_rank_0_and_a_server() -> None:
     for s in specs:
         if s.role == "worker" and s.count == 0:
             assert f"worker:+1@{s.step + 2}" in faults  # each worker kill, a join after
+    # Coordinator kills in some plans, numbered as the replacements come.
+    kills = [
+        [sp.index for sp in parse_faults(plan(random.Random(seed), 600, 3, 2)[0])
+         if sp.role == "coordinator"]
+        for seed in range(10)
+    ]  # fmt: skip
+    assert any(kills) and all(k == list(range(len(k))) for k in kills)

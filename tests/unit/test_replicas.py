@@ -475,6 +475,31 @@ def test_a_replicate_of_a_failover_map_not_yet_taken_waits_for_it() -> None:
     assert [h["o"] for _, h in loop.sent] == [int(Control.FAILOVER_ACK), int(Data.ACK)]
 
 
+def test_a_server_not_yet_given_the_job_learns_it_from_a_failover_and_backs_up() -> None:
+    # Server 2 joined (the launcher's replacement for a lost server) and was given
+    # nothing yet when server 1 died: the FAILOVER makes it chunk 1's backup, and carries
+    # the job's tables (as the coordinator sends it), so it can take the REPLICATE.
+    owners, backups = [0, 1], [1, 0]
+    new_owner = server(0, owners, backups)
+    servers = ["inproc://s0", "inproc://s1", "inproc://s2"]
+    failover = replica.failover(epoch=2, dead=1, owners=[0, 0], backups=[2, 2], servers=servers)
+    job = {**map_header(owners, mode="server", bk=backups), **failover, "epoch": 2}
+    new_owner.failover(replica.read_failover(wire(dict(failover), [])[0]))
+    message = new_owner.replicate(1, [], [])
+    assert message is not None
+    store = ChunkStore(LoadMeter(), SharedArenas("job"))
+    store.index = 2
+    creds = Credentials("job")
+    creds.learn(KEY, 2, None)
+    joined, loop, _, _ = link(Replicas(store, creds))
+    joined.failover(wire(job, [])[0])
+    assert len(store.specs) == 2 and joined.replicas.backup_of == [2, 2]
+    header, frames = wire(message[1], message[2])
+    joined.take(b"s0", [memoryview(b""), *frames], header, sender=0)
+    assert 1 in joined.replicas.copies
+    assert [h["o"] for _, h in loop.sent] == [int(Control.FAILOVER_ACK), int(Data.ACK)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     key=st.sampled_from(["c", "v", "k", "e", "s", "dt", "n", "p", "ls", "lc", "hp", "st", "sm"]),

@@ -6,7 +6,8 @@ The soak runs jobs of ``--job-steps`` steps one after the other until the time i
 (the last one cut to the time left, by the step rate measured so far), each with faults
 drawn at random steps: server kills (at most two of the three first servers), worker
 kills at a random phase (never rank 0, which writes the final parameters) each followed
-by a join, and ``--rebalance-every K`` (K drawn from 5..20) moving every chunk live.
+by a join, coordinator kills (each replacement rebuilds the job from its members), and
+``--rebalance-every K`` (K drawn from 5..20) moving every chunk live.
 Faults are at least ``--gap`` seconds of steps apart (by the measured rate), so the
 worker a join starts is up (a new Python process importing torch) before a later kill
 names its rank. Jobs are kept short because the judge compares the final parameters with
@@ -40,7 +41,7 @@ def plan(
     rng: random.Random, steps: int, servers: int, workers: int, gap: int = 40
 ) -> tuple[list[str], int]:
     """Fault specs for a job of ``steps`` steps, and its ``--rebalance-every``: events
-    ``gap`` to ``2 * gap`` steps apart."""
+    ``gap`` to ``2 * gap`` steps apart, a third of them coordinator kills."""
     faults: list[str] = []
     at: list[int] = []
     step = 5
@@ -51,8 +52,12 @@ def plan(
     killable_servers = killable_servers[: servers - 1]  # one of the first ones stays
     live = list(range(1, workers))  # the workers that may be killed: never rank 0
     next_rank = workers  # a join's rank: the next never used
+    coordinators = 0  # the coordinator's number: 0 the first, 1 its replacement...
     for step in at:
-        if killable_servers and (not live or rng.random() < 0.5):
+        if rng.random() < 1 / 3:
+            faults.append(f"coordinator:{coordinators}:kill@{step}")
+            coordinators += 1
+        elif killable_servers and (not live or rng.random() < 0.5):
             faults.append(f"server:{killable_servers.pop()}:kill@{step}")
         elif live:
             rank = live.pop(rng.randrange(len(live)))

@@ -216,9 +216,13 @@ class Recovery:
         self._maps.backups = backups
         self.failing = Failover(epoch, tuple(owners), set(live))
         servers = [m.addr for m in self._members.servers]
-        to_servers = replica.failover(
+        failover = replica.failover(
             epoch=epoch, dead=dead.rank, owners=owners, backups=backups, servers=servers
         )
+        # With the job's tables: a server that joined and was not yet given the job (the
+        # launcher's replacement for a lost one) may be a new backup now.
+        job: Header = dict(self._maps.header or {})
+        to_servers: Header = {**job, **failover, "epoch": epoch}
         out += [Send(self._members.servers[r].peer, to_servers) for r in live]
         notice = replica.failover_notice(epoch=epoch, dead=dead.addr)
         out += [Send(w.peer, notice) for w in self._members.workers.values() if not w.finished]

@@ -164,6 +164,9 @@ class ReplicaLink:
         a bad FAILOVER."""
         msg = replica.read_failover(header)
         epoch = msg["e"]
+        store = self.replicas.store
+        if not store.specs and "tensors" in header:
+            store.learn_job(headers.read_job_map(header))  # joined, not yet given the job
         changed, moved = self.replicas.failover(msg)
         self._take_map(changed, moved, lambda: self._loop.send(
             self._coord, replica.failover_ack(epoch=epoch)))  # fmt: skip
