@@ -373,6 +373,12 @@ class Job:
             others = [p for p in self._procs if not p.source.startswith("worker")]
             if not ended and any(job_over(p) for p in others):
                 ended = time.monotonic()
+            for p in others:  # first: nobody answers the status requests below meanwhile
+                code = p.popen.poll()
+                if code is not None and code < 0 and p.source == "coordinator" and not ended:
+                    self._injected(p, code)  # (says so, if --fault killed it)
+                    self._replace_coordinator(p, code, workers)
+            others = [p for p in self._procs if not p.source.startswith("worker")]
             if ended:  # joiners that came too late
                 late = late_joiners(
                     workers, c.workers, self._members, time.monotonic() - ended, c.grace_s
@@ -410,10 +416,6 @@ class Job:
                 return end_status(others, bool(lost))
             for p in others:
                 code = p.popen.poll()
-                if code is not None and code < 0 and p.source == "coordinator" and not ended:
-                    self._injected(p, code)  # (says so, if --fault killed it)
-                    self._replace_coordinator(p, code, workers)
-                    continue
                 if code is not None and code != 0 and self._injected(p, code):
                     self._procs.remove(p)  # killed by --fault (said once): the job decides
                     continue

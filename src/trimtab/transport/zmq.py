@@ -220,10 +220,14 @@ class ZmqTransport(Transport):
                 sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
             else:
                 shake = ClientHandshake(self._key) if self._key is not None else None
-                conn = LaneConnection(sock, out_peer(address), self._limits, shake)
-                self._lane_out[address] = conn
-                self._add_lane(conn)
-                return conn.peer
+                try:
+                    conn = LaneConnection(sock, out_peer(address), self._limits, shake)
+                except LaneClosed:  # its listener went as we connected (its process died)
+                    sock.close()
+                else:
+                    self._lane_out[address] = conn
+                    self._add_lane(conn)
+                    return conn.peer
         if address not in self._dealers:
             dealer = self._ctx.socket(zmq.DEALER)
             self._tune(dealer)

@@ -68,22 +68,25 @@ class CoordinatorLink:
 
     def tick(self, serving: bool) -> str | None:
         """Call on every turn of the loop: a heartbeat and (``serving``) a load report
-        when due, and, with each heartbeat, a look at the coordinator: gone, it is
-        rejoined where the server can (else, or once a replacement is late, returns
-        why the server gives up)."""
+        when due, and, with each heartbeat or closed connection, a look at the
+        coordinator: gone, it is rejoined where the server can (else, or once a
+        replacement is late, returns why the server gives up)."""
         if serving and not self.rejoin.away and time.monotonic() >= self._load_due:
             self._load_due = time.monotonic() + LOAD_REPORT_S
             m = self._meter
             load = headers.load(busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step)
             self._loop.send(self.peer, load)
-        if not self.heartbeat.due():
+        lost = self._transport.lost()  # (connections closed: seen at once)
+        beat = self.heartbeat.due()
+        if beat:
+            self._loop.send(self.peer, self.heartbeat.header())
+        elif not lost:
             return None
-        self._loop.send(self.peer, self.heartbeat.header())
         if self.rejoin.away:
-            closed = self.peer in self._transport.lost()
+            closed = self.peer in lost
             gone = "the replacement coordinator's connection closed" if closed else None
         else:
-            gone = self.heartbeat.gone(self._transport.lost(), self.peer)
+            gone = self.heartbeat.gone(lost, self.peer)
         if gone is None:
             return self.rejoin.late()
         self.rejoin.begin(gone)
