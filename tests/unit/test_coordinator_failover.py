@@ -209,3 +209,21 @@ def test_a_server_not_back_in_time_is_left_to_liveness_unless_it_rejoins() -> No
         rejoins.take(b"s1-again", server_rejoin(1, nonce(6)), members)
     with pytest.raises(ProtocolError, match="too late"):
         rejoins.take(b"w9", worker_rejoin(0, nonce(7)), members)
+
+
+def test_an_elastic_job_is_rebuilt_with_the_workers_the_servers_count() -> None:
+    # Worker 1 was lost and worker 2 joined before the coordinator died: the servers'
+    # map says [0, 2] take part. Worker 2 is awaited (and may rejoin), worker 1 is lost.
+    rejoins, members, maps = fresh()
+    counted = {**job_map(), "workers": [0, 2]}
+    for rank in (0, 1):
+        header = {**server_rejoin(rank, nonce(1 + rank)), "jm": counted}
+        back(rejoins, members, maps, b"s%d" % rank, header)
+    back(rejoins, members, maps, b"w0", worker_rejoin(0, nonce(3)))
+    assert rejoins.missing() == ["worker 2"] and rejoins.taking_part() == [0, 2]
+    out = back(rejoins, members, maps, b"w2", worker_rejoin(2, nonce(4)))
+    assert rejoins.rebuilt and sorted(m.peer for m in out) == [b"s0", b"s1", b"w0", b"w2"]
+    states = {r: m.state for r, m in members.workers.items()}
+    assert states == {0: MemberState.ACTIVE, 1: MemberState.LOST, 2: MemberState.ACTIVE}
+    # The job map a server joining later learns the workers from says them.
+    assert maps.header is not None and maps.header["workers"] == [0, 2]

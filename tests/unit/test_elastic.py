@@ -44,6 +44,7 @@ class Job:
             n, BATCHING.create(batching), DETECTORS.create(DEFAULT_DETECTOR), skips_stragglers=False
         )
         self.declared: list[tuple[int, int]] = []  # (rank, clock) answered again
+        self.told: list[list[int]] = []  # the ranks taking part, as each change said them
         self.elastic = Elastic(
             self.members,
             self.steps,
@@ -52,6 +53,7 @@ class Job:
             synchronous=True,
             epoch=lambda: 7,
             again=self.again,
+            ranks_changed=self.told.append,
         )
 
     def register_worker(self, rank: int, running: bool = True) -> Member:
@@ -102,6 +104,9 @@ def test_a_lost_worker_is_dropped_the_servers_told_and_its_share_split() -> None
     assert sizes_of(out) == {b"w0": [12, 12, 0], b"w1": [12, 12, 0]}
     assert job.steps.num_workers == 2 and job.steps.job_clock == 2
     assert job.members.taking_part() == [0, 1]
+    # ... and the job map (through the coordinator's Maps.take_part): a server that
+    # joins later must not wait for worker 2's pushes.
+    assert job.told == [[0, 1]]
 
 
 def test_below_min_workers_the_job_must_end_and_says_why() -> None:

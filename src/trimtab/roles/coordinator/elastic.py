@@ -100,6 +100,8 @@ class Elastic:
         epoch: the published map's epoch now (report answers carry it).
         again: answers a worker's DECLARE of a table the job has (the coordinator's
             re-declaration path), given its clock of it by ``member.clocks``.
+        ranks_changed: told the ranks taking part whenever they change (the job map a
+            server joining later learns the workers from must say them).
     """
 
     def __init__(
@@ -112,11 +114,13 @@ class Elastic:
         synchronous: bool,
         epoch: Callable[[], int],
         again: Callable[[Member, Header], Outbox],
+        ranks_changed: Callable[[list[int]], None] | None = None,
     ) -> None:
         self._members, self._steps, self._batching = members, steps, batching
         self.min_workers = min_workers
         self.synchronous = synchronous
         self._epoch, self._again = epoch, again
+        self._ranks_changed = ranks_changed
         self.state = WorkerSet(ranks=list(range(members.num_workers)), slots=members.num_workers)
         members.part = list(self.state.ranks)  # a joiner takes part from its boundary on
         self._waiting: dict[int, list[_Waiting]] = {}
@@ -156,6 +160,14 @@ class Elastic:
         for clock in sorted(self._waiting):
             out += self._boundary(clock)
         return out, None
+
+    def rebuilt(self, ranks: list[int]) -> None:
+        """A replacement coordinator rebuilt the job (:mod:`.rejoin`): ``ranks`` take
+        part, as the servers count them (workers lost and joined before it included)."""
+        self.state.ranks = sorted(ranks)
+        self._members.part = list(self.state.ranks)
+        self.state.slots = max(self.state.slots, max(ranks, default=-1) + 1)
+        self._members.target_workers = len(ranks)
 
     def hold(self, member: Member, header: Header) -> Outbox:
         """A new worker's DECLARE (it joined the running job): answered at the next step
@@ -216,6 +228,8 @@ class Elastic:
         WORKERS messages."""
         self.state.ranks = sorted(ranks)
         self._members.part = list(self.state.ranks)
+        if self._ranks_changed is not None:
+            self._ranks_changed(list(self.state.ranks))
         self.state.generation += 1
         self.state.sizes = {r: b for r, b in self.state.sizes.items() if r in ranks}
         g, ranks = self.state.generation, self.state.ranks

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from trimtab.errors import ProtocolError
+from trimtab.errors import JobAborted, ProtocolError
 from trimtab.policies.batching import BatchSizingPolicy, WorkerSample
 from trimtab.protocol import elastic, headers
 from trimtab.protocol.messages import ErrorCode, Header
@@ -24,6 +24,7 @@ from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, Role
 from trimtab.roles.coordinator.outbox import Outbox, Send
 from trimtab.roles.coordinator.recovery import Recovery
+from trimtab.roles.coordinator.rejoin import Rejoins
 from trimtab.roles.coordinator.steps import Steps
 from trimtab.transport import Peer
 
@@ -44,9 +45,37 @@ class MemberLoss:
     checkpoints: Checkpoints
     _abort: str | None
     _stop: bool
+    _rejoins: Rejoins | None
+    _key: bytes
+
+    def abort(self, why: str) -> None:
+        raise NotImplementedError  # the coordinator's
 
     def _send(self, out: Outbox) -> None:
         raise NotImplementedError  # the coordinator's
+
+    # -- a replacement coordinator's first phase (:mod:`.rejoin`) ---------------------
+
+    def _on_rejoin(self, peer: Peer, header: Header, out: Outbox) -> None:
+        if self._rejoins is None:
+            raise ProtocolError(ErrorCode.BAD_STATE.value, "no coordinator died here: REGISTER")
+        out += self._rejoins.take(peer, header, self._members)
+        self._rejoin_poll(out)
+
+    def _rejoin_poll(self, out: Outbox) -> Outbox:
+        """The job rebuilt from its members once it can be (:meth:`Rejoins.poll`); or
+        ended, they told why. Returns ``out``, added to."""
+        assert self._rejoins is not None
+        try:
+            out += self._rejoins.poll(self._members, self._maps)
+            if self._rejoins.rebuilt and self._rejoins.key is not None:
+                self._key = self._rejoins.key  # the job's: every credential is made from it
+                if self._elastic is not None:  # its workers as the servers count them
+                    self._elastic.rebuilt(self._rejoins.taking_part())
+        except JobAborted as exc:
+            out += self._rejoins.aborts(str(exc))
+            self.abort(str(exc))
+        return out
 
     def _make_elastic(self, batching: BatchSizingPolicy, synchronous: bool) -> Elastic | None:
         """The elastic part of a job whose settings allow losing or adding workers, else
@@ -64,6 +93,7 @@ class MemberLoss:
             synchronous=synchronous,
             epoch=lambda: self._maps.published_epoch,
             again=self._declare_again,
+            ranks_changed=self._maps.take_part,
         )
 
     def _declare_again(self, member: Member, header: Header) -> Outbox:

@@ -304,6 +304,12 @@ class Maps:
         self._awaiting_acks = {m.rank for m in members.servers}
         return [Send(m.peer, {**self.header, "i": 0}) for m in members.servers]
 
+    def take_part(self, ranks: list[int]) -> None:
+        """The workers taking part are ``ranks`` now (an elastic job lost or added one):
+        the job map says so from now on (a server joining later learns them from it)."""
+        if self.header is not None:
+            self.header["workers"] = list(ranks)
+
     def rebuild(self, job_map: JobMapHeader, members: Members) -> None:
         """A replacement coordinator's map (:mod:`.rejoin`): the servers' ``job_map`` as
         it stands (its tables, owners, backups and epoch), which every server holds

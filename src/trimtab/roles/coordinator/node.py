@@ -339,24 +339,6 @@ class Coordinator(MemberLoss):
             self._rebalancer.membership_changed(out)  # a server joined a running job
         self._place(out)
 
-    def _on_rejoin(self, peer: Peer, header: Header, out: Outbox) -> None:
-        if self._rejoins is None:
-            raise ProtocolError(ErrorCode.BAD_STATE.value, "no coordinator died here: REGISTER")
-        out += self._rejoins.take(peer, header, self._members)
-        self._rejoin_poll(out)
-
-    def _rejoin_poll(self, out: Outbox) -> Outbox:
-        """The job rebuilt from its members once it can be (:meth:`Rejoins.poll`); or
-        ended, they told why. Returns ``out``, added to."""
-        assert self._rejoins is not None
-        try:
-            out += self._rejoins.poll(self._members, self._maps)
-            self._key = self._rejoins.key or self._key  # the job's: credentials are its
-        except JobAborted as exc:
-            out += self._rejoins.aborts(str(exc))
-            self.abort(str(exc))
-        return out
-
     def _on_status(self, peer: Peer, header: Header, out: Outbox) -> None:
         out.append(Send(peer, headers.status_reply(rid=header["i"], status=self.status())))
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from trimtab.errors import JobAborted, ProtocolError
 from trimtab.protocol import headers, rejoin
+from trimtab.protocol.elastic import MAX_WORKERS
 from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.protocol.rejoin import RejoinHeader
 from trimtab.roles.coordinator.config import CoordinatorConfig
@@ -112,11 +113,8 @@ class Rejoins:
             self.key = key
             self.servers[rank] = (peer, r)
         else:
-            if rank >= self._num_workers:
-                raise ProtocolError(
-                    ErrorCode.BAD_STATE.value,
-                    f"worker rank {rank} is not one of the job's {self._num_workers}",
-                )
+            if rank >= MAX_WORKERS:
+                raise ProtocolError(ErrorCode.BAD_STATE.value, f"worker rank {rank} is too big")
             self.workers.setdefault(rank, {})[peer] = r
         log.info("%s %d rejoined", r["role"], rank)
         return []
@@ -168,6 +166,15 @@ class Rejoins:
         maps = [r["jm"] for _, r in self.servers.values()]
         return max(maps, key=lambda m: m.get("epoch", 0), default=None)
 
+    def taking_part(self) -> list[int]:
+        """The worker ranks taking part, as the servers count them (an elastic job's
+        lost workers left out, its joined ones in), else every rank of the job."""
+        job_map = self.newest_map()
+        ranks = job_map.get("workers") if job_map is not None else None
+        if isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks):
+            return sorted(ranks)
+        return list(range(self._num_workers))
+
     def missing(self) -> list[str]:
         """Who is not back yet (``"server 1"``, ``"worker 0"``), or why none can be known
         (no server yet: the map names the servers)."""
@@ -176,7 +183,7 @@ class Rejoins:
             return ["every server"]
         named = {*job_map.get("owners", []), *(b for b in job_map.get("bk", []) if b >= 0)}
         lacking = [f"server {s}" for s in sorted(named) if s not in self.servers]
-        expected = set(range(self._num_workers)) - self.done
+        expected = set(self.taking_part()) - self.done
         back = {w for w, peers in self.workers.items() if self._proven(w, peers)}
         return lacking + [f"worker {w}" for w in sorted(expected - back)]
 
@@ -244,13 +251,20 @@ class Rejoins:
             proof = credentials.rejoin_proof(self._server_key, self.job, "coordinator", r["n"])
             out.append(Send(peer, rejoin.rejoined(proof=proof)))
         members.target_servers = len(members.active_servers())
-        for rank in range(self._num_workers):
+        taking = set(self.taking_part())
+        for rank in sorted(taking | set(range(self._num_workers))):
             token = credentials.credential(self.key, self.job, credentials.WORKER, rank)
-            member = Member(Role.WORKER, rank, b"done:%d" % rank, state=MemberState.DONE)
+            # Not back: it ended (DONE), or an elastic job lost it before (LOST).
+            gone = MemberState.DONE if rank in self.done or rank in taking else MemberState.LOST
+            member = Member(Role.WORKER, rank, b"i:gone-%d" % rank, state=gone)
             for peer, r in self.workers.get(rank, {}).items():
                 nonce = r["n"]
-                if member.state is MemberState.DONE and credentials.proven(
-                    r["pf"], credentials.rejoin_proof(token, self.job, "worker", nonce)
+                if (
+                    member.state is gone
+                    and rank in taking
+                    and credentials.proven(
+                        r["pf"], credentials.rejoin_proof(token, self.job, "worker", nonce)
+                    )
                 ):
                     member = Member(Role.WORKER, rank, peer, floor=r.get("lo", 0))
                     members.by_peer[peer] = member
@@ -260,6 +274,8 @@ class Rejoins:
                     why = f"no proof of worker {rank}'s credential (or it rejoined already)"
                     out.append(Refuse(peer, 0, ErrorCode.FORBIDDEN.value, why))
             members.workers[rank] = member
+        if taking != set(members.workers):  # an elastic job lost workers before
+            members.part = sorted(taking)
         maps.rebuild(job_map, members)
         log.warning(
             "rebuilt the job from its members: %d servers, %d workers back, map epoch %d",
