@@ -219,6 +219,7 @@ def judge(seen: Seen, steps: int, hidden: int = 64) -> dict[str, Any]:
     if any(v != v for v in out["recovery_s"]):  # NaN: no step completed after that kill
         out["recovery_s"] = [None if v != v else v for v in out["recovery_s"]]
     out["step_s"] = median_step_s(seen.records)
+    out["longest_step_s"] = longest_step_s(seen.records)
     # Per coordinator death: how long worker 0 waited for its replacement's REJOINED.
     out["rejoined_s"] = [
         float(line.split("took over after ")[1].split("s")[0])
@@ -255,6 +256,13 @@ def median_step_s(records: list[dict[str, Any]]) -> float | None:
     mine = sorted(float(r["done"]) for r in records if "done" in r and r["rank"] == 0)
     gaps = [b - a for a, b in itertools.pairwise(mine)]
     return round(statistics.median(gaps), 4) if gaps else None
+
+
+def longest_step_s(records: list[dict[str, Any]]) -> float | None:
+    """The longest time between consecutive steps rank 0 finished (None if < 2)."""
+    mine = sorted(float(r["done"]) for r in records if "done" in r and r["rank"] == 0)
+    gaps = [b - a for a, b in itertools.pairwise(mine)]
+    return round(max(gaps), 4) if gaps else None
 
 
 def reason(seen: Seen) -> str:

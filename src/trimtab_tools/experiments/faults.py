@@ -17,6 +17,10 @@ driven through its flags and judged from its outputs, :mod:`.faultjob`):
   server:1:kill@T3``): each replacement rebuilds the job from its members, the last one
   fails the server over; ``rejoined_s`` is, per coordinator death, how long the workers
   waited for its replacement (training went on meanwhile);
+- ``failover_cost``: 2 workers x 2 servers, the coordinator killed at 1/4 and its
+  replacement at 1/2, against the same job without faults, as plain BSP and as the
+  elastic job with replicas above: per job ``step_s`` (median), ``longest_step_s`` (the
+  pause a death put into a step), ``recovery_s``, ``rejoined_s``;
 - ``replicas_cost``: the same job without faults, with and without ``--replicas 1``;
   ``step_ratio`` is the median step time with replicas over without.
 
@@ -93,6 +97,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             deadline_s=args.deadline,
         )
         out["runs"][name] = judge(seen, args.steps, args.hidden)
+    if "failover_cost" in wanted:
+        q = args.steps // 4
+        kills = [f"coordinator:0:kill@{q}", f"coordinator:1:kill@{2 * q}"]
+        failover: dict[str, Any] = {}
+        for label, faults, flags in (
+            ("bsp", kills, []),
+            ("bsp_no_fault", [], []),
+            ("elastic", kills, base),
+            ("elastic_no_fault", [], base),
+        ):
+            _say(f"failover_cost: {label}")
+            seen = run_job(
+                args.steps,
+                faults,
+                flags,
+                servers=2,
+                pause_s=args.pause,
+                hidden=args.hidden,
+                stall_s=args.stall,
+                deadline_s=args.deadline,
+            )
+            verdict = judge(seen, args.steps, args.hidden)
+            keys = ("step_s", "longest_step_s", "recovery_s", "rejoined_s", "lost_updates")
+            failover[label] = {k: verdict[k] for k in (*keys, "equivalent", "completed")}
+        out["runs"]["failover_cost"] = failover
     if "replicas_cost" in wanted:
         cost: dict[str, Any] = {}
         for label, flags in (("without", []), ("with", ["--replicas", "1"])):
@@ -120,9 +149,9 @@ def _say(text: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runs",
-        default="mixed,three_servers,migrating,coordinator,replicas_cost",
+        default="mixed,three_servers,migrating,coordinator,failover_cost,replicas_cost",
         help="comma-separated subset of mixed, three_servers, migrating, coordinator, "
-        "replicas_cost",
+        "failover_cost, replicas_cost",
     )
     p.add_argument("--steps", type=int, default=80, help="steps per run (80)")
     p.add_argument(
@@ -142,6 +171,10 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(out), flush=True)
         return 0
     for name, r in out["runs"].items():
+        if name == "failover_cost":
+            for label, job in r.items():
+                print(f"  failover_cost {label}: {job}")
+            continue
         if name == "replicas_cost":
             print(
                 f"  replicas_cost: step {r.get('step_s_with')} s with, {r['step_s_without']} s "
