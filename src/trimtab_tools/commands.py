@@ -1,4 +1,5 @@
-"""``trimtab bench`` and ``trimtab experiment``: the tools' subcommands.
+"""``trimtab bench``, ``trimtab experiment`` and ``trimtab simulate``: the tools'
+subcommands.
 
 Registered with the ``trimtab`` command through the ``trimtab.commands`` entry point
 (see ``pyproject.toml`` and :mod:`trimtab.cli.plugins`); the runtime never imports this
@@ -13,10 +14,19 @@ from typing import Any
 
 from trimtab_tools.bench import collectives, datapath, msgcost, overlap
 from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
+from trimtab_tools.sim import command as simulate
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``experiment`` and ``bench`` to ``trimtab``'s subcommands ``sub``."""
+    """Add ``experiment``, ``bench`` and ``simulate`` to ``trimtab``'s subcommands ``sub``."""
+    simulate.add_arguments(
+        sub.add_parser(
+            "simulate",
+            help="simulate a job of any size with the real policies (no processes)",
+            description=simulate.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
     exp_sub = exp.add_subparsers(dest="experiment", required=True)
     stragglers.add_arguments(

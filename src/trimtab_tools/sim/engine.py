@@ -1,0 +1,348 @@
+"""The discrete-event loop of a simulated job: steps, the coordinator's step boundaries,
+migrations, servers joining and retiring, in simulated time on a heap of events.
+
+Events, each at its simulated time:
+
+* ``step k``: every worker's step ``k`` through the data path at once
+  (:func:`~trimtab_tools.sim.datapath.step_times`): the workers' start times, their
+  batch sizes and slowdowns, the map in force and the servers' speeds at ``k``;
+* ``reports k``: the last worker's report of step ``k`` reaches the coordinator, which
+  feeds the policies what the runtime's coordinator feeds them (each worker's sample,
+  PSLD's step times and per-server spans, the servers' load counters) and, at the step
+  boundary, asks them what the runtime asks (:mod:`trimtab.roles.coordinator.rebalance`
+  and ``steps``): PSLD's new map, scaling's server wanted or given back, LB-BSP's sizes;
+* ``migrated``: the last handover of a migration reached its new owner;
+* ``joined``: a server asked for by the scaling policy serves.
+
+Under ``equal`` batching a worker starts its next step as soon as its replies are in;
+under an adaptive batching it waits for the sizes in the coordinator's reply. A map
+decided during step ``k`` holds from the first step not yet started (``k + 1`` when
+the workers wait for sizes, else ``k + 2``), as in the runtime. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from trimtab.policies.batching import WorkerSample
+from trimtab.policies.psld import chunk_costs, rebalance
+from trimtab_tools.sim.cluster import Nodes
+from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_times
+from trimtab_tools.sim.decisions import Policies
+from trimtab_tools.sim.job import SimJob
+
+__all__ = ["Decision", "Simulation", "Trace"]
+
+#: Samples kept per worker for the batch-sizing policy (as the coordinator's
+#: ``steps.HISTORY_STEPS``).
+HISTORY_STEPS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One decision that changed the job: ``kind`` (``migration``, ``server_wanted``,
+    ``server_joined``, ``server_retired``) at step boundary ``clock``, simulated
+    second ``at``, with what it did (``detail``)."""
+
+    kind: str
+    clock: int
+    at: float
+    detail: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Trace:
+    """What a run leaves: per step, when it started (its first worker) and ended (its
+    last), worker 0's end, the batch sizes' least and most; the decisions."""
+
+    starts: list[float] = dataclasses.field(default_factory=list)
+    ends: list[float] = dataclasses.field(default_factory=list)
+    worker0_ends: list[float] = dataclasses.field(default_factory=list)
+    batch_min: list[int] = dataclasses.field(default_factory=list)
+    batch_max: list[int] = dataclasses.field(default_factory=list)
+    epochs: list[int] = dataclasses.field(default_factory=list)
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
+    sizes_last: list[int] = dataclasses.field(default_factory=list)
+    bytes_moved: int = 0
+    migrations: int = 0
+
+
+class Simulation:
+    """One job, simulated. :meth:`run` blocks until its last step (CPU only).
+
+    Args:
+        job: what to simulate.
+        policies: the policy objects to drive (default: those ``job``'s settings name,
+            built as the coordinator builds them).
+
+    Raises :class:`~trimtab.errors.ConfigError` from the constructor for a straggler
+    naming a node the job does not have.
+    """
+
+    def __init__(self, job: SimJob, policies: Policies | None = None) -> None:
+        self.job = job
+        s = job.settings
+        self.policies = p = policies or Policies(s)
+        self.nodes = Nodes(job.cluster, job.stragglers, s.workers, s.max_servers)
+        tensors, chunks = job.tensors(), job.chunks()
+        self.chunk_bytes = [c.nbytes for c in chunks]
+        self.sizes = np.array(self.chunk_bytes, dtype=float)
+        self.shares = ready_shares(self.sizes, job.cluster.forward_share)
+        owners = p.call("placement.place", p.placement.place, tensors, chunks, s.servers)
+        self.owners = np.array(owners, dtype=np.int64)
+        self.available = np.full(len(chunks), -np.inf)
+        self.active = [True] * s.servers
+        self.target_servers = s.servers
+        self.adaptive = p.batching.adaptive
+        ranks = range(s.workers)
+        self.history: dict[int, collections.deque[WorkerSample]] = {
+            r: collections.deque(maxlen=HISTORY_STEPS) for r in ranks
+        }
+        first = p.call(
+            "batching.batch_sizes", p.batching.batch_sizes, {r: [] for r in ranks}, job.global_batch
+        )
+        self.batches = np.array([first[r] for r in ranks], dtype=float)
+        self.busy = np.zeros(s.max_servers)
+        self.moved = np.zeros(s.max_servers)
+        self.trace = Trace()
+        self._queue: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = 0
+        self._started = -1  # the last step computed
+        self._last_step: StepTimes | None = None
+        self._last_factors = np.ones(s.workers)
+        self._pending: tuple[int, np.ndarray] | None = None  # (from step, owners)
+        self._migrating = False
+        self._unsettled = False
+        self._last_decision = 0
+        self._epoch = 0
+        self._costs = chunk_costs(self.chunk_bytes, s.workers)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run(self) -> Trace:
+        """Simulate every step; return the trace. Blocks (CPU). Raises what a policy
+        raises (:class:`~trimtab.errors.ConfigError` for a batch it cannot split)."""
+        self._at(0.0, lambda now: self._step(0, np.zeros(self.job.settings.workers)))
+        while self._queue:
+            now, _, action = heapq.heappop(self._queue)
+            action(now)
+        return self.trace
+
+    def _at(self, when: float, action: Callable[[float], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (when, self._seq, action))
+
+    # -- the workers and servers -------------------------------------------------
+
+    def _step(self, k: int, starts: np.ndarray) -> None:
+        c = self.job.cluster
+        self._started = k
+        if self._pending is not None and k >= self._pending[0]:
+            self._switch(self._pending[1], float(starts.min()))
+        factors = self.nodes.worker_factors(k)
+        proc, cap, delay = self.nodes.server_rates(k)
+        x = StepInput(
+            starts=starts,
+            compute=self.batches * c.sample_s * factors,
+            sizes=self.sizes,
+            owners=self.owners,
+            shares=self.shares,
+            available=self.available,
+            proc=proc,
+            cap=cap,
+            delay=delay,
+            update_bps=c.update_bps,
+            worker_nic_bps=c.worker_nic_bps,
+            server_nic_bps=c.server_nic_bps,
+            latency_s=c.latency_s,
+            workers_per_host=c.workers_per_host,
+            servers_per_host=c.servers_per_host,
+        )
+        t = step_times(x)
+        ends = t.ends + c.step_overhead_s
+        self._last_step, self._last_factors = t, factors
+        self.busy[: t.busy_s.size] += t.busy_s
+        self.moved[: t.nbytes.size] += t.nbytes
+        tr = self.trace
+        tr.starts.append(float(starts.min()))
+        tr.ends.append(float(ends.max()))
+        tr.worker0_ends.append(float(ends[0]))
+        tr.batch_min.append(int(self.batches.min()))
+        tr.batch_max.append(int(self.batches.max()))
+        tr.epochs.append(self._epoch)
+        self._at(float(ends.max()) + c.latency_s, lambda now: self._reports(k, x, t, now))
+        if not self.adaptive and k + 1 < self.job.steps:
+            self._at(float(ends.min()), lambda now: self._step(k + 1, ends))
+
+    def _switch(self, owners: np.ndarray, now: float) -> None:
+        """The map of a migration takes effect: each moving chunk reaches its new owner
+        once its old owner applied the last step's update, with its optimizer state."""
+        c = self.job.cluster
+        moving = np.flatnonzero(owners != self.owners)
+        last = self._last_step
+        cut = last.updated if last is not None else np.zeros(len(self.sizes))
+        _, cap, _ = self.nodes.server_rates(self._started)
+        rate = np.minimum(
+            c.server_nic_bps, np.minimum(cap[self.owners[moving]], cap[owners[moving]])
+        )
+        self.available = np.full(len(self.sizes), -np.inf)
+        self.available[moving] = (
+            cut[moving] + c.latency_s + self.sizes[moving] * c.state_factor / rate
+        )
+        moved = int(self.sizes[moving].sum() * c.state_factor)
+        self.trace.bytes_moved += moved
+        self.owners = owners
+        self._pending = None
+        self._epoch += 1
+        done = float(self.available[moving].max(initial=now)) + c.latency_s
+        self._at(done, self._migrated)
+
+    def _migrated(self, now: float) -> None:
+        self._migrating = False
+        self.trace.migrations += 1
+        if self._unsettled:
+            self._membership_changed(now, self._started + 1)
+
+    # -- the coordinator -----------------------------------------------------------
+
+    def _reports(self, k: int, x: StepInput, t: StepTimes, now: float) -> None:
+        p, s = self.policies, self.job.settings
+        compute = x.compute
+        comm = np.maximum(t.ends - t.compute_ends, 0.0)
+        share = 1.0 / self._last_factors
+        for r in np.argsort(t.ends, kind="stable").tolist():  # in the order they arrive
+            sample = WorkerSample(
+                r,
+                int(self.batches[r]),
+                max(float(compute[r]), 1e-9),
+                float(comm[r]),
+                min(float(share[r]), 1.0),
+            )
+            self.history[r].append(sample)
+            if p.psld is not None:
+                p.call(
+                    "psld.observe_step", p.psld.observe_step, k, sample.compute_s + sample.comm_s
+                )
+        servers = len(self.active)
+        for srv in range(servers):  # each server's load report (its counters)
+            p.call(
+                "speeds.observe",
+                p.speeds.observe,
+                srv,
+                float(self.busy[srv]),
+                float(self.moved[srv]),
+            )
+        if p.psld is not None:
+            for srv in np.flatnonzero(t.seen_bytes[:servers] > 0).tolist():
+                p.call(
+                    "speeds.observe_step",
+                    p.speeds.observe_step,
+                    srv,
+                    float(t.seen_bytes[srv]),
+                    float(t.span_s[srv]),
+                    float(t.tail_s[srv]),
+                )
+        self._boundary(k + 1, now)
+        if not self.adaptive or k + 1 >= self.job.steps:
+            return
+        histories = {r: list(h) for r, h in self.history.items()}
+        sizes = p.call(
+            "batching.batch_sizes", p.batching.batch_sizes, histories, self.job.global_batch
+        )
+        self.batches = np.array([sizes[r] for r in range(s.workers)], dtype=float)
+        self.trace.sizes_last = [sizes[r] for r in range(s.workers)]
+        start = now + self.job.cluster.latency_s
+        self._at(start, lambda when: self._step(k + 1, np.full(s.workers, when)))
+
+    def _boundary(self, clock: int, now: float) -> None:
+        """As ``Rebalancer.step_boundary``: PSLD's map, scaling's server wanted or given
+        back, at most one migration at a time."""
+        p = self.policies
+        if p.psld is None or self._migrating or self._pending or clock <= self._last_decision:
+            return
+        n = len(self.active)
+        owners = tuple(self.owners.tolist())
+        speeds = p.call("speeds.speeds", p.speeds.speeds, n)
+        probe = frozenset(p.call("speeds.unknown", p.speeds.unknown, n))
+        new = p.call(
+            "psld.decide",
+            p.psld.decide,
+            clock,
+            self._costs,
+            owners,
+            speeds,
+            active=self.active,
+            probe=probe,
+        )
+        serving = sum(self.active)
+        if (
+            serving < self.job.settings.max_servers
+            and self.target_servers < serving + 1
+            and p.call("scaling.wants_server", p.scaling.wants_server, speeds, self.active)
+        ):
+            self.target_servers = serving + 1
+            self._decide("server_wanted", clock, now, {"server": n})
+            self._at(now + self.job.cluster.join_s, self._joined)
+        lasting = p.call("speeds.lasting", p.speeds.lasting, n)
+        idle = p.call(
+            "scaling.idle_server",
+            p.scaling.idle_server,
+            clock,
+            owners,
+            self.active,
+            lasting,
+            settled=not p.psld.trial_running,
+        )
+        if new is None and idle is not None:
+            self.active[idle] = False  # it owns nothing: drained, then retired at once
+            self.target_servers = sum(self.active)
+            self._decide("server_retired", clock, now, {"server": idle})
+            return
+        if new is not None and new != owners:
+            self._last_decision = clock
+            self._migrate(np.array(new, dtype=np.int64), clock, now)
+
+    def _joined(self, now: float) -> None:
+        self.active.append(True)
+        self._decide("server_joined", self._started + 1, now, {"server": len(self.active) - 1})
+        self._membership_changed(now, self._started + 1)
+
+    def _membership_changed(self, now: float, clock: int) -> None:
+        """As ``Rebalancer.membership_changed``: move chunks onto a server that joined."""
+        if self._migrating or self._pending:
+            self._unsettled = True
+            return
+        self._unsettled = False
+        p = self.policies
+        n = len(self.active)
+        speeds = p.call("speeds.speeds", p.speeds.speeds, n) or [1.0] * n
+        owners = tuple(self.owners.tolist())
+        plan = p.call("psld.rebalance", rebalance, self._costs, owners, speeds, active=self.active)
+        if plan.owners != owners:
+            self._migrate(np.array(plan.owners, dtype=np.int64), clock, now)
+
+    def _migrate(self, owners: np.ndarray, clock: int, now: float) -> None:
+        moving = np.flatnonzero(owners != self.owners)
+        self._migrating = True
+        self._pending = (self._started + 1, owners)
+        self._decide(
+            "migration",
+            clock,
+            now,
+            {
+                "chunks": int(moving.size),
+                "bytes": int(self.sizes[moving].sum()),
+                "from": sorted(set(self.owners[moving].tolist())),
+                "to": sorted(set(owners[moving].tolist())),
+                "holds_from": self._started + 1,
+            },
+        )
+
+    def _decide(self, kind: str, clock: int, now: float, detail: dict[str, Any]) -> None:
+        self.trace.decisions.append(Decision(kind, clock, round(now, 6), detail))
