@@ -57,7 +57,7 @@ class DecisionTimes:
         return 1e3 * max(self.max_s.values(), default=0.0)
 
     @property
-    def slowest(self) -> str | None:
+    def slowest_name(self) -> str | None:
         """The name of the slowest call (None before any)."""
         return max(self.max_s, key=self.max_s.__getitem__, default=None)
 

@@ -264,10 +264,20 @@ class Simulation:
         """As ``Rebalancer.step_boundary``: PSLD's map, scaling's server wanted or given
         back, at most one migration at a time."""
         p = self.policies
-        if p.psld is None or self._migrating or self._pending or clock <= self._last_decision:
+        rotate = self.job.settings.elastic.rebalance_every
+        if self._migrating or self._pending or clock <= self._last_decision:
             return
         n = len(self.active)
         owners = tuple(self.owners.tolist())
+        if rotate and clock - self._last_decision >= rotate:  # a forced migration
+            live = [s for s, a in enumerate(self.active) if a]
+            rotated = [live[(live.index(o) + 1) % len(live)] for o in owners]
+            if tuple(rotated) != owners:
+                self._last_decision = clock
+                self._migrate(np.array(rotated, dtype=np.int64), clock, now)
+            return
+        if p.psld is None:
+            return
         speeds = p.call("speeds.speeds", p.speeds.speeds, n)
         probe = frozenset(p.call("speeds.unknown", p.speeds.unknown, n))
         new = p.call(

@@ -83,7 +83,7 @@ def summary(sim: Simulation, wall_s: float) -> dict[str, Any]:
             **({"last": sizes} if len(sizes) <= 16 else {}),
         },
         "slowest_decision_ms": round(sim.policies.times.slowest_ms, 3),
-        "slowest_decision": sim.policies.times.slowest,
+        "slowest_decision": sim.policies.times.slowest_name,
         "decision_times": sim.policies.times.to_dict(),
         "wall_s": round(wall_s, 3),
     }
