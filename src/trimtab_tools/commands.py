@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trimtab_tools.bench import collectives, datapath, msgcost, overlap
+from trimtab_tools.bench import collectives, datapath, msgcost, overlap, policies
 from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
 from trimtab_tools.sim import command as simulate
 
@@ -59,6 +59,9 @@ def add_commands(sub: Any) -> None:
     msgcost.add_arguments(
         bench_sub.add_parser("msgcost", help="CPU per chunk of worker and server, vs the lean PS")
     )
+    policies.add_arguments(
+        bench_sub.add_parser("policies", help="each policy decision alone at a cluster's size")
+    )
     bench.set_defaults(handler=_bench)
 
 
@@ -68,5 +71,10 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    drivers = {"overlap": overlap.main, "collectives": collectives.main, "msgcost": msgcost.main}
+    drivers = {
+        "overlap": overlap.main,
+        "collectives": collectives.main,
+        "msgcost": msgcost.main,
+        "policies": policies.main,
+    }
     return drivers.get(args.bench, datapath.main)(args)
