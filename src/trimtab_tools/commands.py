@@ -15,6 +15,7 @@ from typing import Any
 from trimtab_tools.bench import collectives, datapath, msgcost, overlap, policies
 from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
 from trimtab_tools.sim import command as simulate
+from trimtab_tools.sim import validate
 
 
 def add_commands(sub: Any) -> None:
@@ -45,6 +46,12 @@ def add_commands(sub: Any) -> None:
     soak.add_arguments(
         exp_sub.add_parser("soak", help="random kills, joins and migrations for M minutes")
     )
+    validate.add_arguments(
+        exp_sub.add_parser(
+            "validate-sim",
+            help="real jobs on the test bed against the simulator calibrated on them",
+        )
+    )
     exp.set_defaults(handler=_experiment)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -66,7 +73,12 @@ def add_commands(sub: Any) -> None:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    drivers = {"psld": psld_pause.main, "faults": faults.main, "soak": soak.main}
+    drivers = {
+        "psld": psld_pause.main,
+        "faults": faults.main,
+        "soak": soak.main,
+        "validate-sim": validate.main,
+    }
     return drivers.get(args.experiment, stragglers.main)(args)
 
 

@@ -31,7 +31,9 @@ class ClusterModel:
     Attributes:
         sample_s: a worker's compute seconds per sample (forward and backward).
         forward_share: the part of a step's compute before the first gradient (the
-            forward pass); backward produces the chunks, last tensor first, over the rest.
+            forward pass); backward produces the chunks, last tensor first, over the rest
+            (1: every gradient at the end of the compute, as a script that sleeps and
+            then hands all its gradients over).
         worker_nic_bps: each worker host's NIC, bytes/s each way (shared by the
             workers of that host).
         server_nic_bps: each server host's NIC, bytes/s each way (shared likewise).
@@ -44,6 +46,10 @@ class ClusterModel:
         state_factor: bytes a migrated chunk carries per byte of value (value plus
             optimizer state: 2 for momentum SGD).
         join_s: seconds from a scaling decision to the new server serving.
+        message_s: CPU seconds each message (a chunk's push or reply) costs the node
+            that sends it and the one that takes it, beside its bytes (on a few shared
+            cores the TCP path is bound by CPU per message; ``validate-sim`` fits it
+            to a run measured in the same sitting).
     """
 
     sample_s: float = 0.001
@@ -58,15 +64,16 @@ class ClusterModel:
     step_overhead_s: float = 0.0
     state_factor: float = 2.0
     join_s: float = 2.0
+    message_s: float = 0.0
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
         if min(rates) <= 0 or self.sample_s <= 0:
             raise ConfigError(f"rates and --sample-ms must be > 0: {self}")
-        if not 0 <= self.forward_share < 1:
-            raise ConfigError(f"forward_share must be in [0, 1), got {self.forward_share}")
-        if min(self.latency_s, self.step_overhead_s, self.join_s) < 0:
-            raise ConfigError("latency, step overhead and join time must be >= 0")
+        if not 0 <= self.forward_share <= 1:
+            raise ConfigError(f"--forward-share must be in [0, 1], got {self.forward_share}")
+        if min(self.latency_s, self.step_overhead_s, self.join_s, self.message_s) < 0:
+            raise ConfigError("latency, step overhead, join time and message cost must be >= 0")
         if self.workers_per_host < 1 or self.servers_per_host < 1:
             raise ConfigError("--workers-per-host and --servers-per-host must be >= 1")
         if self.state_factor < 1:

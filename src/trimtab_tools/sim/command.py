@@ -61,11 +61,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slowdown", type=float, default=4.0, help="the scenarios' straggler (4)")
     m = p.add_argument_group("the modelled machines")
     m.add_argument("--sample-ms", type=float, default=10.0, help="compute per sample (10 ms)")
+    m.add_argument(
+        "--forward-share",
+        type=float,
+        default=1 / 3,
+        help="compute share before the first gradient (1/3; 1: none during the compute)",
+    )
     m.add_argument("--worker-gbit", type=float, default=25.0, help="worker NIC, Gbit/s (25)")
     m.add_argument("--server-gbit", type=float, default=25.0, help="server NIC, Gbit/s (25)")
     m.add_argument("--merge-gbs", type=float, default=4.0, help="server merge, GB/s (4)")
     m.add_argument("--update-gbs", type=float, default=8.0, help="server update, GB/s (8)")
     m.add_argument("--latency-us", type=float, default=50.0, help="one-way latency (50 us)")
+    m.add_argument(
+        "--message-us", type=float, default=0.0, help="CPU a message costs each end (0 us)"
+    )
     m.add_argument("--workers-per-host", type=int, default=1, help="workers sharing a NIC (1)")
     m.add_argument("--servers-per-host", type=int, default=1, help="servers sharing a NIC (1)")
     o = p.add_argument_group("output")
@@ -86,11 +95,13 @@ def job_from_args(args: argparse.Namespace) -> SimJob:
     settings = job_settings_from_args(args)
     cluster = ClusterModel(
         sample_s=args.sample_ms / 1e3,
+        forward_share=args.forward_share,
         worker_nic_bps=args.worker_gbit * 1e9 / 8,
         server_nic_bps=args.server_gbit * 1e9 / 8,
         server_bps=args.merge_gbs * 1e9,
         update_bps=args.update_gbs * 1e9,
         latency_s=args.latency_us / 1e6,
+        message_s=args.message_us / 1e6,
         workers_per_host=args.workers_per_host,
         servers_per_host=args.servers_per_host,
     )

@@ -19,8 +19,9 @@ through the queues of the real path, in order:
 A queue serves its jobs in arrival order, each for ``bytes / rate`` seconds, from the
 later of its arrival and the previous job's end; :func:`fifo` computes every job's end
 at once (a segmented running maximum). A worker's step ends when its last reply is in
-(and its compute is done). What it leaves out: TCP's congestion control and
-per-message CPU cost (a push is its bytes over the rate, no fixed cost), the overlap of
+(and its compute is done). A message also costs ``message_s`` of CPU at each
+end (0 unless calibrated). What it leaves out: TCP's congestion control, CPU shared
+between the nodes of one machine (each node computes alone), the overlap of
 a queue's jobs (one at a time, store and forward), migration traffic's share of the
 links (a moving chunk is only late at its new owner).
 
@@ -97,7 +98,8 @@ class StepInput:
         available: when each chunk's owner holds it (a migration's handover), (C,).
         proc, cap, delay: each server's merge bytes/s, link cap bytes/s (inf: none),
             extra seconds per byte (S,).
-        update_bps, worker_nic_bps, server_nic_bps, latency_s: the cluster's.
+        update_bps, worker_nic_bps, server_nic_bps, latency_s, message_s: the
+            cluster's.
         workers_per_host, servers_per_host: nodes sharing a NIC.
     """
 
@@ -116,6 +118,7 @@ class StepInput:
     latency_s: float
     workers_per_host: int = 1
     servers_per_host: int = 1
+    message_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,11 +168,16 @@ def step_times(x: StepInput) -> StepTimes:
     # Pushes: worker NIC out (a worker's chunks come last first), latency, server NIC
     # in, then the owner's merge (after a moving chunk's handover).
     backward = _per_worker_order(w_count, np.arange(c_count)[::-1]) if alone else None
-    out_w = fifo(worker_host, ready.ravel(), flat_sizes / x.worker_nic_bps, backward)
+    per_message = x.message_s
+    out_w = fifo(worker_host, ready.ravel(), flat_sizes / x.worker_nic_bps + per_message, backward)
     arrive = out_w + x.latency_s
     order = queue_order(server_host, arrive)
     in_s = fifo(server_host, arrive, flat_sizes / x.server_nic_bps, order)
-    merge_each = sizes * np.maximum(1 / x.proc[owners], 1 / x.cap[owners]) + sizes * x.delay[owners]
+    merge_each = (
+        sizes * np.maximum(1 / x.proc[owners], 1 / x.cap[owners])
+        + sizes * x.delay[owners]
+        + per_message
+    )
     handing = bool(np.isfinite(x.available).any())
     if handing:
         in_s = np.maximum(in_s, np.tile(x.available, w_count))
@@ -183,13 +191,13 @@ def step_times(x: StepInput) -> StepTimes:
     # Replies: the updated chunk to every worker at once, sharing the server NIC out
     # (and its cap) fairly, so that no worker's replies come first by rank; then the
     # latency and the worker's NIC in.
-    reply_each = sizes * np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners])
+    reply_each = sizes * np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners]) + per_message
     sent = fifo(owners // x.servers_per_host, updated, reply_each * w_count)
     columns = np.argsort(sent)
     got = fifo(
         worker_host,
         np.tile(sent + x.latency_s, w_count),
-        flat_sizes / x.worker_nic_bps,
+        flat_sizes / x.worker_nic_bps + per_message,
         _per_worker_order(w_count, columns) if alone else None,
     ).reshape(w_count, c_count)
     ends = np.maximum(compute_ends, got.max(axis=1, initial=0.0))

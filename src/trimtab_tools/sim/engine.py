@@ -14,10 +14,11 @@ Events, each at its simulated time:
 * ``migrated``: the last handover of a migration reached its new owner;
 * ``joined``: a server asked for by the scaling policy serves.
 
-Under ``equal`` batching a worker starts its next step as soon as its replies are in;
-under an adaptive batching it waits for the sizes in the coordinator's reply. A map
-decided during step ``k`` holds from the first step not yet started (``k + 1`` when
-the workers wait for sizes, else ``k + 2``), as in the runtime. Not thread-safe.
+A worker starts its next step as soon as its replies are in. Under an adaptive batching
+it reports a step with its next step's first push and waits, at that next step's end,
+for the answer: the sizes decided from step ``k``'s reports hold from step ``k + 2``
+(LB-BSP's semi-dynamic scheme, as ``StepReporter.end_step`` runs it). A map decided
+during step ``k + 1`` holds from step ``k + 2``, as in the runtime. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class Decision:
 @dataclasses.dataclass
 class Trace:
     """What a run leaves: per step, when it started (its first worker) and ended (its
-    last), worker 0's end, the batch sizes' least and most; the decisions."""
+    last), worker 0's end, the batch sizes' least and most, the map's epoch in force;
+    the decisions."""
 
     starts: list[float] = dataclasses.field(default_factory=list)
     ends: list[float] = dataclasses.field(default_factory=list)
@@ -67,6 +69,8 @@ class Trace:
     batch_min: list[int] = dataclasses.field(default_factory=list)
     batch_max: list[int] = dataclasses.field(default_factory=list)
     epochs: list[int] = dataclasses.field(default_factory=list)
+    #: Every worker's batch size at each step, in jobs of at most 16 workers.
+    batches: list[list[int]] = dataclasses.field(default_factory=list)
     decisions: list[Decision] = dataclasses.field(default_factory=list)
     sizes_last: list[int] = dataclasses.field(default_factory=list)
     bytes_moved: int = 0
@@ -115,6 +119,8 @@ class Simulation:
         self._seq = 0
         self._started = -1  # the last step computed
         self._last_step: StepTimes | None = None
+        self._ends: dict[int, np.ndarray] = {}  # a step's ends, until the next starts
+        self._sizes: dict[int, tuple[float, np.ndarray]] = {}  # step -> (decided, sizes)
         self._last_factors = np.ones(s.workers)
         self._pending: tuple[int, np.ndarray] | None = None  # (from step, owners)
         self._migrating = False
@@ -163,6 +169,7 @@ class Simulation:
             latency_s=c.latency_s,
             workers_per_host=c.workers_per_host,
             servers_per_host=c.servers_per_host,
+            message_s=c.message_s,
         )
         t = step_times(x)
         ends = t.ends + c.step_overhead_s
@@ -176,9 +183,30 @@ class Simulation:
         tr.batch_min.append(int(self.batches.min()))
         tr.batch_max.append(int(self.batches.max()))
         tr.epochs.append(self._epoch)
-        self._at(float(ends.max()) + c.latency_s, lambda now: self._reports(k, x, t, now))
-        if not self.adaptive and k + 1 < self.job.steps:
-            self._at(float(ends.min()), lambda now: self._step(k + 1, ends))
+        if self.batches.size <= 16:
+            tr.batches.append(self.batches.astype(int).tolist())
+        batch = self.batches
+        self._at(float(ends.max()) + c.latency_s, lambda now: self._reports(k, batch, x, t, now))
+        self._ends[k] = ends
+        self._maybe_start(k + 1)
+
+    def _maybe_start(self, k: int) -> None:
+        """Start step ``k`` once step ``k - 1`` is done and, under an adaptive batching
+        from step 2 on, the sizes decided from step ``k - 2``'s reports have reached the
+        workers: a worker reports a step with its next step's first push and waits for
+        the answer at that next step's end (``StepReporter.end_step``: the policy is one
+        step behind, as LB-BSP's semi-dynamic scheme)."""
+        if k >= self.job.steps or k - 1 not in self._ends:
+            return
+        starts = self._ends[k - 1]
+        if self.adaptive and k >= 2:
+            if k not in self._sizes:
+                return
+            decided, sizes = self._sizes.pop(k)
+            starts = np.maximum(starts, decided + self.job.cluster.latency_s)
+            self.batches = sizes
+        del self._ends[k - 1]
+        self._at(float(starts.min()), lambda now: self._step(k, starts))
 
     def _switch(self, owners: np.ndarray, now: float) -> None:
         """The map of a migration takes effect: each moving chunk reaches its new owner
@@ -211,7 +239,7 @@ class Simulation:
 
     # -- the coordinator -----------------------------------------------------------
 
-    def _reports(self, k: int, x: StepInput, t: StepTimes, now: float) -> None:
+    def _reports(self, k: int, batch: np.ndarray, x: StepInput, t: StepTimes, now: float) -> None:
         p, s = self.policies, self.job.settings
         compute = x.compute
         comm = np.maximum(t.ends - t.compute_ends, 0.0)
@@ -219,7 +247,7 @@ class Simulation:
         for r in np.argsort(t.ends, kind="stable").tolist():  # in the order they arrive
             sample = WorkerSample(
                 r,
-                int(self.batches[r]),
+                int(batch[r]),
                 max(float(compute[r]), 1e-9),
                 float(comm[r]),
                 min(float(share[r]), 1.0),
@@ -249,16 +277,15 @@ class Simulation:
                     float(t.tail_s[srv]),
                 )
         self._boundary(k + 1, now)
-        if not self.adaptive or k + 1 >= self.job.steps:
+        if not self.adaptive or k + 2 >= self.job.steps:
             return
         histories = {r: list(h) for r, h in self.history.items()}
         sizes = p.call(
             "batching.batch_sizes", p.batching.batch_sizes, histories, self.job.global_batch
         )
-        self.batches = np.array([sizes[r] for r in range(s.workers)], dtype=float)
+        self._sizes[k + 2] = (now, np.array([sizes[r] for r in range(s.workers)], dtype=float))
         self.trace.sizes_last = [sizes[r] for r in range(s.workers)]
-        start = now + self.job.cluster.latency_s
-        self._at(start, lambda when: self._step(k + 1, np.full(s.workers, when)))
+        self._maybe_start(k + 2)
 
     def _boundary(self, clock: int, now: float) -> None:
         """As ``Rebalancer.step_boundary``: PSLD's map, scaling's server wanted or given
