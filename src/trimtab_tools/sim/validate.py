@@ -45,7 +45,15 @@ from trimtab_tools.sim.engine import Simulation
 from trimtab_tools.sim.job import SimJob
 from trimtab_tools.sim.report import worker0_seconds
 
-__all__ = ["SCENARIOS", "add_arguments", "main", "simulate", "step_error"]
+__all__ = [
+    "SCENARIOS",
+    "add_arguments",
+    "bandwidth_job",
+    "calibrate_message_s",
+    "main",
+    "simulate",
+    "step_error",
+]
 
 SCENARIOS = ("bandwidth", "static")
 #: Steps whose decisions are compared.
@@ -172,7 +180,7 @@ def _measure_static(epochs: int, slowdown: float) -> dict[str, Any]:
 # -- the simulations ---------------------------------------------------------------------
 
 
-def _bandwidth_job(m: dict[str, Any], message_s: float, *, calm: bool) -> SimJob:
+def bandwidth_job(m: dict[str, Any], message_s: float, *, calm: bool) -> SimJob:
     """The bandwidth scenario's job on ``m``'s measured rates: psld and the slow server,
     or (``calm``) greedy with every server at full rate, as the experiment's
     no_straggler run."""
@@ -209,21 +217,19 @@ def calibrate_message_s(m: dict[str, Any], rounds: int = 24) -> float:
     already). Blocks (CPU, a second or two)."""
     target = statistics.median(m["calibration_step_times"][1:])
     lo, hi = 0.0, 0.01
-    if _simulated_median(_bandwidth_job(m, lo, calm=True)) >= target:
+    if _simulated_median(bandwidth_job(m, lo, calm=True)) >= target:
         return 0.0
     for _ in range(rounds):
         mid = (lo + hi) / 2
         lo, hi = (
-            (mid, hi)
-            if _simulated_median(_bandwidth_job(m, mid, calm=True)) < target
-            else (lo, mid)
+            (mid, hi) if _simulated_median(bandwidth_job(m, mid, calm=True)) < target else (lo, mid)
         )
     return (lo + hi) / 2
 
 
 def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
     message_s = calibrate_message_s(m)
-    sim = Simulation(_bandwidth_job(m, message_s, calm=False))
+    sim = Simulation(bandwidth_job(m, message_s, calm=False))
     sim.run()
     after = [*sim.trace.epochs[1:], sim.trace.epochs[-1]]  # the map routed by after a step
     decisions = {
