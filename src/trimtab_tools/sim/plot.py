@@ -39,6 +39,7 @@ def throughput_plot(points: Sequence[dict[str, Any]], path: str) -> None:
     lx = (math.log10(xt[0]), math.log10(xt[-1]) if xt[-1] > xt[0] else math.log10(xt[0]) + 1)
     ly = (math.log10(yt[0]), math.log10(yt[-1]) if yt[-1] > yt[0] else math.log10(yt[0]) + 1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    ratio = round(points[-1]["workers"] / points[-1]["servers"], 1)
 
     def px(x: float) -> float:
         return LEFT + plot_w * (math.log10(x) - lx[0]) / (lx[1] - lx[0])
@@ -51,7 +52,7 @@ def throughput_plot(points: Sequence[dict[str, Any]], path: str) -> None:
         'font-family="sans-serif" font-size="12">',
         f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
         f'<text x="{LEFT}" y="22" font-size="14">trimtab simulate: throughput against '
-        "cluster size (servers = workers / 10)</text>",
+        f"cluster size (servers = workers / {ratio:g})</text>",
     ]
     for x in xt:
         out.append(
