@@ -107,7 +107,12 @@ def test_the_simulator_predicts_the_bed_within_a_fifth() -> None:
     for scenario, error in out["step_error"].items():
         assert abs(error) < 0.2, (scenario, out["scenarios"][scenario])
     bandwidth = out["scenarios"]["bandwidth"]["decisions"]
-    assert bandwidth["measured_map_changes"][:1] == bandwidth["simulated_map_changes"][:1]
+    # The first move off the slow server, within a step (reports race the boundary).
+    first_real, first_simulated = (
+        bandwidth["measured_map_changes"][0],
+        bandwidth["simulated_map_changes"][0],
+    )
+    assert abs(first_real - first_simulated) <= 1
     static = out["scenarios"]["static"]["decisions"]
     assert statistics.median(static["measured_straggler_batch"][2:]) < 16
     assert static["simulated_straggler_batch"][2] < 16
