@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,9 +106,33 @@ def test_a_run_is_the_same_each_time() -> None:
     assert a.trace.ends == b.trace.ends and a.trace.decisions == b.trace.decisions
 
 
+def _async(mode: str) -> dict[str, Any]:
+    settings = JobSettings(4, 2, consistency=ConsistencySettings(mode, staleness=2))
+    job = SimJob(
+        settings,
+        stragglers=tuple(parse_stragglers("worker:3:slowdown=3@0-")),
+        tensor_bytes=(64 << 10,) * 4,
+        steps=60,
+        batch=8,
+    )
+    return run_job(job)
+
+
+def test_asynchronous_modes_follow_their_consistency_policy() -> None:
+    bsp, asp, ssp, saps = (_async(m) for m in ("bsp", "asp", "ssp", "saps"))
+    # asp and saps never wait for the straggler; ssp waits once it is 2 clocks behind.
+    assert asp["worker0_median_step_s"] < bsp["worker0_median_step_s"] / 2
+    assert ssp["consistency"]["held"] > 0 and "held" not in asp["consistency"]
+    assert ssp["worker0_median_step_s"] > 2 * asp["worker0_median_step_s"]
+    # saps: the detector names worker 3, which skips ahead instead of pushing stale work.
+    assert saps["stragglers_detected"]["workers"] == [3] and saps["consistency"]["skipped"] > 0
+    assert saps["decision_times"]["detection.stragglers"]["calls"] > 0
+    assert "detection.stragglers" not in asp["decision_times"]
+
+
 def test_what_the_simulator_does_not_model_is_refused_clearly() -> None:
-    with pytest.raises(ConfigError, match="--mode bsp"):
-        SimJob(JobSettings(2, 2, consistency=ConsistencySettings("asp")))
+    with pytest.raises(ConfigError, match="replicas"):
+        SimJob(JobSettings(2, 2, elastic=ElasticSettings(replicas=1)))
     with pytest.raises(ConfigError, match="4 servers"):
         Simulation(_job(stragglers="server:7:delay=1ms/MB"))
     with pytest.raises(ConfigError, match="unknown scenario"):
@@ -150,7 +175,7 @@ def test_the_command_sweeps_and_plots(tmp_path: Path, capsys: pytest.CaptureFixt
         (("--sweep", "10,x"), "--sweep"),
         (("--plot", "a.svg"), "--sweep"),
         (("--tensor-bytes", "1,a"), "--tensor-bytes"),
-        (("--mode", "saps"), "--mode bsp"),
+        (("--mode", "saps", "--batching", "lbbsp"), "--mode bsp"),
         (("--steps", "0"), "--steps"),
         (("--straggler", "worker:1:slowdown=0.5"), "slowdown"),
     ],

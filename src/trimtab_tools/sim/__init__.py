@@ -5,9 +5,10 @@ servers and links: ``trimtab simulate``. See docs/simulate.md.
 The modules, one idea each: :mod:`.cluster` (the modelled machines and the straggler
 specs), :mod:`.job` (what a simulated job is), :mod:`.datapath` (one step through the
 data path's queues), :mod:`.decisions` (the policy objects, each call timed),
-:mod:`.engine` (the event loop), :mod:`.report` (a run's figures),
-:mod:`.scenarios` (the experiments' stragglers at any size, the policy pairs),
-:mod:`.command` (the command line), :mod:`.plot` (throughput against size).
+:mod:`.engine` (the event loop of a synchronous job), :mod:`.asynchronous` (of an
+asynchronous one), :mod:`.report` (a run's figures), :mod:`.scenarios` (the
+experiments' stragglers at any size, the policy pairs), :mod:`.command` (the command
+line), :mod:`.plot` (throughput against size), :mod:`.validate` (against the test bed).
 
 Never imported by the runtime; imports no torch, no sockets, no roles.
 """

@@ -115,6 +115,10 @@ class Simulation:
         self.busy = np.zeros(s.max_servers)
         self.moved = np.zeros(s.max_servers)
         self.trace = Trace()
+        #: What the consistency policy did (asynchronous jobs; none here).
+        self.counters: collections.Counter[str] = collections.Counter()
+        #: Workers the straggler detector named (asynchronous jobs; none here).
+        self.flagged_workers: set[int] = set()
         self._queue: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = 0
         self._started = -1  # the last step computed

@@ -53,11 +53,6 @@ class SimJob:
     warmup: int = 1
 
     def __post_init__(self) -> None:
-        if not self.settings.consistency.synchronous:
-            raise ConfigError(
-                f"the simulator models synchronous steps (--mode bsp) only; "
-                f"--mode {self.settings.consistency.mode} is not modelled yet"
-            )
         if self.settings.elastic.replicas or self.settings.elastic_workers:
             raise ConfigError("the simulator models no replicas and no elastic workers yet")
         if self.steps < 1 or self.batch < 1 or not 0 <= self.warmup < self.steps:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from trimtab_tools.sim.asynchronous import AsyncSimulation
 from trimtab_tools.sim.engine import Simulation, Trace
 
 __all__ = ["summary"]
@@ -32,10 +33,10 @@ def worker0_seconds(trace: Trace, warmup: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(ends)][warmup:]
 
 
-def _stragglers(sim: Simulation) -> dict[str, list[int]]:
+def _stragglers(sim: Simulation | AsyncSimulation) -> dict[str, list[int]]:
     """The nodes the policies treated as stragglers by the end: servers left carrying
     under half the median bytes (PSLD unloaded them), workers given under half the
-    median batch (LB-BSP)."""
+    median batch (LB-BSP) or named by the straggler detector (SaPS)."""
     servers = len(sim.active)
     load = np.bincount(sim.owners, sim.sizes, servers)
     busy = [s for s in range(servers) if sim.active[s]]
@@ -45,10 +46,11 @@ def _stragglers(sim: Simulation) -> dict[str, list[int]]:
     )
     median_batch = float(np.median(sim.batches))
     slow_workers = np.flatnonzero(sim.batches < median_batch / 2).tolist()
+    slow_workers = sorted(set(slow_workers) | sim.flagged_workers)
     return {"servers": slow_servers, "workers": slow_workers}
 
 
-def summary(sim: Simulation, wall_s: float) -> dict[str, Any]:
+def summary(sim: Simulation | AsyncSimulation, wall_s: float) -> dict[str, Any]:
     """The figures of a finished :class:`Simulation` (``wall_s``: what it took). Pure."""
     job, tr = sim.job, sim.trace
     steps = step_seconds(tr, job.warmup)
@@ -76,6 +78,7 @@ def summary(sim: Simulation, wall_s: float) -> dict[str, Any]:
             for d in tr.decisions[:LISTED_DECISIONS]
         ],
         "stragglers_detected": _stragglers(sim),
+        "consistency": dict(sim.counters),
         "batch_sizes": {
             "min": min(sizes),
             "median": int(statistics.median(sizes)),

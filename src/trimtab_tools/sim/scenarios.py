@@ -24,11 +24,13 @@ from typing import Any
 from trimtab.errors import ConfigError
 from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
 from trimtab.settings import BatchingSettings, PlacementSettings
+from trimtab_tools.sim.asynchronous import AsyncSimulation
+from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.engine import Simulation
 from trimtab_tools.sim.job import SimJob
 from trimtab_tools.sim.report import summary
 
-__all__ = ["PAIRS", "SCENARIOS", "pair", "run_job", "scenario"]
+__all__ = ["PAIRS", "SCENARIOS", "pair", "run_job", "scenario", "simulation_for"]
 
 SCENARIOS = ("none", "bandwidth", "moving", "static", "transient", "drifting")
 
@@ -84,10 +86,19 @@ def scenario(
     return parse_stragglers(texts)
 
 
+def simulation_for(job: SimJob) -> Simulation | AsyncSimulation:
+    """The simulation of ``job``: step by step if its consistency policy is
+    ``synchronous`` (asked, as the roles ask it), else worker by worker."""
+    policies = Policies(job.settings)
+    if policies.consistency.synchronous:
+        return Simulation(job, policies)
+    return AsyncSimulation(job, policies)
+
+
 def run_job(job: SimJob) -> dict[str, Any]:
     """Simulate ``job``; its :func:`summary`. Blocks (CPU); raises what a policy raises."""
     start = time.perf_counter()
-    sim = Simulation(job)
+    sim = simulation_for(job)
     sim.run()
     return summary(sim, time.perf_counter() - start)
 
