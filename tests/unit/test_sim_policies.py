@@ -162,3 +162,19 @@ def test_narx_predicts_many_as_it_predicts_one() -> None:
     assert narx.predict_many(histories) == pytest.approx([narx.predict(h) for h in histories])
     flat = NarxPredictor(ridge=0.0)  # fitted one by one
     assert flat.predict_many(histories) == [flat.predict(h) for h in histories]
+
+
+def test_the_simulator_loads_no_role_transport_torch_or_zmq() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pkgutil, importlib, trimtab_tools.sim as s\n"
+        "for m in pkgutil.iter_modules(s.__path__):\n"
+        "    importlib.import_module(s.__name__ + '.' + m.name)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'zmq') or "
+        "m.startswith(('trimtab.roles', 'trimtab.transport'))]\n"
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

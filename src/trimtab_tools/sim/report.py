@@ -85,6 +85,10 @@ def summary(sim: Simulation | AsyncSimulation, wall_s: float) -> dict[str, Any]:
             "max": max(sizes),
             **({"last": sizes} if len(sizes) <= 16 else {}),
         },
+        # The records of a real run (``trimtab experiment psld``'s): worker 0's step
+        # times and the map's epoch at each step.
+        "step_times": [round(t, 6) for t in worker0_seconds(tr, job.warmup)],
+        "epochs": tr.epochs[job.warmup :],
         "slowest_decision_ms": round(sim.policies.times.slowest_ms, 3),
         "slowest_decision": sim.policies.times.slowest_name,
         "decision_times": sim.policies.times.to_dict(),
