@@ -18,18 +18,19 @@ from trimtab_tools.sim.report import worker0_seconds
 MIB = 1 << 20
 
 
-def _bandwidth_record(message_s: float) -> dict[str, object]:
-    """A bandwidth record whose no_straggler steps the simulator made with ``message_s``."""
+def _bandwidth_record(message_s: float, jitter: float = 0.0) -> dict[str, object]:
+    """A bandwidth record whose runs the simulator made with ``message_s`` and
+    ``jitter``."""
     record: dict[str, object] = {
         "rates": {"server": 76e6, "slow_server": 19e6, "worker": 2e9},
         "slow_server": 3,
         "tensor_bytes": [MIB] * 8,
-        "steps": 30,
+        "steps": 40,
     }
-    sim = Simulation(validate.bandwidth_job(record, message_s, calm=True))
-    sim.run()
-    record["calibration_step_times"] = worker0_seconds(sim.trace, 0)
-    psld = Simulation(validate.bandwidth_job(record, message_s, calm=False))
+    calm = Simulation(validate.bandwidth_job(record, message_s, calm=True, jitter=jitter))
+    calm.run()
+    record["calibration_step_times"] = worker0_seconds(calm.trace, 0)
+    psld = Simulation(validate.bandwidth_job(record, message_s, calm=False, jitter=jitter))
     psld.run()
     record["step_times"] = worker0_seconds(psld.trace, 0)
     record["epochs"] = [*psld.trace.epochs[1:], psld.trace.epochs[-1]]
@@ -37,17 +38,25 @@ def _bandwidth_record(message_s: float) -> dict[str, object]:
     return record
 
 
-def test_the_message_cost_is_fitted_back_from_a_run_it_made() -> None:
-    record = _bandwidth_record(150e-6)
-    assert validate.calibrate_message_s(record) == pytest.approx(150e-6, rel=0.05)
-    assert validate.calibrate_message_s(_bandwidth_record(0.0)) < 5e-6
+def test_the_message_cost_and_the_noise_are_fitted_back_from_a_run_they_made() -> None:
+    grid = {"messages": (0.0, 75e-6, 150e-6, 225e-6), "jitters": (0.0, 0.05, 0.1, 0.15)}
+    assert validate.calibrate(_bandwidth_record(150e-6, 0.1), **grid) == (150e-6, 0.1)
+    assert validate.calibrate(_bandwidth_record(0.0), **grid) == (0.0, 0.0)
+
+
+@pytest.fixture(autouse=True)
+def _small_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coarse calibration grid: the default one takes seconds."""
+    monkeypatch.setattr(validate, "MESSAGE_GRID", (0.0, 100e-6, 200e-6))
+    monkeypatch.setattr(validate, "JITTER_GRID", (0.0, 0.1))
 
 
 def test_the_simulator_predicts_its_own_runs_and_decisions() -> None:
-    out = validate.simulate("bandwidth", _bandwidth_record(100e-6))
-    assert abs(out["step_error"]) < 0.02
+    out = validate.simulate("bandwidth", _bandwidth_record(100e-6, 0.1))
+    assert out["step_error"] == 0.0  # the same model, the same noise: the same run
     d = out["decisions"]
     assert d["measured_map_changes"] == d["simulated_map_changes"] and d["measured_map_changes"]
+    assert (d["calibrated_message_us"], d["calibrated_jitter"]) == (100.0, 0.1)
     static = {
         "rates": {"server": 2e9, "worker": 2e9},
         "tensor_bytes": [1152, 128, 73728, 256, 40960, 40],
@@ -81,11 +90,11 @@ def test_an_earlier_output_is_simulated_again_without_the_bed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     saved = tmp_path / "v.json"
-    saved.write_text(json.dumps({"measured": {"bandwidth": _bandwidth_record(0.0)}}))
+    saved.write_text(json.dumps({"measured": {"bandwidth": _bandwidth_record(0.0, 0.1)}}))
     args = _args("--scenarios", "bandwidth", "--measured", str(saved), "--json")
     assert validate.main(args) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert set(out["step_error"]) == {"bandwidth"} and abs(out["step_error"]["bandwidth"]) < 0.02
+    assert out["step_error"] == {"bandwidth": 0.0}
     with pytest.raises(ConfigError, match="no 'static' run"):
         validate.run(_args("--measured", str(saved)))
     with pytest.raises(ConfigError, match="--scenarios"):

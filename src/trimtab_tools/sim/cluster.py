@@ -46,6 +46,11 @@ class ClusterModel:
         state_factor: bytes a migrated chunk carries per byte of value (value plus
             optimizer state: 2 for momentum SGD).
         join_s: seconds from a scaling decision to the new server serving.
+        jitter: the spread of each node's speed from step to step: every worker's
+            compute and every server's rates are multiplied, each step, by a
+            log-normal factor of this standard deviation (0: steady machines; a shared
+            machine's noise makes PSLD's trials fail and retry).
+        seed: the jitter's random seed (runs are repeatable).
         message_s: CPU seconds each message (a chunk's push or reply) costs the node
             that sends it and the one that takes it, beside its bytes (on a few shared
             cores the TCP path is bound by CPU per message; ``validate-sim`` fits it
@@ -65,6 +70,8 @@ class ClusterModel:
     state_factor: float = 2.0
     join_s: float = 2.0
     message_s: float = 0.0
+    jitter: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -74,6 +81,8 @@ class ClusterModel:
             raise ConfigError(f"--forward-share must be in [0, 1], got {self.forward_share}")
         if min(self.latency_s, self.step_overhead_s, self.join_s, self.message_s) < 0:
             raise ConfigError("latency, step overhead, join time and message cost must be >= 0")
+        if not 0 <= self.jitter <= 2:
+            raise ConfigError(f"--jitter must be in [0, 2], got {self.jitter}")
         if self.workers_per_host < 1 or self.servers_per_host < 1:
             raise ConfigError("--workers-per-host and --servers-per-host must be >= 1")
         if self.state_factor < 1:
@@ -109,6 +118,10 @@ class Nodes:
         self._server_specs = [s for s in specs if s.role == "server"]
         self.num_workers = workers
         self.max_servers = max_servers
+        # One stream per kind, drawn a step at a time in step order, so that a worker's
+        # noise does not depend on how often the servers were asked.
+        self._worker_noise = _Noise(cluster.jitter, cluster.seed, workers)
+        self._server_noise = _Noise(cluster.jitter, cluster.seed + 1, max_servers)
 
     def worker_factors(self, clock: int) -> np.ndarray:
         """Each worker's slowdown at step ``clock`` (1.0: none)."""
@@ -119,7 +132,8 @@ class Nodes:
             # N busy processes sharing the worker's core make it 1 + N times slower.
             cpu = sum(s.value for s in straggler.specs if s.kind == "cpu" and s.active(clock))
             out[r] *= 1.0 + cpu
-        return out
+        noisy: np.ndarray = out * self._worker_noise.at(clock)
+        return noisy
 
     def server_rates(self, clock: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per server at step ``clock``: (processing bytes/s, link cap bytes/s or inf,
@@ -137,4 +151,22 @@ class Nodes:
                 delay[s.index] += s.value
             else:  # cpu
                 proc[s.index] /= 1.0 + s.value
-        return proc, cap, delay
+        noise = self._server_noise.at(clock)
+        return proc / noise, cap / noise, delay
+
+
+class _Noise:
+    """Log-normal factors of sd ``sigma``, ``count`` a step, the same for a step however
+    often it is asked (steps asked out of order draw the ones between)."""
+
+    def __init__(self, sigma: float, seed: int, count: int) -> None:
+        self.sigma, self.count = sigma, count
+        self._rng = np.random.default_rng(seed)
+        self._steps: list[np.ndarray] = []
+
+    def at(self, clock: int) -> np.ndarray:
+        if self.sigma == 0:
+            return np.ones(self.count)
+        while len(self._steps) <= clock:
+            self._steps.append(np.exp(self._rng.normal(0.0, self.sigma, self.count)))
+        return self._steps[clock]

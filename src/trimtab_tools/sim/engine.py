@@ -176,6 +176,9 @@ class Simulation:
             message_s=c.message_s,
         )
         t = step_times(x)
+        # A handover delays only the first step under the new map: by the next, every
+        # moved chunk was merged at its new owner.
+        self.available = np.full(len(self.sizes), -np.inf)
         ends = t.ends + c.step_overhead_s
         self._last_step, self._last_factors = t, factors
         self.busy[: t.busy_s.size] += t.busy_s

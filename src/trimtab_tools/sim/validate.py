@@ -10,10 +10,12 @@ role on a host of its own, TCP between them):
   to a quarter of it). Calibration: the TCP rate of one stream from a worker's host to
   a server's, to the slow server's and to the other worker's host, measured on the bed
   before the job; they are the simulated NICs and the slow server's ``bandwidth``.
-  Then the CPU a message costs (``ClusterModel.message_s``), fitted so that the
-  simulated no_straggler run (greedy, every link at full rate) takes the median step
-  measured for it on the same bed just before: on two shared cores the path is bound
-  by CPU per message, which changes with the machine's load.
+  Then two figures fitted to the no_straggler run (greedy, every link at full rate)
+  measured on the same bed just before: the CPU a message costs
+  (``ClusterModel.message_s``: on two shared cores the path is bound by CPU per
+  message, which changes with the machine's load), so that the simulated run takes
+  its median step, and the machine's noise (``ClusterModel.jitter``), so that its steps
+  spread as the measured ones (the noise is what makes PSLD's trials fail and retry).
 * ``static`` (``trimtab experiment stragglers --scenario static``'s lbbsp run: 4
   workers, 2 servers, the digits CNN with real compute plus 1 ms a sample, worker 3
   ``--slowdown`` times slower, global batch 128), on an unshaped bed. Calibration: each
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -49,7 +52,7 @@ __all__ = [
     "SCENARIOS",
     "add_arguments",
     "bandwidth_job",
-    "calibrate_message_s",
+    "calibrate",
     "main",
     "simulate",
     "step_error",
@@ -180,10 +183,12 @@ def _measure_static(epochs: int, slowdown: float) -> dict[str, Any]:
 # -- the simulations ---------------------------------------------------------------------
 
 
-def bandwidth_job(m: dict[str, Any], message_s: float, *, calm: bool) -> SimJob:
+def bandwidth_job(
+    m: dict[str, Any], message_s: float, *, calm: bool, jitter: float = 0.0
+) -> SimJob:
     """The bandwidth scenario's job on ``m``'s measured rates: psld and the slow server,
     or (``calm``) greedy with every server at full rate, as the experiment's
-    no_straggler run."""
+    no_straggler run; ``message_s`` and ``jitter`` as :class:`ClusterModel`'s."""
     from trimtab_tools.experiments import psld
 
     rates = m["rates"]
@@ -199,41 +204,61 @@ def bandwidth_job(m: dict[str, Any], message_s: float, *, calm: bool) -> SimJob:
         worker_nic_bps=rates["worker"],
         server_nic_bps=rates["server"],
         message_s=message_s,
+        jitter=jitter,
     )
     slow = f"server:{m['slow_server']}:bandwidth={rates['slow_server']:g}B/s"
     specs = () if calm else tuple(parse_stragglers([slow]))
     return SimJob(settings, cluster, specs, tuple(m["tensor_bytes"]), m["steps"], 1, 0)
 
 
-def _simulated_median(job: SimJob) -> float:
-    sim = Simulation(job)
+def _calm_steps(m: dict[str, Any], message_s: float, jitter: float) -> list[float]:
+    sim = Simulation(bandwidth_job(m, message_s, calm=True, jitter=jitter))
     sim.run()
-    return statistics.median(worker0_seconds(sim.trace, 0)[1:])
+    return worker0_seconds(sim.trace, 0)[1:]
 
 
-def calibrate_message_s(m: dict[str, Any], rounds: int = 24) -> float:
-    """The CPU seconds a message that make the simulated no_straggler run's median step
-    the measured one (bisection over [0, 10 ms]; 0 where the bytes alone take longer
-    already). Blocks (CPU, a second or two)."""
-    target = statistics.median(m["calibration_step_times"][1:])
-    lo, hi = 0.0, 0.01
-    if _simulated_median(bandwidth_job(m, lo, calm=True)) >= target:
-        return 0.0
-    for _ in range(rounds):
-        mid = (lo + hi) / 2
-        lo, hi = (
-            (mid, hi) if _simulated_median(bandwidth_job(m, mid, calm=True)) < target else (lo, mid)
-        )
-    return (lo + hi) / 2
+def _spread(steps: list[float]) -> float:
+    """The standard deviation of the steps' logarithms (their spread, in proportion)."""
+    return statistics.pstdev(math.log(t) for t in steps)
+
+
+#: The grid the calibration searches: CPU a message (seconds), and the noise.
+MESSAGE_GRID = tuple(i * 25e-6 for i in range(17))  # 0 to 400 us
+JITTER_GRID = tuple(i * 0.025 for i in range(13))  # 0 to 0.3
+
+
+def calibrate(
+    m: dict[str, Any],
+    messages: tuple[float, ...] | None = None,
+    jitters: tuple[float, ...] | None = None,
+) -> tuple[float, float]:
+    """The CPU a message costs and the machine's noise, fitted to the measured
+    no_straggler run (``m["calibration_step_times"]``): the pair of the grid whose
+    simulated run comes closest to its median step and, a quarter as much, to the
+    spread of its steps (both change the median and the spread, so they are fitted
+    together; default :data:`MESSAGE_GRID` and :data:`JITTER_GRID`). Blocks (CPU,
+    about 7 s on the default grid)."""
+    measured = m["calibration_step_times"][1:]
+    target, spread = statistics.median(measured), _spread(measured)
+
+    def miss(pair: tuple[float, float]) -> float:
+        steps = _calm_steps(m, *pair)
+        off = (statistics.median(steps) - target) / target
+        wide = (_spread(steps) - spread) / max(spread, 0.01)
+        return float(off * off + 0.25 * wide * wide)
+
+    grid = [(x, j) for x in messages or MESSAGE_GRID for j in jitters or JITTER_GRID]
+    return min(grid, key=miss)
 
 
 def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
-    message_s = calibrate_message_s(m)
-    sim = Simulation(bandwidth_job(m, message_s, calm=False))
+    message_s, jitter = calibrate(m)
+    sim = Simulation(bandwidth_job(m, message_s, calm=False, jitter=jitter))
     sim.run()
     after = [*sim.trace.epochs[1:], sim.trace.epochs[-1]]  # the map routed by after a step
     decisions = {
         "calibrated_message_us": round(message_s * 1e6, 1),
+        "calibrated_jitter": round(jitter, 4),
         "measured_map_changes": _changes(m["epochs"]),
         "simulated_map_changes": _changes(after),
         "measured_migrations": m["migrations"],
@@ -315,7 +340,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             m = _measure_static(args.epochs, args.slowdown)
         out["measured"][scenario] = m
-        out["scenarios"][scenario] = result = simulate(scenario, m)
+        try:
+            out["scenarios"][scenario] = result = simulate(scenario, m)
+        except KeyError as exc:
+            raise ConfigError(
+                f"--measured {args.measured}: its {scenario!r} run lacks {exc} (an older output?)"
+            ) from None
         out["step_error"][scenario] = result["step_error"]
     return out
 
