@@ -75,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--message-us", type=float, default=0.0, help="CPU a message costs each end (0 us)"
     )
+    m.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="each node's speed varies a step by a log-normal factor of this sd (0)",
+    )
+    m.add_argument("--seed", type=int, default=0, help="the jitter's random seed (0)")
     m.add_argument("--workers-per-host", type=int, default=1, help="workers sharing a NIC (1)")
     m.add_argument("--servers-per-host", type=int, default=1, help="servers sharing a NIC (1)")
     o = p.add_argument_group("output")
@@ -102,6 +109,8 @@ def job_from_args(args: argparse.Namespace) -> SimJob:
         update_bps=args.update_gbs * 1e9,
         latency_s=args.latency_us / 1e6,
         message_s=args.message_us / 1e6,
+        jitter=args.jitter,
+        seed=args.seed,
         workers_per_host=args.workers_per_host,
         servers_per_host=args.servers_per_host,
     )
