@@ -106,8 +106,8 @@ def test_a_run_is_the_same_each_time() -> None:
     assert a.trace.ends == b.trace.ends and a.trace.decisions == b.trace.decisions
 
 
-def _async(mode: str) -> dict[str, Any]:
-    settings = JobSettings(4, 2, consistency=ConsistencySettings(mode, staleness=2))
+def _async(mode: str, staleness: int = 2) -> dict[str, Any]:
+    settings = JobSettings(4, 2, consistency=ConsistencySettings(mode, staleness=staleness))
     job = SimJob(
         settings,
         stragglers=tuple(parse_stragglers("worker:3:slowdown=3@0-")),
@@ -124,6 +124,8 @@ def test_asynchronous_modes_follow_their_consistency_policy() -> None:
     assert asp["worker0_median_step_s"] < bsp["worker0_median_step_s"] / 2
     assert ssp["consistency"]["held"] > 0 and "held" not in asp["consistency"]
     assert ssp["worker0_median_step_s"] > 2 * asp["worker0_median_step_s"]
+    loose = _async("ssp", staleness=50)  # --staleness reaches the servers' policy
+    assert "held" not in loose["consistency"]
     # saps: the detector names worker 3, which skips ahead instead of pushing stale work.
     assert saps["stragglers_detected"]["workers"] == [3] and saps["consistency"]["skipped"] > 0
     assert saps["decision_times"]["detection.stragglers"]["calls"] > 0

@@ -129,9 +129,11 @@ class AsyncSimulation:
         p, c = self.policies, self.job.cluster
         push = PushInfo(w, clock, float(self.batches[w]), self._read[w], self._version)
         why = p.call(
-            "consistency.check", p.consistency.check, push, self._version, self._last_push[w]
+            "consistency.check", p.server_consistency.check, push, self._version, self._last_push[w]
         )
-        weight = None if why else p.call("consistency.discount", p.consistency.discount, push)
+        weight = (
+            None if why else p.call("consistency.discount", p.server_consistency.discount, push)
+        )
         self._last_push[w] = clock
         if why:
             self.counters["refused"] += 1
@@ -172,7 +174,7 @@ class AsyncSimulation:
         for w, ready, step, counted in self._held:
             if p.call(
                 "consistency.may_release",
-                p.consistency.may_release,
+                p.server_consistency.may_release,
                 self._clock[w],
                 self._pushed,
                 active,

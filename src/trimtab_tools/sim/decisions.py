@@ -81,7 +81,8 @@ class Policies:
     registry has (the settings refuse it first). Not thread-safe.
 
     Attributes:
-        placement, consistency, batching, detector, scaling: the registries' objects.
+        placement, consistency, batching, detector, scaling: the registries' objects
+            (``consistency`` the coordinator's, ``server_consistency`` the servers').
         psld: the live placement's controller (None unless ``placement.live``).
         speeds: the servers' speed figures PSLD and scaling read.
         times: every call's wall-clock time.
@@ -92,6 +93,13 @@ class Policies:
         self.placement: PlacementPolicy = PLACEMENTS.create(job.placement.policy)
         self.consistency: ConsistencyPolicy = CONSISTENCY.create(
             job.consistency.mode, workers=job.workers
+        )
+        # The servers' own, from what the map carries (ServerStore.learn_job): with the
+        # job's arguments (ssp's staleness), which the coordinator's lacks.
+        self.server_consistency: ConsistencyPolicy = CONSISTENCY.create(
+            job.consistency.mode,
+            workers=job.workers,
+            **self.consistency.job_args(job.consistency.staleness),
         )
         self.batching: BatchSizingPolicy = BATCHING.create(job.batching.policy)
         self.psld: PsldController | None = (
