@@ -188,7 +188,8 @@ def bandwidth_job(
 ) -> SimJob:
     """The bandwidth scenario's job on ``m``'s measured rates: psld and the slow server,
     or (``calm``) greedy with every server at full rate, as the experiment's
-    no_straggler run; ``message_s`` and ``jitter`` as :class:`ClusterModel`'s."""
+    no_straggler run; ``message_s`` and ``jitter`` as :class:`ClusterModel`'s. Never
+    blocks; raises KeyError for a malformed ``m``."""
     from trimtab_tools.experiments import psld
 
     rates = m["rates"]
