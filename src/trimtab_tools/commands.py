@@ -20,14 +20,6 @@ from trimtab_tools.sim import validate
 
 def add_commands(sub: Any) -> None:
     """Add ``experiment``, ``bench`` and ``simulate`` to ``trimtab``'s subcommands ``sub``."""
-    simulate.add_arguments(
-        sub.add_parser(
-            "simulate",
-            help="simulate a job of any size with the real policies (no processes)",
-            description=simulate.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
     exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
     exp_sub = exp.add_subparsers(dest="experiment", required=True)
     stragglers.add_arguments(
@@ -70,6 +62,14 @@ def add_commands(sub: Any) -> None:
         bench_sub.add_parser("policies", help="each policy decision alone at a cluster's size")
     )
     bench.set_defaults(handler=_bench)
+    simulate.add_arguments(
+        sub.add_parser(
+            "simulate",
+            help="simulate a job of any size with the real policies (no processes)",
+            description=simulate.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
 
 
 def _experiment(args: argparse.Namespace) -> int:
