@@ -37,8 +37,8 @@ from trimtab.policies.batching import WorkerSample
 from trimtab.policies.consistency import PushInfo
 from trimtab_tools.sim.cluster import Nodes
 from trimtab_tools.sim.decisions import Policies
-from trimtab_tools.sim.engine import Trace
 from trimtab_tools.sim.job import SimJob
+from trimtab_tools.sim.trace import Trace
 
 __all__ = ["AsyncSimulation"]
 

@@ -24,7 +24,6 @@ during step ``k + 1`` holds from step ``k + 2``, as in the runtime. Not thread-s
 from __future__ import annotations
 
 import collections
-import dataclasses
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -37,44 +36,13 @@ from trimtab_tools.sim.cluster import Nodes
 from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_times
 from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
+from trimtab_tools.sim.trace import Decision, Trace
 
 __all__ = ["Decision", "Simulation", "Trace"]
 
 #: Samples kept per worker for the batch-sizing policy (as the coordinator's
 #: ``steps.HISTORY_STEPS``).
 HISTORY_STEPS = 50
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """One decision that changed the job: ``kind`` (``migration``, ``server_wanted``,
-    ``server_joined``, ``server_retired``) at step boundary ``clock``, simulated
-    second ``at``, with what it did (``detail``)."""
-
-    kind: str
-    clock: int
-    at: float
-    detail: dict[str, Any]
-
-
-@dataclasses.dataclass
-class Trace:
-    """What a run leaves: per step, when it started (its first worker) and ended (its
-    last), worker 0's end, the batch sizes' least and most, the map's epoch in force;
-    the decisions."""
-
-    starts: list[float] = dataclasses.field(default_factory=list)
-    ends: list[float] = dataclasses.field(default_factory=list)
-    worker0_ends: list[float] = dataclasses.field(default_factory=list)
-    batch_min: list[int] = dataclasses.field(default_factory=list)
-    batch_max: list[int] = dataclasses.field(default_factory=list)
-    epochs: list[int] = dataclasses.field(default_factory=list)
-    #: Every worker's batch size at each step, in jobs of at most 16 workers.
-    batches: list[list[int]] = dataclasses.field(default_factory=list)
-    decisions: list[Decision] = dataclasses.field(default_factory=list)
-    sizes_last: list[int] = dataclasses.field(default_factory=list)
-    bytes_moved: int = 0
-    migrations: int = 0
 
 
 class Simulation:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from trimtab_tools.sim.asynchronous import AsyncSimulation
-from trimtab_tools.sim.engine import Simulation, Trace
+from trimtab_tools.sim.engine import Simulation
+from trimtab_tools.sim.trace import Trace
 
 __all__ = ["summary"]
 
