@@ -3,7 +3,8 @@
 servers and links: ``trimtab simulate``. See docs/simulate.md.
 
 The modules, one idea each: :mod:`.cluster` (the modelled machines and the straggler
-specs), :mod:`.job` (what a simulated job is), :mod:`.datapath` (one step through the
+specs), :mod:`.job` (what a simulated job is), :mod:`.members` (workers dying and
+joining), :mod:`.trace` (a run's records), :mod:`.datapath` (one step through the
 data path's queues), :mod:`.decisions` (the policy objects, each call timed),
 :mod:`.engine` (the event loop of a synchronous job), :mod:`.asynchronous` (of an
 asynchronous one), :mod:`.report` (a run's figures), :mod:`.scenarios` (the

@@ -64,6 +64,7 @@ class AsyncSimulation:
         self.owners = np.array(owners, dtype=np.int64)
         self.active = [True] * s.servers
         self.batches = np.full(s.workers, float(job.batch))
+        self.ranks = list(range(s.workers))
         self.trace = Trace()
         self.counters = collections.Counter[str]()
         self.flagged_workers: set[int] = set()

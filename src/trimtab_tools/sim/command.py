@@ -2,7 +2,8 @@
 
 Takes ``trimtab run``'s job flags (``--workers``, ``--servers``, ``--placement``,
 ``--chunk-bytes``, ``--mode``, ``--staleness``, ``--batching``, ``--max-servers``,
-``--rebalance-every``, ``--straggler``), built from the same settings dataclasses,
+``--rebalance-every``, ``--min-workers``, ``--max-workers``, ``--straggler``,
+``--fault`` for workers), built from the same settings dataclasses,
 plus the modelled machines and model. It simulates that job, then (unless
 ``--no-pairs``) the policy pairs (:data:`~trimtab_tools.sim.scenarios.PAIRS`) on the
 same cluster, and prints their figures; ``--sweep`` runs the pairs at several sizes and
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 from trimtab.errors import ConfigError
+from trimtab.faults.kills import parse_faults
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.launch.spec import LaunchConfig, add_flags, job_settings_from_args
 from trimtab.settings import (
@@ -40,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, PlacementSettings)
     add_flags(p, ConsistencySettings)
     add_flags(p, BatchingSettings)
-    add_flags(p, ElasticSettings, ("max_servers", "rebalance_every"))
-    add_flags(p, LaunchConfig, ("stragglers",))
+    add_flags(p, ElasticSettings, ("max_servers", "rebalance_every", "min_workers", "max_workers"))
+    add_flags(p, LaunchConfig, ("stragglers", "faults"))
     g = p.add_argument_group("the simulated job")
     g.add_argument("--steps", type=int, default=200, help="steps (200)")
     g.add_argument("--warmup", type=int, default=1, help="first steps left out (1)")
@@ -137,6 +139,7 @@ def job_from_args(args: argparse.Namespace) -> SimJob:
         steps=args.steps,
         batch=args.batch,
         warmup=args.warmup,
+        faults=tuple(parse_faults(args.fault)),
     )
 
 
@@ -161,9 +164,9 @@ def sweep(base: SimJob, sizes: list[int], slowdown: float) -> list[dict[str, Any
             base.settings,
             workers=workers,
             servers=servers,
-            elastic=dataclasses.replace(base.settings.elastic, max_servers=0),
+            elastic=ElasticSettings(rebalance_every=base.settings.elastic.rebalance_every),
         )
-        job = dataclasses.replace(base, settings=settings, stragglers=())
+        job = dataclasses.replace(base, settings=settings, stragglers=(), faults=())
         print(f"trimtab simulate: {workers} workers, {servers} servers ...", file=sys.stderr)
         point: dict[str, Any] = {"workers": workers, "servers": servers}
         for name in PAIRS:

@@ -36,6 +36,7 @@ from trimtab_tools.sim.cluster import Nodes
 from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_times
 from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
+from trimtab_tools.sim.members import Members
 from trimtab_tools.sim.trace import Decision, Trace
 
 __all__ = ["Decision", "Simulation", "Trace"]
@@ -61,7 +62,17 @@ class Simulation:
         self.job = job
         s = job.settings
         self.policies = p = policies or Policies(s)
-        self.nodes = Nodes(job.cluster, job.stragglers, s.workers, s.max_servers)
+        # As the coordinator's "elastic" term: a lost worker is dropped and new ones
+        # join at step boundaries, every worker waiting for each boundary's answer.
+        self.elastic = s.elastic_workers and p.consistency.synchronous
+        self.members = Members(
+            s.workers,
+            job.faults,
+            elastic=self.elastic,
+            min_workers=s.elastic.min_workers or s.workers,
+            max_workers=s.max_workers,
+        )
+        self.nodes = Nodes(job.cluster, job.stragglers, self.members.slots, s.max_servers)
         tensors, chunks = job.tensors(), job.chunks()
         self.chunk_bytes = [c.nbytes for c in chunks]
         self.sizes = np.array(self.chunk_bytes, dtype=float)
@@ -73,9 +84,9 @@ class Simulation:
         self.target_servers = s.servers
         self.adaptive = p.batching.adaptive
         ranks = range(s.workers)
-        self.history: dict[int, collections.deque[WorkerSample]] = {
-            r: collections.deque(maxlen=HISTORY_STEPS) for r in ranks
-        }
+        self.history: collections.defaultdict[int, collections.deque[WorkerSample]] = (
+            collections.defaultdict(lambda: collections.deque(maxlen=HISTORY_STEPS))
+        )
         first = p.call(
             "batching.batch_sizes", p.batching.batch_sizes, {r: [] for r in ranks}, job.global_batch
         )
@@ -91,7 +102,7 @@ class Simulation:
         self._seq = 0
         self._started = -1  # the last step computed
         self._last_step: StepTimes | None = None
-        self._ends: dict[int, np.ndarray] = {}  # a step's ends, until the next starts
+        self._ends: dict[int, dict[int, float]] = {}  # a step's ends by rank, until the next
         self._sizes: dict[int, tuple[float, np.ndarray]] = {}  # step -> (decided, sizes)
         self._last_factors = np.ones(s.workers)
         self._pending: tuple[int, np.ndarray] | None = None  # (from step, owners)
@@ -99,7 +110,6 @@ class Simulation:
         self._unsettled = False
         self._last_decision = 0
         self._epoch = 0
-        self._costs = chunk_costs(self.chunk_bytes, s.workers)
 
     # -- the loop ----------------------------------------------------------------
 
@@ -118,12 +128,25 @@ class Simulation:
 
     # -- the workers and servers -------------------------------------------------
 
+    @property
+    def ranks(self) -> list[int]:
+        """The live workers' ranks, in the order of the step's arrays."""
+        return self.members.ranks
+
     def _step(self, k: int, starts: np.ndarray) -> None:
         c = self.job.cluster
         self._started = k
+        before = list(self.ranks)
+        lost = self.members.lost_at(k)
+        if lost:  # dropped at once: the step completes over the others' samples
+            keep = np.array([r not in lost for r in before])
+            starts, self.batches = starts[keep], self.batches[keep]
+            self._decide("worker_lost", k, float(starts.min()), {"workers": lost})
+        self.members.reached(k, float(starts.min()), c.join_s)
+        ranks = list(self.ranks)
         if self._pending is not None and k >= self._pending[0]:
             self._switch(self._pending[1], float(starts.min()))
-        factors = self.nodes.worker_factors(k)
+        factors = self.nodes.worker_factors(k)[ranks]
         proc, cap, delay = self.nodes.server_rates(k)
         x = StepInput(
             starts=starts,
@@ -161,8 +184,11 @@ class Simulation:
         if self.batches.size <= 16:
             tr.batches.append(self.batches.astype(int).tolist())
         batch = self.batches
-        self._at(float(ends.max()) + c.latency_s, lambda now: self._reports(k, batch, x, t, now))
-        self._ends[k] = ends
+        self._at(
+            float(ends.max()) + c.latency_s,
+            lambda now: self._reports(k, ranks, batch, x, t, now),
+        )
+        self._ends[k] = dict(zip(ranks, ends.tolist(), strict=True))
         self._maybe_start(k + 1)
 
     def _maybe_start(self, k: int) -> None:
@@ -173,14 +199,18 @@ class Simulation:
         step behind, as LB-BSP's semi-dynamic scheme)."""
         if k >= self.job.steps or k - 1 not in self._ends:
             return
-        starts = self._ends[k - 1]
-        if self.adaptive and k >= 2:
+        lag = 1 if self.elastic else 2  # elastic: every worker waits at each boundary
+        if (self.adaptive or self.elastic) and k >= lag:
             if k not in self._sizes:
                 return
             decided, sizes = self._sizes.pop(k)
-            starts = np.maximum(starts, decided + self.job.cluster.latency_s)
             self.batches = sizes
-        del self._ends[k - 1]
+            ready = decided + self.job.cluster.latency_s
+        else:
+            ready = -np.inf
+        ended = self._ends.pop(k - 1)
+        # A worker that joined at the boundary starts with the others' answer.
+        starts = np.array([max(ended.get(r, ready), ready) for r in self.ranks])
         self._at(float(starts.min()), lambda now: self._step(k, starts))
 
     def _switch(self, owners: np.ndarray, now: float) -> None:
@@ -214,20 +244,22 @@ class Simulation:
 
     # -- the coordinator -----------------------------------------------------------
 
-    def _reports(self, k: int, batch: np.ndarray, x: StepInput, t: StepTimes, now: float) -> None:
-        p, s = self.policies, self.job.settings
+    def _reports(
+        self, k: int, ranks: list[int], batch: np.ndarray, x: StepInput, t: StepTimes, now: float
+    ) -> None:
+        p = self.policies
         compute = x.compute
         comm = np.maximum(t.ends - t.compute_ends, 0.0)
         share = 1.0 / self._last_factors
-        for r in np.argsort(t.ends, kind="stable").tolist():  # in the order they arrive
+        for i in np.argsort(t.ends, kind="stable").tolist():  # in the order they arrive
             sample = WorkerSample(
-                r,
-                int(batch[r]),
-                max(float(compute[r]), 1e-9),
-                float(comm[r]),
-                min(float(share[r]), 1.0),
+                ranks[i],
+                int(batch[i]),
+                max(float(compute[i]), 1e-9),
+                float(comm[i]),
+                min(float(share[i]), 1.0),
             )
-            self.history[r].append(sample)
+            self.history[ranks[i]].append(sample)
             if p.psld is not None:
                 p.call(
                     "psld.observe_step", p.psld.observe_step, k, sample.compute_s + sample.comm_s
@@ -252,15 +284,21 @@ class Simulation:
                     float(t.tail_s[srv]),
                 )
         self._boundary(k + 1, now)
-        if not self.adaptive or k + 2 >= self.job.steps:
+        if self.elastic:  # Elastic._boundary: joiners in, every live rank's share
+            joined = self.members.joining(now)
+            if joined:
+                self._decide("worker_joined", k + 1, now, {"workers": joined})
+        then = k + (1 if self.elastic else 2)
+        if not (self.adaptive or self.elastic) or then >= self.job.steps:
             return
-        histories = {r: list(h) for r, h in self.history.items()}
+        histories = {r: list(self.history[r]) for r in self.ranks}
         sizes = p.call(
             "batching.batch_sizes", p.batching.batch_sizes, histories, self.job.global_batch
         )
-        self._sizes[k + 2] = (now, np.array([sizes[r] for r in range(s.workers)], dtype=float))
-        self.trace.sizes_last = [sizes[r] for r in range(s.workers)]
-        self._maybe_start(k + 2)
+        vector = [sizes[r] for r in self.ranks]
+        self._sizes[then] = (now, np.array(vector, dtype=float))
+        self.trace.sizes_last = vector
+        self._maybe_start(then)
 
     def _boundary(self, clock: int, now: float) -> None:
         """As ``Rebalancer.step_boundary``: PSLD's map, scaling's server wanted or given
@@ -286,7 +324,7 @@ class Simulation:
             "psld.decide",
             p.psld.decide,
             clock,
-            self._costs,
+            self._chunk_costs(),
             owners,
             speeds,
             active=self.active,
@@ -320,6 +358,9 @@ class Simulation:
             self._last_decision = clock
             self._migrate(np.array(new, dtype=np.int64), clock, now)
 
+    def _chunk_costs(self) -> list[int]:
+        return chunk_costs(self.chunk_bytes, len(self.ranks))
+
     def _joined(self, now: float) -> None:
         self.active.append(True)
         self._decide("server_joined", self._started + 1, now, {"server": len(self.active) - 1})
@@ -335,7 +376,9 @@ class Simulation:
         n = len(self.active)
         speeds = p.call("speeds.speeds", p.speeds.speeds, n) or [1.0] * n
         owners = tuple(self.owners.tolist())
-        plan = p.call("psld.rebalance", rebalance, self._costs, owners, speeds, active=self.active)
+        plan = p.call(
+            "psld.rebalance", rebalance, self._chunk_costs(), owners, speeds, active=self.active
+        )
         if plan.owners != owners:
             self._migrate(np.array(plan.owners, dtype=np.int64), clock, now)
 

@@ -8,6 +8,7 @@ import dataclasses
 
 from trimtab.core.chunks import ChunkSpec, TensorSpec, make_chunks
 from trimtab.errors import ConfigError
+from trimtab.faults.kills import FaultSpec
 from trimtab.faults.stragglers import StragglerSpec
 from trimtab.settings import JobSettings
 from trimtab_tools.sim.cluster import ClusterModel
@@ -42,6 +43,7 @@ class SimJob:
         steps: steps to run.
         batch: each worker's share of the global batch (``batch * workers`` samples).
         warmup: first steps left out of the figures.
+        faults: the ``--fault`` specs: workers dying and joining (an elastic bsp job).
     """
 
     settings: JobSettings
@@ -51,10 +53,18 @@ class SimJob:
     steps: int = 200
     batch: int = 32
     warmup: int = 1
+    faults: tuple[FaultSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.settings.elastic.replicas or self.settings.elastic_workers:
-            raise ConfigError("the simulator models no replicas and no elastic workers yet")
+        if self.settings.elastic.replicas:
+            raise ConfigError("the simulator models no replicas yet (--replicas)")
+        if (self.faults or self.settings.elastic_workers) and not (
+            self.settings.consistency.synchronous
+        ):
+            raise ConfigError(
+                "the simulator models workers dying and joining (--fault, --min-workers, "
+                "--max-workers) under --mode bsp only"
+            )
         if self.steps < 1 or self.batch < 1 or not 0 <= self.warmup < self.steps:
             raise ConfigError(
                 f"need --steps >= 1, --batch >= 1 and 0 <= --warmup < --steps, got "

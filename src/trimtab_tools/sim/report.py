@@ -46,7 +46,7 @@ def _stragglers(sim: Simulation | AsyncSimulation) -> dict[str, list[int]]:
         [s for s in busy if load[s] < median_load / 2] if sim.policies.psld is not None else []
     )
     median_batch = float(np.median(sim.batches))
-    slow_workers = np.flatnonzero(sim.batches < median_batch / 2).tolist()
+    slow_workers = [sim.ranks[i] for i in np.flatnonzero(sim.batches < median_batch / 2)]
     slow_workers = sorted(set(slow_workers) | sim.flagged_workers)
     return {"servers": slow_servers, "workers": slow_workers}
 
