@@ -169,6 +169,9 @@ def test_the_command_sweeps_and_plots(tmp_path: Path, capsys: pytest.CaptureFixt
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert [p["workers"] for p in out["sweep"]] == [2, 4]
     assert svg.read_text().startswith("<svg") and "lbbsp (static)" in svg.read_text()
+    steps = tmp_path / "steps.svg"
+    assert command.main(_parse("-w", "4", "--steps", "10", "--plot-steps", str(steps))) == 0
+    assert "psld, bandwidth" in steps.read_text() and steps.read_text().startswith("<svg")
 
 
 @pytest.mark.parametrize(

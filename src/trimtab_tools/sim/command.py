@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the pairs at these worker counts (servers in --workers/--servers' ratio)",
     )
     o.add_argument("--plot", metavar="SVG", help="with --sweep: throughput against size")
+    o.add_argument(
+        "--plot-steps", metavar="SVG", help="each run's step times, as the experiments plot"
+    )
     o.add_argument("--json", action="store_true", help="last line: one JSON object")
     p.set_defaults(handler=main)
 
@@ -208,6 +211,16 @@ def main(args: argparse.Namespace) -> int:
             from trimtab_tools.sim.plot import throughput_plot
 
             throughput_plot(out["sweep"], args.plot)
+    if args.plot_steps:
+        from trimtab_tools.sim.plot import step_plot
+
+        runs = {"the job": out["run"]}
+        for pair_name, pair_runs in out.get("pairs", {}).items():
+            p = PAIRS[pair_name]
+            for policy in (p.policy, p.baseline):
+                runs[f"{policy}, {pair_runs['scenario']}"] = pair_runs[policy]
+        title = f"trimtab simulate: {out['workers']} workers, {out['servers']} servers"
+        step_plot(runs, args.plot_steps, title)
     ms, name = max(slowest, key=lambda x: x[0])
     out["slowest_decision_ms"], out["slowest_decision"] = ms, name
     out["wall_s"] = round(time.perf_counter() - started, 3)
