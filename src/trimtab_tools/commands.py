@@ -1,4 +1,5 @@
-"""``trimtab bench`` and ``trimtab experiment``: the tools' subcommands.
+"""``trimtab bench``, ``trimtab experiment`` and ``trimtab simulate``: the tools'
+subcommands.
 
 Registered with the ``trimtab`` command through the ``trimtab.commands`` entry point
 (see ``pyproject.toml`` and :mod:`trimtab.cli.plugins`); the runtime never imports this
@@ -11,12 +12,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trimtab_tools.bench import collectives, datapath, msgcost, overlap
+from trimtab_tools.bench import collectives, datapath, msgcost, overlap, policies
 from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
+from trimtab_tools.sim import command as simulate
+from trimtab_tools.sim import validate
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``experiment`` and ``bench`` to ``trimtab``'s subcommands ``sub``."""
+    """Add ``experiment``, ``bench`` and ``simulate`` to ``trimtab``'s subcommands ``sub``."""
     exp = sub.add_parser("experiment", help="experiments (whole jobs side by side)")
     exp_sub = exp.add_subparsers(dest="experiment", required=True)
     stragglers.add_arguments(
@@ -35,6 +38,12 @@ def add_commands(sub: Any) -> None:
     soak.add_arguments(
         exp_sub.add_parser("soak", help="random kills, joins and migrations for M minutes")
     )
+    validate.add_arguments(
+        exp_sub.add_parser(
+            "validate-sim",
+            help="real jobs on the test bed against the simulator calibrated on them",
+        )
+    )
     exp.set_defaults(handler=_experiment)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -49,14 +58,35 @@ def add_commands(sub: Any) -> None:
     msgcost.add_arguments(
         bench_sub.add_parser("msgcost", help="CPU per chunk of worker and server, vs the lean PS")
     )
+    policies.add_arguments(
+        bench_sub.add_parser("policies", help="each policy decision alone at a cluster's size")
+    )
     bench.set_defaults(handler=_bench)
+    simulate.add_arguments(
+        sub.add_parser(
+            "simulate",
+            help="simulate a job of any size with the real policies (no processes)",
+            description=simulate.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    drivers = {"psld": psld_pause.main, "faults": faults.main, "soak": soak.main}
+    drivers = {
+        "psld": psld_pause.main,
+        "faults": faults.main,
+        "soak": soak.main,
+        "validate-sim": validate.main,
+    }
     return drivers.get(args.experiment, stragglers.main)(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    drivers = {"overlap": overlap.main, "collectives": collectives.main, "msgcost": msgcost.main}
+    drivers = {
+        "overlap": overlap.main,
+        "collectives": collectives.main,
+        "msgcost": msgcost.main,
+        "policies": policies.main,
+    }
     return drivers.get(args.bench, datapath.main)(args)

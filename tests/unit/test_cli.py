@@ -27,6 +27,7 @@ def test_every_subcommand_is_there_in_its_order() -> None:
         "testbed",
         "experiment",
         "bench",
+        "simulate",
     ]
 
 

@@ -12,8 +12,6 @@ cannot be met raise :class:`~trimtab.errors.ConfigError`.
 from __future__ import annotations
 
 import abc
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -21,144 +19,34 @@ import numpy as np
 
 from trimtab.core.registry import Registry
 from trimtab.errors import ConfigError
+from trimtab.policies.predictors import (
+    PREDICTORS,
+    MovingAverage,
+    NarxPredictor,
+    SpeedPredictor,
+    WorkerSample,
+)
+
+__all__ = [
+    "BATCHING",
+    "PREDICTORS",
+    "BatchSizingPolicy",
+    "EqualBatching",
+    "LbBsp",
+    "LbBspGpu",
+    "MovingAverage",
+    "NarxPredictor",
+    "SpeedPredictor",
+    "WorkerSample",
+    "equal_finish_sizes",
+    "equal_split",
+]
 
 
 def equal_split(total: int, parts: int) -> list[int]:
     """``total`` split into ``parts`` sizes differing by at most one (larger first)."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSample:
-    """One worker's measurement of one step.
-
-    Attributes:
-        rank: the worker's rank.
-        batch: samples this worker computed in the step (>= 1).
-        compute_s: forward+backward (+ data) seconds for those samples (> 0).
-        comm_s: seconds the worker spent waiting for the servers in that step (>= 0).
-            In BSP this includes waiting for slower workers.
-        cpu_share: process CPU time / wall time during compute (1.0 = had a full core;
-            lower = interference). The predictor uses it as its exogenous input.
-
-    Raises:
-        ValueError: from the constructor if a field is out of range or not finite.
-    """
-
-    rank: int
-    batch: int
-    compute_s: float
-    comm_s: float
-    cpu_share: float
-
-    def __post_init__(self) -> None:
-        times = (self.compute_s, self.comm_s, self.cpu_share)
-        if not (self.rank >= 0 and self.batch >= 1 and self.compute_s > 0 and min(times) >= 0):
-            raise ValueError(f"{self}: need rank >= 0, batch >= 1, compute_s > 0, others >= 0")
-        if not all(map(math.isfinite, times)):
-            raise ValueError(f"{self}: times and cpu_share must be finite")
-
-    @property
-    def speed(self) -> float:
-        """Samples per second of compute in this step (always > 0)."""
-        return self.batch / self.compute_s
-
-
-class SpeedPredictor(abc.ABC):
-    """Predicts a worker's compute speed for the next step. Pure; no I/O."""
-
-    name: ClassVar[str]
-
-    @abc.abstractmethod
-    def predict(self, history: Sequence[WorkerSample]) -> float:
-        """Predicted samples/s (> 0) for the next step from one worker's recent samples
-        (oldest first). Raises ``ValueError`` on an empty history."""
-
-
-PREDICTORS: Registry[SpeedPredictor] = Registry("speed predictor")
-
-
-@PREDICTORS.register("average")
-class MovingAverage(SpeedPredictor):
-    """The mean of ``batch / compute_s`` over the last ``window`` samples.
-
-    Raises:
-        ConfigError: from the constructor if ``window < 1``.
-    """
-
-    name = "average"
-
-    def __init__(self, window: int = 5) -> None:
-        if window < 1:
-            raise ConfigError(f"MovingAverage window must be >= 1, got {window}")
-        self.window = window
-
-    def predict(self, history: Sequence[WorkerSample]) -> float:
-        if not history:
-            raise ValueError("cannot predict a speed from an empty history")
-        recent = history[-self.window :]
-        return sum(s.speed for s in recent) / len(recent)
-
-
-@PREDICTORS.register("narx")
-class NarxPredictor(SpeedPredictor):
-    """An autoregressive model with exogenous input, in the spirit of LB-BSP's NARX.
-
-    ``v[t+1] = a0 + sum_{k<p} a_k v[t-k] + sum_{k<q} b_k cpu_share[t-k]``, refitted on
-    every call by ridge-regularised least squares over the last ``window`` samples. The
-    fit is of the change ``v[t+1] - v[t]`` on standardised features, so the penalty
-    (``ridge`` times the row count) pulls towards "no change" whatever the speed's scale,
-    and a short, noisy window does not make it predict swings that are not there.
-
-    With fewer than ``p + q + 3`` samples it returns :class:`MovingAverage`'s answer. A
-    prediction is clamped to ``[0.25, 4]`` times the last observed speed, so a bad fit
-    never yields a non-positive or absurd speed.
-
-    Raises:
-        ConfigError: from the constructor if ``p < 1``, ``q < 0``, ``ridge < 0`` or
-            ``window < p + q + 3``.
-    """
-
-    name = "narx"
-
-    def __init__(self, p: int = 2, q: int = 2, window: int = 20, ridge: float = 0.1) -> None:
-        if p < 1 or q < 0:
-            raise ConfigError(f"NarxPredictor needs p >= 1 and q >= 0, got p={p}, q={q}")
-        if not (math.isfinite(ridge) and ridge >= 0):
-            raise ConfigError(f"NarxPredictor ridge must be a finite number >= 0, got {ridge}")
-        if window < p + q + 3:
-            raise ConfigError(f"NarxPredictor window must be >= p + q + 3 = {p + q + 3}")
-        self.p, self.q, self.window, self.ridge = p, q, window, ridge
-        self._fallback = MovingAverage()
-
-    def predict(self, history: Sequence[WorkerSample]) -> float:
-        if not history:
-            raise ValueError("cannot predict a speed from an empty history")
-        recent = history[-self.window :]
-        if len(recent) < self.p + self.q + 3:
-            return self._fallback.predict(recent)
-        v = np.array([s.speed for s in recent])
-        u = np.array([s.cpu_share for s in recent])
-        first = max(self.p, self.q) - 1  # the first step with all lags available
-        x = np.array([self._features(v, u, t) for t in range(first, len(v) - 1)])
-        y = v[first + 1 :] - v[first:-1]
-        mean, scale = x.mean(axis=0), x.std(axis=0)
-        scale[scale == 0] = 1.0  # a constant column centres to zero and gets no weight
-        z = (x - mean) / scale
-        penalty = math.sqrt(self.ridge * len(y)) * np.eye(z.shape[1])
-        weights = np.linalg.lstsq(
-            np.vstack([z, penalty]), np.concatenate([y - y.mean(), np.zeros(z.shape[1])]), None
-        )[0]
-        now = (self._features(v, u, len(v) - 1) - mean) / scale
-        last = float(v[-1])
-        guess = last + float(y.mean() + now @ weights)
-        if not math.isfinite(guess):
-            return self._fallback.predict(recent)
-        return min(max(guess, 0.25 * last), 4.0 * last)
-
-    def _features(self, v: np.ndarray, u: np.ndarray, t: int) -> np.ndarray:
-        return np.concatenate([v[t - self.p + 1 : t + 1][::-1], u[t - self.q + 1 : t + 1][::-1]])
 
 
 def equal_finish_sizes(
@@ -313,7 +201,9 @@ class LbBsp(BatchSizingPolicy):
         ranks = _ranks(history)
         caps = [self.caps.get(r, global_batch) for r in ranks] if self.caps else None
         known = [r for r in ranks if history[r]]
-        speed = {r: self.predictor.predict(history[r]) for r in known}
+        speed = dict(
+            zip(known, self.predictor.predict_many([history[r] for r in known]), strict=True)
+        )
         comm = _pure_comm(history, self.comm_window)
         mean_speed = sum(speed.values()) / len(known) if known else 1.0
         mean_comm = sum(comm.values()) / len(known) if known else 0.0

@@ -1,0 +1,235 @@
+"""The timing of one synchronous step through the data path, every push and reply a job
+in a chain of first-in-first-out queues (vectorised with numpy).
+
+One step of W workers and C chunks is ``W * C`` pushes and as many replies. Each goes
+through the queues of the real path, in order:
+
+1. the worker host's NIC out (shared by its workers): a chunk's push leaves once
+   backward produced its gradient (chunks come last tensor first, over the backward
+   share of the worker's compute);
+2. the link's latency, then the server host's NIC in (shared by its servers);
+3. the owning server's merge (its processing speed, its ``bandwidth`` cap and its
+   ``delay``), not before the chunk reached it if a migration is handing it over;
+4. once every worker's push of a chunk is merged, the server's optimizer update
+   (one queue per server, chunks in the order they became ready);
+5. the server host's NIC out: the updated chunk to every worker (PHub's pull
+   elision: no pull requests), the W replies of a chunk sharing it fairly (they all
+   end together), then the latency and the worker host's NIC in.
+
+A queue serves its jobs in arrival order, each for ``bytes / rate`` seconds, from the
+later of its arrival and the previous job's end; :func:`fifo` computes every job's end
+at once (a segmented running maximum). A worker's step ends when its last reply is in
+(and its compute is done). A message also costs ``message_s`` of CPU at each
+end (0 unless calibrated). What it leaves out: TCP's congestion control, CPU shared
+between the nodes of one machine (each node computes alone), the overlap of
+a queue's jobs (one at a time, store and forward), migration traffic's share of the
+links (a moving chunk is only late at its new owner).
+
+Pure: every input is an argument; never blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["StepInput", "StepTimes", "fifo", "queue_order", "ready_shares", "step_times"]
+
+
+def queue_order(group: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """The order a set of first-in-first-out queues serves its jobs in: by ``group``
+    (integers >= 0), then by arrival (ties in any order). Pure."""
+    if arrival.size == 0:
+        return np.arange(0)
+    key = group * (float(arrival.max() - arrival.min()) + 1.0) + (arrival - arrival.min())
+    if bool(np.all(key[1:] >= key[:-1])):
+        return np.arange(key.size)  # laid out in order already: no sort
+    return np.argsort(key)
+
+
+def fifo(
+    group: np.ndarray,
+    arrival: np.ndarray,
+    service: np.ndarray,
+    order: np.ndarray | None = None,
+) -> np.ndarray:
+    """Each job's end in its group's first-in-first-out queue (one queue per distinct
+    ``group`` value, integers >= 0). ``order``: :func:`queue_order` of the jobs, if the
+    caller knows it. Arrays of one length; pure."""
+    n = arrival.size
+    if n == 0:
+        return arrival.copy()
+    if order is None:
+        order = queue_order(group, arrival)
+    g, a, s = group[order], arrival[order], service[order]
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(g[1:], g[:-1], out=first[1:])
+    segment = np.cumsum(first) - 1
+    done = np.cumsum(s)
+    starts = np.flatnonzero(first)
+    within = done - (done[starts] - s[starts])[segment]  # service up to and with the job
+    slack = a - (within - s)
+    # end_k = within_k + max over j <= k of (a_j - within before j), per segment: a
+    # running maximum made not to cross segments by lifting each one above the last.
+    lift = (float(slack.max() - slack.min()) + 1.0) * segment
+    end = within + (np.maximum.accumulate(slack + lift) - lift)
+    out = np.empty(n)
+    out[order] = end
+    return out
+
+
+def ready_shares(sizes: np.ndarray, forward_share: float) -> np.ndarray:
+    """When each chunk's gradient is ready, as a share of the step's compute: after the
+    forward share, backward produces chunks last first, in proportion to their bytes."""
+    after = np.cumsum(sizes[::-1])[::-1]  # bytes of this chunk and those after it
+    return forward_share + (1 - forward_share) * after / max(float(sizes.sum()), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInput:
+    """One step's inputs.
+
+    Attributes:
+        starts, compute: each worker's start (seconds) and compute seconds (W,).
+        sizes, owners: each chunk's bytes and owning server (C,).
+        shares: :func:`ready_shares` of the chunks (C,).
+        available: when each chunk's owner holds it (a migration's handover), (C,).
+        proc, cap, delay: each server's merge bytes/s, link cap bytes/s (inf: none),
+            extra seconds per byte (S,).
+        update_bps, worker_nic_bps, server_nic_bps, latency_s, message_s: the
+            cluster's.
+        workers_per_host, servers_per_host: nodes sharing a NIC.
+    """
+
+    starts: np.ndarray
+    compute: np.ndarray
+    sizes: np.ndarray
+    owners: np.ndarray
+    shares: np.ndarray
+    available: np.ndarray
+    proc: np.ndarray
+    cap: np.ndarray
+    delay: np.ndarray
+    update_bps: float
+    worker_nic_bps: float
+    server_nic_bps: float
+    latency_s: float
+    workers_per_host: int = 1
+    servers_per_host: int = 1
+    message_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """One step's outcome.
+
+    Attributes:
+        ends: when each worker has every reply (W,).
+        compute_ends: when each worker's compute ended (W,).
+        updated: when each chunk's update was done (C,).
+        busy_s, nbytes: each server's busy seconds and bytes in and out (S,).
+        span_s, tail_s, seen_bytes: per server, what the workers observed (as the
+            coordinator gathers their reports): the longest span from a worker's first
+            push to its last reply, the shortest from the start of its wait, and every
+            worker's bytes both ways (S,; 0 for a server owning nothing).
+    """
+
+    ends: np.ndarray
+    compute_ends: np.ndarray
+    updated: np.ndarray
+    busy_s: np.ndarray
+    nbytes: np.ndarray
+    span_s: np.ndarray
+    tail_s: np.ndarray
+    seen_bytes: np.ndarray
+
+
+def _per_worker_order(w_count: int, columns: np.ndarray) -> np.ndarray:
+    """The queue order of ``w_count`` workers' jobs laid out worker-major, each worker
+    on its own NIC, when every worker's jobs arrive in the column order ``columns``."""
+    c_count = columns.size
+    order: np.ndarray = (np.arange(w_count)[:, None] * c_count + columns[None, :]).ravel()
+    return order
+
+
+def step_times(x: StepInput) -> StepTimes:
+    """The step's timing (see the module). Pure; arrays must agree in shape."""
+    w_count, c_count, s_count = x.starts.size, x.sizes.size, x.proc.size
+    sizes = x.sizes.astype(float)
+    owners = x.owners.astype(np.int64)
+    compute_ends = x.starts + x.compute
+    ready = x.starts[:, None] + x.compute[:, None] * x.shares[None, :]
+    worker_host = np.repeat(np.arange(w_count) // x.workers_per_host, c_count)
+    server_host = np.tile(owners // x.servers_per_host, w_count)
+    flat_sizes = np.tile(sizes, w_count)
+    alone = x.workers_per_host == 1
+    # Pushes: worker NIC out (a worker's chunks come last first), latency, server NIC
+    # in, then the owner's merge (after a moving chunk's handover).
+    backward = _per_worker_order(w_count, np.arange(c_count)[::-1]) if alone else None
+    per_message = x.message_s
+    out_w = fifo(worker_host, ready.ravel(), flat_sizes / x.worker_nic_bps + per_message, backward)
+    arrive = out_w + x.latency_s
+    order = queue_order(server_host, arrive)
+    in_s = fifo(server_host, arrive, flat_sizes / x.server_nic_bps, order)
+    merge_each = (
+        sizes * np.maximum(1 / x.proc[owners], 1 / x.cap[owners])
+        + sizes * x.delay[owners]
+        + per_message
+    )
+    handing = bool(np.isfinite(x.available).any())
+    if handing:
+        in_s = np.maximum(in_s, np.tile(x.available, w_count))
+    same = x.servers_per_host == 1 and not handing  # then the merge keeps the NIC's order
+    server = np.tile(owners, w_count)
+    merged = fifo(server, in_s, np.tile(merge_each, w_count), order if same else None)
+    merged = merged.reshape(w_count, c_count)
+    # Updates: each chunk once every worker's push is merged.
+    update_each = sizes / (x.update_bps * x.proc[owners] / x.proc.max(initial=1.0))
+    updated = fifo(owners, merged.max(axis=0), update_each)
+    # Replies: the updated chunk to every worker at once, sharing the server NIC out
+    # (and its cap) fairly, so that no worker's replies come first by rank; then the
+    # latency and the worker's NIC in.
+    reply_each = sizes * np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners]) + per_message
+    sent = fifo(owners // x.servers_per_host, updated, reply_each * w_count)
+    columns = np.argsort(sent)
+    got = fifo(
+        worker_host,
+        np.tile(sent + x.latency_s, w_count),
+        flat_sizes / x.worker_nic_bps + per_message,
+        _per_worker_order(w_count, columns) if alone else None,
+    ).reshape(w_count, c_count)
+    ends = np.maximum(compute_ends, got.max(axis=1, initial=0.0))
+    busy = np.bincount(owners, (merge_each + reply_each) * w_count + update_each, s_count)
+    nbytes = np.bincount(owners, sizes * 2 * w_count, s_count)
+    read = np.maximum(got, compute_ends[:, None])  # replies are read during the wait
+    span, tail = _spans(ready, read, compute_ends, owners, s_count)
+    return StepTimes(
+        ends=ends,
+        compute_ends=compute_ends,
+        updated=updated,
+        busy_s=busy,
+        nbytes=nbytes,
+        span_s=span,
+        tail_s=tail,
+        seen_bytes=nbytes,
+    )
+
+
+def _spans(
+    ready: np.ndarray, read: np.ndarray, waited: np.ndarray, owners: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per server (``count`` of them; 0 for one owning nothing): the longest span over
+    workers from the first push to the last reply read, and the shortest from the later
+    of that push and the start of the wait (as ``reports.spans_of_step`` times them and
+    the coordinator gathers them)."""
+    order = np.argsort(owners, kind="stable")
+    held = owners[order]
+    cut = np.flatnonzero(np.r_[True, held[1:] != held[:-1]])
+    first = np.minimum.reduceat(ready[:, order], cut, axis=1)
+    last = np.maximum.reduceat(read[:, order], cut, axis=1)
+    span, tail = np.zeros(count), np.zeros(count)
+    span[held[cut]] = (last - first).max(axis=0)
+    tail[held[cut]] = (last - np.maximum(first, waited[:, None])).min(axis=0)
+    return span, tail

@@ -1,0 +1,41 @@
+"""What a simulated run leaves: its steps' times and sizes, and the decisions that
+changed the job. Plain records; no logic."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["Decision", "Trace"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One decision that changed the job: ``kind`` (``migration``, ``server_wanted``,
+    ``server_joined``, ``server_retired``, ``worker_lost``, ``worker_joined``) at step
+    boundary ``clock``, simulated second ``at``, with what it did (``detail``)."""
+
+    kind: str
+    clock: int
+    at: float
+    detail: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Trace:
+    """What a run leaves: per step, when it started (its first worker) and ended (its
+    last), worker 0's end, the batch sizes' least and most, the map's epoch in force;
+    the decisions."""
+
+    starts: list[float] = dataclasses.field(default_factory=list)
+    ends: list[float] = dataclasses.field(default_factory=list)
+    worker0_ends: list[float] = dataclasses.field(default_factory=list)
+    batch_min: list[int] = dataclasses.field(default_factory=list)
+    batch_max: list[int] = dataclasses.field(default_factory=list)
+    epochs: list[int] = dataclasses.field(default_factory=list)
+    #: Every worker's batch size at each step, in jobs of at most 16 workers.
+    batches: list[list[int]] = dataclasses.field(default_factory=list)
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
+    sizes_last: list[int] = dataclasses.field(default_factory=list)
+    bytes_moved: int = 0
+    migrations: int = 0

@@ -1,0 +1,93 @@
+"""The simulator's data path: FIFO queues in numpy against a plain loop, and one step's
+timing against what the links and speeds allow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trimtab_tools.sim.datapath import StepInput, fifo, ready_shares, step_times
+
+
+def _fifo_loop(group: np.ndarray, arrival: np.ndarray, service: np.ndarray) -> np.ndarray:
+    end = np.empty(arrival.size)
+    free: dict[int, float] = {}
+    for i in sorted(range(arrival.size), key=lambda i: (group[i], arrival[i], i)):
+        g = int(group[i])
+        end[i] = max(arrival[i], free.get(g, -np.inf)) + service[i]
+        free[g] = end[i]
+    return end
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fifo_matches_a_plain_queue_loop(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 300
+    group = rng.integers(0, 7, n)
+    arrival = rng.uniform(0, 5, n)
+    service = rng.uniform(0, 0.1, n)
+    assert np.allclose(fifo(group, arrival, service), _fifo_loop(group, arrival, service))
+    # Ties are served in some order: with equal services, each queue's ends are the same.
+    tied, same = arrival.round(1), np.full(n, 0.05)
+    ends, expected = fifo(group, tied, same), _fifo_loop(group, tied, same)
+    for g in range(7):
+        assert np.allclose(np.sort(ends[group == g]), np.sort(expected[group == g]))
+
+
+def test_fifo_of_nothing_is_nothing() -> None:
+    empty = np.zeros(0)
+    assert fifo(empty.astype(int), empty, empty).size == 0
+
+
+def _step(**changes: object) -> StepInput:
+    sizes = np.array([1e6, 1e6, 1e6, 1e6])
+    base: dict[str, object] = dict(
+        starts=np.zeros(2),
+        compute=np.array([0.1, 0.1]),
+        sizes=sizes,
+        owners=np.array([0, 1, 0, 1]),
+        shares=ready_shares(sizes, 1 / 3),
+        available=np.full(4, -np.inf),
+        proc=np.full(2, 1e12),
+        cap=np.full(2, np.inf),
+        delay=np.zeros(2),
+        update_bps=1e12,
+        worker_nic_bps=1e12,
+        server_nic_bps=1e8,
+        latency_s=0.0,
+    )
+    base.update(changes)
+    return StepInput(**base)  # type: ignore[arg-type]
+
+
+def test_a_step_is_bound_by_the_server_nics_when_they_are_the_bottleneck() -> None:
+    t = step_times(_step())
+    # Each server takes 2 workers x 2 chunks x 1 MB in and as much out at 100 MB/s. The
+    # first tensor's chunk is ready last, as the compute ends (0.1 s): its 2 pushes
+    # (0.02 s) and 2 replies (0.02 s) follow; the others were sent during backward.
+    assert t.ends.max() == pytest.approx(0.1 + 0.02 + 0.02, rel=1e-3)
+    assert np.allclose(t.nbytes, [8e6, 8e6])
+    assert (t.busy_s > 0).all() and (t.span_s > 0).all() and (t.tail_s > 0).all()
+
+
+def test_a_capped_server_slows_the_step_and_shows_in_its_figures() -> None:
+    fast = step_times(_step())
+    slow = step_times(_step(cap=np.array([np.inf, 1e7])))
+    assert slow.ends.max() > 3 * fast.ends.max()
+    speed = slow.nbytes / slow.busy_s
+    assert speed[1] == pytest.approx(1e7, rel=0.01)  # bytes per busy second = its cap
+    assert speed[0] > 5 * speed[1]
+
+
+def test_shared_nics_and_a_late_handover_make_a_step_longer() -> None:
+    alone = step_times(_step()).ends.max()
+    shared = step_times(_step(servers_per_host=2)).ends.max()
+    late = step_times(_step(available=np.array([1.0, -np.inf, -np.inf, -np.inf]))).ends.max()
+    assert shared > 1.5 * (alone - 0.1)
+    assert late > 1.0
+
+
+def test_backward_makes_the_last_tensor_ready_first() -> None:
+    shares = ready_shares(np.array([1.0, 1.0, 2.0]), 0.25)
+    assert shares[2] < shares[1] < shares[0] == pytest.approx(1.0)
+    assert shares[2] == pytest.approx(0.25 + 0.75 * 0.5)
