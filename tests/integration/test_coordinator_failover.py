@@ -55,8 +55,10 @@ def rebuilt(victims: dict[int, str]) -> Callable[[Job, int, list[str]], None]:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     ("optimizer", "servers", "replicas", "victims", "waits"),
-    KILLS,
-    ids=[f"{o}-{s}s-r{r}-{len(v)}kills" for o, s, r, v, _ in KILLS],  # (no step: see AT)
+    [  # the second in the slow tier (`pytest -m slow`, which .ci/run runs too)
+        pytest.param(*k, id=f"{k[0]}-{k[1]}s-r{k[2]}-{len(k[3])}kills", marks=marks)
+        for k, marks in zip(KILLS, [(), pytest.mark.slow], strict=True)
+    ],  # (no step in the ids: see AT)
 )
 def test_a_killed_coordinator_is_replaced_and_the_job_equals_one_process(
     tmp_path: Path,

@@ -223,6 +223,7 @@ def test_a_killed_coordinator_nobody_replaces_gives_workers_job_aborted(
     assert [statuses[f"server {s}"] for s in range(hand_job.servers)] == [1] * hand_job.servers
 
 
+@pytest.mark.slow  # (the launcher's failover test is in the default run)
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("hand_job", [(False, 2)], ids=["tcp"], indirect=True)
 def test_a_killed_coordinator_replaced_by_hand_lets_the_job_finish(hand_job: HandJob) -> None:

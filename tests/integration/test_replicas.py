@@ -87,15 +87,25 @@ KILLS = [
     ("adam", 3, {}, False, 2),  # every chunk's roles move every 2 steps: nothing lost
     ("sgd", 3, {9: "server 2"}, False, 3),  # migrations, a death, migrations again
 ]
+#: The cases the default run takes (a death between steps, and one while rounds fly); the
+#: others run in the slow tier (`pytest -m slow`, which .ci/run runs too).
+DEFAULT = (0, 2)
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     ("optimizer", "servers", "victims", "waits", "rebalance"),
-    KILLS,
-    ids=[
-        f"{o}-{s}s-{len(v)}kills{'' if w else '-flying'}{f'-moves{r}' if r else ''}"
-        for o, s, v, w, r in KILLS
+    [
+        pytest.param(
+            o,
+            s,
+            v,
+            w,
+            r,
+            id=f"{o}-{s}s-{len(v)}kills{'' if w else '-flying'}{f'-moves{r}' if r else ''}",
+            marks=() if n in DEFAULT else pytest.mark.slow,
+        )
+        for n, (o, s, v, w, r) in enumerate(KILLS)
     ],
 )
 def test_servers_killed_mid_training_lose_nothing_with_replicas(

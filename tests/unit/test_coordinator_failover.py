@@ -227,3 +227,25 @@ def test_an_elastic_job_is_rebuilt_with_the_workers_the_servers_count() -> None:
     assert states == {0: MemberState.ACTIVE, 1: MemberState.LOST, 2: MemberState.ACTIVE}
     # The job map a server joining later learns the workers from says them.
     assert maps.header is not None and maps.header["workers"] == [0, 2]
+
+
+def test_a_server_waiting_for_a_replacement_takes_only_its_proof_or_the_job_s_end() -> None:
+    # A SHUTDOWN read as its coordinator's connection closed (the job's normal end)
+    # still ends the server; a MAP from a coordinator that proved nothing does not pass.
+    from trimtab.roles.server.config import ServerConfig
+    from trimtab.roles.server.coordlink import CoordinatorLink
+    from trimtab.roles.server.meter import LoadMeter
+
+    class Wire:
+        def connect(self, address: str) -> bytes:
+            return b"o:" + address.encode()
+
+    config = ServerConfig(coordinator="inproc://c", job=JOB, server_key=SERVER_KEY)
+    link = CoordinatorLink(config, Wire(), None, LoadMeter(), lambda nonce: None)  # type: ignore[arg-type]
+    assert link.take({"o": int(Control.MAP)})  # not away: as ever
+    link.rejoin.begin("gone")
+    assert not link.take({"o": int(Control.MAP)})
+    assert all(link.take({"o": int(op)}) for op in (Control.SHUTDOWN, Control.ABORT))
+    proof = credentials.rejoin_proof(SERVER_KEY, JOB, "coordinator", link.rejoin.nonce)
+    assert not link.take(dict(rejoin.rejoined(proof=b"x" * 16))) and link.rejoin.away
+    assert not link.take(dict(rejoin.rejoined(proof=proof))) and not link.rejoin.away

@@ -27,7 +27,7 @@ LOAD_REPORT_S = 0.25
 
 #: What a server takes from a coordinator it has not seen prove itself (after its
 #: coordinator died): its proof, or the end of the job.
-_WHILE_AWAY = frozenset({Control.REJOINED, Control.ABORT, Control.ERROR})
+_WHILE_AWAY = frozenset({Control.REJOINED, Control.ABORT, Control.ERROR, Control.SHUTDOWN})
 
 
 class CoordinatorLink:

@@ -180,20 +180,21 @@ class Server:
         try:
             while not self._stop:
                 env = self._transport.recv(min(self.config.heartbeat_s, LOAD_REPORT_S))
-                gone = self._link.tick(self.state is ServerState.SERVING)
+                if env is not None:
+                    if warming is not None:
+                        self._warmed(warming)
+                        warming = None
+                    for peer, frames, header in self._receipts.acknowledge(self._by_priority(env)):
+                        if self._stop:
+                            break
+                        self._serve(peer, frames, header)
+                # After what came (a SHUTDOWN before its sender's connection closed ends
+                # the job, not a wait for a replacement coordinator).
+                gone = None if self._stop else self._link.tick(self.state is ServerState.SERVING)
                 if gone is not None:
                     self._abort = gone
                     break
                 self._checkpoints.poll()  # files written by its thread: say so
-                if env is None:
-                    continue
-                if warming is not None:
-                    self._warmed(warming)
-                    warming = None
-                for peer, frames, header in self._receipts.acknowledge(self._by_priority(env)):
-                    if self._stop:
-                        break
-                    self._serve(peer, frames, header)
         finally:
             forget_state_dump()
             self._checkpoints.close()
