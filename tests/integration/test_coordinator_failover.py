@@ -95,7 +95,9 @@ def test_a_killed_coordinator_is_replaced_and_the_job_equals_one_process(
         # rejoined the next replacement
         assert "its backups take over" in said  # (the counters start afresh in each)
         assert stats["job"]["unbacked"] == 0 and "replication restored" in said, said
-        assert sorted(s["index"] for s in stats["servers"]) == [0, 2], stats["servers"]
+        # The survivor (0 or 1: the first servers register in any order) and server 2.
+        live = sorted(s["index"] for s in stats["servers"])
+        assert len(live) == 2 and live[1] == 2, stats["servers"]
     assert processes_of(config.job) == []
 
 

@@ -34,13 +34,16 @@ def test_credentials_name_one_role_and_rank_of_one_job() -> None:
         creds.worker({"o": 65, "r": 0, "t": credential(key, "job", WORKER, 0)})
     creds.learn(key, 2, None)
     assert creds.worker({"o": 65, "r": 1, "t": credential(key, "job", WORKER, 1)}) == 1
+    # A worker that joined the running job (rank 2 of a job started with 2) holds the
+    # credential the coordinator issued it: a server that never heard of it takes it.
+    assert creds.worker({"o": 65, "r": 2, "t": credential(key, "job", WORKER, 2)}) == 2
     assert creds.server({"o": 72, "s": 3, "t": credential(key, "job", SERVER, 3)}) == 3
     for bad in [
         {"r": 0, "t": credential(key, "job", WORKER, 1)},  # another rank's
         {"r": 0, "t": credential(key, "other", WORKER, 0)},  # another job's
         {"r": 0, "t": credential(new_key(), "job", WORKER, 0)},  # another key's
         {"r": 0, "t": credential(key, "job", SERVER, 0)},  # another role's
-        {"r": 2, "t": credential(key, "job", WORKER, 2)},  # no such worker
+        {"r": 1 << 20, "t": credential(key, "job", WORKER, 1 << 20)},  # no rank a job has
         {"r": 0},
         {"r": True, "t": credential(key, "job", WORKER, 1)},
         {"r": 0, "t": "text"},

@@ -32,6 +32,8 @@ CREDENTIAL_BYTES = 16
 
 #: Server indices whose credentials a server checks (a job never has more servers).
 MAX_SERVERS = 4096
+#: Worker ranks whose credentials a server checks (as many as a WORKERS may name).
+MAX_WORKERS = 65536
 
 WORKER = "worker"
 SERVER = "server"
@@ -147,6 +149,12 @@ class Credentials:
         rank = header.get("r")
         token = header.get("t")
         expected = self._workers.get(rank) if type(rank) is int else None
+        key = self._key
+        if expected is None and key is not None and type(rank) is int and 0 <= rank < MAX_WORKERS:
+            # A rank the job gave a worker that joined it (the coordinator issued its
+            # credential): a server that joined later never heard of it (WORKERS came
+            # before), yet must take its pushes.
+            expected = self._workers[rank] = credential(key, self.job, WORKER, rank)
         if expected is None or type(token) is not bytes or not hmac.compare_digest(token, expected):
             raise forbidden(
                 f"op {header.get('o')} needs a worker's credential: 't' and the rank 'r' it "
