@@ -175,7 +175,8 @@ def test_a_join_starts_a_worker_once_the_job_reached_its_step(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("steps", [40, pytest.param(140, marks=pytest.mark.slow)])
+@pytest.mark.slow  # (two jobs of 11 to 14 s each: the slow tier, which .ci/run runs too)
+@pytest.mark.parametrize("steps", [40, 140])
 def test_a_worker_started_to_join_as_the_job_ends_does_not_hang_it(steps: int) -> None:
     """A join due near the end: the new worker is still importing torch when the others
     finish (40 steps), or registers while they run and declares once they are done (140

@@ -241,6 +241,7 @@ def _processes_marked(mark: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # (it waits out a 12 s deadline: the slow tier, which .ci/run runs too)
 @pytest.mark.timeout(90)
 def test_job_past_its_deadline_prints_every_stack_and_stops(tmp_path: Path) -> None:
     """`--deadline`: a hung job ends with status 124, and every process of it (workers,
