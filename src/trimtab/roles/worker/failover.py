@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from trimtab.errors import ProtocolError
 from trimtab.protocol import rejoin
 from trimtab.protocol.messages import Control, Header, encode
 from trimtab.roles.worker.config import WorkerConfig
@@ -94,7 +95,12 @@ class ControlFailover:
         (a refused REJOIN) pass."""
         op = header["o"]
         if op == Control.REJOINED:
-            if self.rejoin.end(rejoin.read_rejoined(header)["pf"], token):
+            try:
+                shown = rejoin.read_rejoined(header)["pf"]
+            except ProtocolError as exc:  # no proof: as one that does not hold
+                log.warning("ignored a malformed REJOINED: %s", exc)
+                return False, []
+            if self.rejoin.end(shown, token):
                 return False, [m for _, m in sorted(self._unanswered.items())]
             return False, []
         if self.away and op not in (Control.ABORT, Control.SHUTDOWN, Control.ERROR):
