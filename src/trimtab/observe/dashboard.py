@@ -54,8 +54,10 @@ def app(events: Events, metrics: Metrics, stopping: threading.Event) -> Starlett
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     def since_of(request: Request) -> int:
+        """``?since=N``, or a reconnecting EventSource's ``Last-Event-ID`` if later."""
         try:
-            return max(0, int(request.query_params.get("since", "0")))
+            since = int(request.query_params.get("since", "0"))
+            return max(0, since, int(request.headers.get("last-event-id", "0")))
         except ValueError:
             return 0
 
