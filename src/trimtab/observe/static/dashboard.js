@@ -10,9 +10,10 @@ const TIMELINE_KINDS = new Set(["job", "placement", "migration", "straggler", "s
 
 class Chart {
   // A uPlot chart of named series over a shared x axis; points arrive one at a time.
-  constructor(id, xlabel) {
+  constructor(id, xlabel, stepped = false) {
     this.el = document.getElementById(id);
     this.xlabel = xlabel;
+    this.stepped = stepped;
     this.series = new Map();  // name -> Map(x -> y)
     this.plot = null;
     this.names = "";
@@ -52,8 +53,9 @@ class Chart {
         series: [{label: this.xlabel},
                  ...names.map((n, i) => ({label: n, stroke: COLORS[i % COLORS.length],
                                           spanGaps: true, width: 1.5,
-                                          dash: n.endsWith("wait") || n.endsWith("speed")
-                                            ? [4, 3] : undefined}))],
+                                          paths: this.stepped
+                                            ? uPlot.paths.stepped({align: 1}) : undefined,
+                                          dash: n.endsWith("wait") ? [4, 3] : undefined}))],
       }, data, this.el);
     } else {
       this.plot.setData(data);
@@ -65,9 +67,10 @@ class Chart {
 const charts = {
   step: new Chart("chart-step", "step"),
   load: new Chart("chart-load", "seconds"),
+  speed: new Chart("chart-speed", "seconds"),
   batch: new Chart("chart-batch", "step"),
   lag: new Chart("chart-lag", "step"),
-  placement: new Chart("chart-placement", "seconds"),
+  placement: new Chart("chart-placement", "seconds", true),
 };
 
 const job = {seq: 0, t0: null, lastLoad: new Map(), members: new Map(), stragglers: new Map(),
@@ -101,7 +104,7 @@ function take(e) {
         charts.load.add(`server ${e.server}`, t, (e.bytes - before[1]) / (t - before[0]) / 1e6);
       }
       if (e.speed !== null && e.speed !== undefined) {
-        charts.load.add(`server ${e.server} speed`, t, e.speed / 1e6);
+        charts.speed.add(`server ${e.server}`, t, e.speed / 1e6);
       }
       break;
     }
