@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_commands(sub)
     roles.add_commands(sub, os.environ)
     testbed.add_commands(sub)
-    plugins.add_commands(sub)
     observe.add_commands(sub)
+    plugins.add_commands(sub)
     return parser
 
 
