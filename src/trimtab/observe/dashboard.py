@@ -42,6 +42,10 @@ STATIC = Path(__file__).parent / "static"
 #: Events sent in one batch of the stream (a page opened late catches up in batches).
 BATCH = 2000
 
+#: A stream sends at most this often once caught up (a page redraws twice a second; a
+#: message per event would wake the coordinator's process for each step report).
+SEND_EVERY_S = 0.25
+
 
 def app(events: Events, metrics: Metrics, stopping: threading.Event) -> Starlette:
     """The dashboard's web application over ``events`` and ``metrics``; its streams end
@@ -76,6 +80,8 @@ def app(events: Events, metrics: Metrics, stopping: threading.Event) -> Starlett
                 if batch:
                     seq = batch[-1]["seq"]
                     yield f"id: {seq}\ndata: {json.dumps(batch, default=str)}\n\n"
+                    if len(batch) < BATCH:  # caught up: gather the next ones a while
+                        await asyncio.sleep(SEND_EVERY_S)
                     continue
                 if await request.is_disconnected():
                     return
