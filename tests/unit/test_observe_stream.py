@@ -122,3 +122,28 @@ def test_the_metrics_follow_the_events(job_events) -> None:
     assert value["trimtab_placement_epoch"] == last["epoch"]
     assert value['trimtab_server_chunks{server="0"}'] == last["chunks"][0]
     assert value["trimtab_live_workers"] == 0  # both done
+
+
+def test_a_users_torch_profile_shows_trimtabs_step_and_synchronize(cluster_factory) -> None:
+    import torch
+
+    import trimtab
+
+    cluster = cluster_factory(workers=1, servers=1)
+
+    def body(ctx) -> set[str]:
+        model = torch.nn.Linear(4, 2)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                model(torch.ones(2, 4)).sum().backward()
+                opt.synchronize()
+                with opt.skip_synchronize():
+                    opt.step()
+                opt.zero_grad()
+        return {e.key for e in prof.key_averages()}
+
+    (names,) = cluster.run_workers(body)
+    assert {"trimtab.step", "trimtab.synchronize"} <= names
