@@ -75,13 +75,17 @@ def app(events: Events, metrics: Metrics, stopping: threading.Event) -> Starlett
         async def body() -> AsyncIterator[str]:
             nonlocal seq
             yield "retry: 2000\n\n"
-            while not stopping.is_set():
+            while True:
                 batch = events.since(seq, BATCH)
                 if batch:
                     seq = batch[-1]["seq"]
                     yield f"id: {seq}\ndata: {json.dumps(batch, default=str)}\n\n"
-                    if len(batch) < BATCH:  # caught up: gather the next ones a while
-                        await asyncio.sleep(SEND_EVERY_S)
+                    if len(batch) == BATCH:
+                        continue  # catching up
+                if stopping.is_set():
+                    return  # (after the last events: the job's end among them)
+                if batch:  # caught up: gather the next ones a while
+                    await asyncio.sleep(SEND_EVERY_S)
                     continue
                 if await request.is_disconnected():
                     return
