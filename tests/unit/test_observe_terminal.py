@@ -86,3 +86,25 @@ def test_the_status_line_follows_the_stream_in_plain_lines_without_a_terminal(
     assert said and said[-1].endswith(
         " samples/s | servers 2 | workers 2 | epoch 1 | migrations 0 | stragglers server 1"
     )
+
+
+def test_without_the_extra_the_coordinator_says_how_to_get_it_and_runs_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from trimtab.observe import live
+    from trimtab.observe.settings import ObserveSettings
+
+    monkeypatch.setattr(live, "missing_extra", lambda: ["uvicorn"])
+    events = Events()
+    feed(events)
+    view = live.Live(events, ObserveSettings(runs_dir=str(tmp_path)), "j", {"num_workers": 2})
+    try:
+        assert view.dashboard is None and view.metrics is None
+        assert any(
+            "no dashboard and no /metrics: uvicorn missing (pip install 'trimtab[observe]'" in line
+            for line in view.lines
+        ), view.lines
+        assert view.state.steps == 6  # the events before it listened, replayed
+    finally:
+        view.close()
+    assert (tmp_path / "j" / "summary.json").exists()
