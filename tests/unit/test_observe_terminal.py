@@ -30,11 +30,12 @@ def feed(events: Events) -> None:
 
 def test_the_dashboard_stops_promptly_with_a_stream_reader_attached() -> None:
     from trimtab.observe.dashboard import Dashboard
+    from trimtab.observe.live import bind
     from trimtab.observe.metrics import Metrics
 
     events = Events()
     feed(events)
-    dashboard = Dashboard(events, Metrics(), "127.0.0.1", 0)
+    dashboard = Dashboard(events, Metrics(), bind("127.0.0.1", 0))
     assert dashboard.url.startswith("http://127.0.0.1:")
     got: list[bytes] = []
     ended = threading.Event()
@@ -62,12 +63,13 @@ def test_the_status_line_follows_the_stream_in_plain_lines_without_a_terminal(
 ) -> None:
     from trimtab.observe import terminal
     from trimtab.observe.dashboard import Dashboard
+    from trimtab.observe.live import bind
     from trimtab.observe.metrics import Metrics
 
     monkeypatch.setattr(terminal, "LOG_EVERY_S", 0.0)
     events = Events()
     feed(events)
-    dashboard = Dashboard(events, Metrics(), "127.0.0.1", 0)
+    dashboard = Dashboard(events, Metrics(), bind("127.0.0.1", 0))
     line = terminal.StatusLine(terminal=False)
     try:
         line("worker 0", "hello")

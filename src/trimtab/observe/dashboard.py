@@ -31,7 +31,6 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from trimtab.errors import ConfigError
 from trimtab.observe.metrics import Metrics
 from trimtab.roles.coordinator.events import Events
 
@@ -108,21 +107,13 @@ def app(events: Events, metrics: Metrics, stopping: threading.Event) -> Starlett
 
 
 class Dashboard:
-    """The dashboard's web server, bound at construction on ``host:port`` (0: a free
-    port) and serving in a daemon thread until :meth:`close`. Raises
-    :class:`ConfigError` if the address cannot be bound."""
+    """The dashboard's web server on ``sock`` (bound by :func:`trimtab.observe.live.bind`),
+    serving in a daemon thread until :meth:`close`. Never blocks."""
 
-    def __init__(self, events: Events, metrics: Metrics, host: str, port: int) -> None:
+    def __init__(self, events: Events, metrics: Metrics, sock: socket.socket) -> None:
         self._stopping = threading.Event()
-        try:
-            self._sock = socket.create_server((host, port))
-        except OSError as exc:
-            raise ConfigError(
-                f"the dashboard cannot bind {host}:{port}: {exc} (--dashboard-port 0 takes a "
-                f"free port; --no-dashboard serves none)"
-            ) from None
-        self.host = host
-        self.port = self._sock.getsockname()[1]
+        self._sock = sock
+        self.host, self.port = sock.getsockname()[:2]
         config = uvicorn.Config(
             app(events, metrics, self._stopping),
             log_level="warning",

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
+from trimtab.errors import ConfigError
 from trimtab.observe.records import RunRecord, write_config
 from trimtab.observe.settings import ObserveSettings
 from trimtab.observe.state import JobState
@@ -50,6 +53,7 @@ class Live:
         self.record: RunRecord | None = None
         self.dashboard: Any = None
         self.metrics: Any = None
+        self._starting: threading.Thread | None = None
         readers: list[Any] = [self.state]
         if settings.runs_dir:
             directory = Path(settings.runs_dir) / job
@@ -65,26 +69,53 @@ class Live:
                     f"(pip install 'trimtab[observe]'; --no-dashboard silences this)"
                 )
             else:
-                self._serve(events, settings, readers)
+                self._serve(events, settings)
         for reader in readers:  # the events before now (the job's own) too
             events.listen(reader, replay=True)
 
-    def _serve(self, events: Events, settings: ObserveSettings, readers: list[Any]) -> None:
-        from trimtab.observe.dashboard import Dashboard
-        from trimtab.observe.metrics import Metrics
-
-        self.metrics = Metrics()
-        readers.append(self.metrics)
-        self.dashboard = Dashboard(
-            events, self.metrics, settings.dashboard_host, settings.dashboard_port
-        )
-        url = self.dashboard.url
+    def _serve(self, events: Events, settings: ObserveSettings) -> None:
+        """Bind the dashboard's port now (its address is printed at once); load the web
+        framework and serve in a thread, so that the job does not wait for it."""
+        sock = bind(settings.dashboard_host, settings.dashboard_port)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{host}:{port}/"
         self.lines.append(f"dashboard at {url} (Prometheus metrics at {url}metrics)")
+        self._starting = threading.Thread(
+            target=self._start, args=(events, sock), name="trimtab-dashboard-start", daemon=True
+        )
+        self._starting.start()
+
+    def _start(self, events: Events, sock: socket.socket) -> None:
+        try:
+            from trimtab.observe.dashboard import Dashboard
+            from trimtab.observe.metrics import Metrics
+
+            metrics = Metrics()
+            events.listen(metrics, replay=True)  # (what came meanwhile too)
+            self.metrics = metrics
+            self.dashboard = Dashboard(events, metrics, sock)
+        except Exception:
+            log.exception("the dashboard did not start; the job goes on without it")
+            sock.close()
 
     def close(self) -> None:
         """Write the record's summary and stop the dashboard. Blocks a few seconds at
         most; idempotent."""
         if self.record is not None:
             self.record.close()
+        if self._starting is not None:
+            self._starting.join(10)
         if self.dashboard is not None:
             self.dashboard.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port). Raises
+    :class:`ConfigError` if it cannot be bound."""
+    try:
+        return socket.create_server((host, port))
+    except OSError as exc:
+        raise ConfigError(
+            f"the dashboard cannot bind {host}:{port}: {exc} (--dashboard-port 0 takes a "
+            f"free port; --no-dashboard serves none)"
+        ) from None
