@@ -41,8 +41,9 @@ class Live:
     Attributes:
         state: the job's latest figures.
         record: the run record, or None.
-        dashboard: the dashboard's server, or None.
-        metrics: the Prometheus metrics, or None (no dashboard).
+        dashboard: the dashboard's server, or None (none asked, or not started yet:
+            it starts in a thread of its own once the port is bound).
+        metrics: the Prometheus metrics, or None (likewise).
     """
 
     def __init__(
