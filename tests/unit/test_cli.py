@@ -25,6 +25,7 @@ def test_every_subcommand_is_there_in_its_order() -> None:
         "scale",
         "checkpoint",
         "testbed",
+        "report",
         "experiment",
         "bench",
         "simulate",

@@ -42,7 +42,12 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("nothing to run; usage: trimtab run -w 2 -s 2 -- python train.py")
-    return Job(LaunchConfig.from_args(args), command).run()
+    config = LaunchConfig.from_args(args)
+    if config.observe.no_dashboard:
+        return Job(config, command).run()
+    from trimtab.observe.terminal import run_with_status  # a status line under the output
+
+    return run_with_status(lambda output: Job(config, command, output=output).run())
 
 
 def _train(args: argparse.Namespace) -> int:

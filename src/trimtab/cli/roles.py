@@ -28,6 +28,7 @@ from trimtab.launch import env as envvars
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.env import SERVER_KEY
 from trimtab.launch.spec import LaunchConfig, add_flags, from_args, job_settings_from_args
+from trimtab.observe.settings import ObserveSettings
 from trimtab.protocol import elastic, headers
 from trimtab.settings import (
     BatchingSettings,
@@ -106,6 +107,7 @@ def add_commands(sub: Any, environ: Mapping[str, str]) -> None:
     add_flags(coord, BatchingSettings)
     add_flags(coord, ElasticSettings)
     add_flags(coord, CheckpointSettings)
+    add_flags(coord, ObserveSettings)
     coord.add_argument("--address-file", type=Path, help="write the bound address here")
     coord.add_argument(
         "--rejoin",
@@ -243,18 +245,33 @@ def _coordinator(args: argparse.Namespace) -> int:
     # --fault: this coordinator killed at a step (itself, untouched: see faults.crash)
     wrapped = wrap_coordinator(transport, parse_faults(args.fault), config.job)
     coord = Coordinator(config, transport=wrapped)
+    live = _live(coord, config, from_args(ObserveSettings, args))
     if args.address_file:
         tmp = args.address_file.with_suffix(".tmp")
         tmp.write_text(coord.address)
         tmp.rename(args.address_file)
     else:
         print(f"trimtab coordinator listening at {coord.address}", flush=True)
-    coord.run()
+    try:
+        coord.run()
+    finally:
+        live.close()
     failing = coord.checkpoints.failing
     if failing is not None:  # it trained to its end, but has no checkpoint of late
         print(f"trimtab coordinator: the job ended, but {failing}", flush=True)
         return CHECKPOINT_FAILED_STATUS
     return 0
+
+
+def _live(coord: Any, config: Any, settings: ObserveSettings) -> Any:
+    """The live view of ``coord``'s job (:mod:`trimtab.observe`), where it says so."""
+    from trimtab.observe.live import Live
+
+    resolved = {k: v for k, v in dataclasses.asdict(config).items() if k != "server_key"}
+    live = Live(coord.events, settings, config.job, resolved)
+    for line in live.lines:
+        print(f"trimtab coordinator: {line}", flush=True)
+    return live
 
 
 def _ranks(text: str) -> tuple[int, ...]:

@@ -292,7 +292,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         server mode the parameters hold the updated values.
         Raises :class:`~trimtab.JobAborted`, :class:`~trimtab.NodeTimeout`.
         """
-        self._synchronize()
+        with torch.profiler.record_function("trimtab.synchronize"):  # in a user's profile
+            self._synchronize()
         self._explicit = True
         if self._mode is OptimizerMode.SERVER and not self._probing:
             self._marks = marks_of(list(self._pusher.chunks_of))
@@ -380,7 +381,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._synchronized and not self._skip_sync:
             # Horovod synchronizes again here; the answers are in, so nothing is pushed.
             warnings.warn(RESYNC_WARNING, stacklevel=2)
-        self._finish(apply=True)
+        with torch.profiler.record_function("trimtab.step"):  # in a user's torch profile
+            self._finish(apply=True)
         return loss
 
     def _finish(self, apply: bool) -> None:

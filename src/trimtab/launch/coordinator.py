@@ -37,6 +37,7 @@ def coordinator_argv(
         *to_argv(c.settings.batching),
         *to_argv(c.settings.elastic),
         *to_argv(checkpoint),
+        *to_argv(c.observe),
         "--job",
         c.job,
         "--host",

@@ -51,6 +51,7 @@ from trimtab.launch.procs import die_with_parent as _die_with_parent
 from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig
 from trimtab.launch.testbed import Host, Testbed
+from trimtab.observe.records import record_launch
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Header
 from trimtab.settings import CheckpointSettings
@@ -228,6 +229,7 @@ class Job:
         c = self.config
         env = self._role_env()
         self._checkpoint = resolved(c.checkpoint, c.chunk_bytes, self._say)
+        record_launch(c.observe.runs_dir, c.job, c, self.command)  # the coordinator adds its own
         host = self.layout.address(self.layout.coordinator, c.host)
         with tempfile.TemporaryDirectory(prefix="trimtab-") as tmp:
             address_file = Path(tmp) / "coordinator"

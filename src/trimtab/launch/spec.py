@@ -23,6 +23,7 @@ from trimtab.errors import ConfigError
 from trimtab.faults.kills import Action, parse_faults
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.frontend.compression import compressor
+from trimtab.observe.settings import ObserveSettings
 from trimtab.settings import (
     BatchingSettings,
     CheckpointSettings,
@@ -171,6 +172,7 @@ class LaunchConfig:
         testbed: run the roles on a test bed of this many hosts (0: this machine; see
             :mod:`trimtab.launch.hosts` for the layout).
         checkpoint: checkpoints of the job, and the checkpoint it resumes from.
+        observe: the dashboard and the run record (:mod:`trimtab.observe`).
         settings: the job's policies as checked components (derived; not an argument).
     """
 
@@ -256,6 +258,7 @@ class LaunchConfig:
         ),
     )
     checkpoint: CheckpointSettings = dataclasses.field(default_factory=CheckpointSettings)
+    observe: ObserveSettings = dataclasses.field(default_factory=ObserveSettings)
     settings: JobSettings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -332,7 +335,8 @@ class LaunchConfig:
         own = _values(cls, args)
         for name in ("workers", "servers"):
             own.pop(name, None)
-        return cls.of(settings, checkpoint=from_args(CheckpointSettings, args), **own)
+        checkpoint, observe = from_args(CheckpointSettings, args), from_args(ObserveSettings, args)
+        return cls.of(settings, checkpoint=checkpoint, observe=observe, **own)
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -344,4 +348,5 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, LaunchConfig, ("compression", "stragglers", "faults"))
     add_flags(parser, ElasticSettings)
     add_flags(parser, CheckpointSettings)
+    add_flags(parser, ObserveSettings)
     add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth", "testbed"))

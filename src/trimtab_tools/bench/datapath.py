@@ -40,6 +40,9 @@ copied in, its value copied out).
 ``--replicas 1`` runs only the 100 MiB trimtab job, without and with replicas,
 interleaved (:mod:`trimtab_tools.bench.replicas`).
 
+``--observe compare`` runs only the 100 MiB trimtab job, with the live view off and on
+(viewed), interleaved (:mod:`trimtab_tools.bench.observe`).
+
 ``--grads compare`` runs only the 100 MiB trimtab job, its script reading every
 ``.grad`` after each step or not, interleaved (:mod:`trimtab_tools.bench.grads`).
 
@@ -331,10 +334,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "step or not, interleaved, and the ratio",
     )
     p.add_argument(
+        "--observe",
+        choices=("compare",),
+        default=None,
+        help="compare: only the 100 MiB job, with the dashboard, /metrics and the run record "
+        "off and on (viewed), interleaved, and the ratio",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=3,
-        help="with --auth compare, --replicas or --grads compare: rounds (3)",
+        help="with --auth, --grads or --observe compare, or --replicas: rounds (3)",
     )
     p.add_argument(
         "--testbed",
@@ -392,6 +402,14 @@ def main(args: argparse.Namespace) -> int:
                 args.profile, sizes, steps, args.chunk_bytes, install=not args.no_install, **shape
             )
         print(json.dumps(summary) if args.json else render(summary), flush=True)
+        return 0
+    if args.observe == "compare":
+        from trimtab_tools.bench.observe import measure_observe
+
+        result = measure_observe(
+            model_sizes(args.model_mib), args.steps, args.chunk_bytes, args.rounds
+        )
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
         return 0
     if args.grads == "compare":
         from trimtab_tools.bench.grads import measure_grads

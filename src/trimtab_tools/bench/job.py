@@ -15,6 +15,7 @@ from typing import Any
 from trimtab.launch import env as envvars
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.launch.testbed import Testbed
+from trimtab.observe.settings import ObserveSettings
 from trimtab_tools.bench.markers import RESULT
 
 __all__ = ["busy_process", "interleaved", "job_shape", "run_timed_job", "run_trimtab"]
@@ -39,6 +40,7 @@ def run_trimtab(
     replicas: int = 0,
     testbed: Testbed | None = None,
     read_grads: bool = False,
+    observe: ObserveSettings | None = None,
 ) -> list[float]:
     """Per-step seconds of trimtab on rank 0, after ``warmup`` untimed steps.
 
@@ -53,6 +55,8 @@ def run_trimtab(
     ``replicas``: each chunk's backups (``--replicas``).
     ``testbed``: each role on a host of this bed (``trimtab run --testbed``), over TCP.
     ``read_grads``: the script reads every ``.grad`` after each step (timed with it).
+    ``observe``: the dashboard and run record (default none: the figures stay those of
+    the data path alone; ``bench datapath --observe compare`` measures what they cost).
     Blocks for the job; raises RuntimeError on failure.
     """
     command = [
@@ -79,6 +83,7 @@ def run_trimtab(
         no_auth=auth == "off",
         encrypt=auth == "encrypt",
         replicas=replicas,
+        observe=observe or ObserveSettings(no_dashboard=True, runs_dir=""),
     )
     env = {}
     if not shm:

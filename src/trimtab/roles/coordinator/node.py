@@ -29,6 +29,7 @@ from trimtab.roles.coordinator.checkpoint import Checkpoints
 from trimtab.roles.coordinator.collectives import Collectives, Part
 from trimtab.roles.coordinator.config import CoordinatorConfig
 from trimtab.roles.coordinator.dump import describe, status
+from trimtab.roles.coordinator.events import Events
 from trimtab.roles.coordinator.liveness import Liveness
 from trimtab.roles.coordinator.lost import MemberLoss
 from trimtab.roles.coordinator.maps import Maps
@@ -38,6 +39,7 @@ from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.recovery import Recovery
 from trimtab.roles.coordinator.rejoin import Rejoins
 from trimtab.roles.coordinator.steps import Steps, report_interval_s
+from trimtab.roles.coordinator.watch import Watch
 from trimtab.runtime import credentials
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import NodeLoop
@@ -155,6 +157,9 @@ class Coordinator(MemberLoss):
         }
         self.checkpoints = Checkpoints(config, self._members, self._maps, self._steps)
         self.checkpoints.register(self._open, self._handlers, self._rebalancer, self.abort)
+        self.events = Events()  # the job's event stream, which the live view reads
+        self.watch = Watch(self.events, self._members, self._maps, self._steps, self._rebalancer)
+        self.watch.started(config, self._speeds, self._recovery, self.checkpoints)
 
     @property
     def address(self) -> str:
@@ -235,6 +240,7 @@ class Coordinator(MemberLoss):
                     self.member_lost(member, why)
                 if self._rejoins is not None:
                     self._send(self._rejoin_poll([]))
+            self.events.emit("end", why=self._abort)
             if self._abort is not None:
                 for member in self._members.by_peer.values():
                     self._loop.send(member.peer, headers.abort(why=self._abort))
@@ -287,6 +293,7 @@ class Coordinator(MemberLoss):
         except ProtocolError as exc:
             code, msg = error_of(exc)
             out.append(Refuse(peer, rid, code, msg))
+            self.watch.refused(code, msg)
         except Exception as exc:
             log.exception("internal error on a request")
             out.append(Refuse(peer, rid, ErrorCode.INTERNAL.value, f"{type(exc).__name__}: {exc}"))
@@ -294,6 +301,7 @@ class Coordinator(MemberLoss):
             self._send(out)
 
     def _send(self, out: Outbox) -> None:
+        self.watch.sent(out)
         for m in out:
             if isinstance(m, Refuse):
                 self._loop.refuse(m.peer, m.rid, m.code, m.msg, data=False)
@@ -396,6 +404,7 @@ class Coordinator(MemberLoss):
 
     def _on_report(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
         clock, sample = self._steps.record(member, header)  # checks it (read_report)
+        self.watch.step(member.rank, clock, sample)
         self._floor(member, header, out)
         psld = self._rebalancer.psld
         if psld is not None:
@@ -440,6 +449,7 @@ class Coordinator(MemberLoss):
             return
         load = headers.read_load(header)
         self._speeds.observe(member.rank, float(load["busy"]), float(load["bytes"]))
+        self.watch.load(member.rank, float(load["busy"]), float(load["bytes"]), load["n"])
         # The job's clock, so that a server owning nothing still knows the step (its
         # straggler schedule, for one, follows it).
         out.append(Send(member.peer, headers.job_clock(clock=self._steps.job_clock)))

@@ -1,0 +1,29 @@
+"""``trimtab report RUN_DIR``: a run record as plots and one HTML page."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``report`` to the subcommands ``sub`` (argparse's subparsers)."""
+    report = sub.add_parser(
+        "report",
+        help="render a run record (runs/<id>/) as PNG plots and one HTML page",
+        description="Plot a finished (or running) job's record: step time, throughput, "
+        "per-server load, batch sizes and placement over time, and report.html holding "
+        "them all with the summary and the timeline of events.",
+    )
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run record: runs/<id>/")
+    report.add_argument("--out", type=Path, help="where the files go (default: RUN_DIR)")
+    report.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from trimtab.observe.report import render
+
+    for path in render(args.run_dir, args.out):
+        print(path, flush=True)
+    return 0
