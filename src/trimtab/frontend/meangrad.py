@@ -122,6 +122,10 @@ def owed(p: torch.Tensor) -> bool:
     return id(p) in _owed
 
 
+def _sparse(grad: torch.Tensor | None) -> bool:
+    return grad is not None and grad.is_sparse
+
+
 class MeanGrads:
     """The mean gradients a server-mode optimizer under BSP owes its parameters' ``.grad``
     (the module's docstring says how). Holds a hook on each parameter whose class it
@@ -144,9 +148,11 @@ class MeanGrads:
         """A server-mode step was taken: each parameter's ``.grad`` is owed its mean
         (fetched now for those whose class stays: blocks for them)."""
         for p in self._lazy:
-            owe(p, self.fetch)
+            if not _sparse(raw_grad(p)):  # a sparse .grad stays this worker's own
+                owe(p, self.fetch)
         for p in self._eager:
-            self.fetch(p)
+            if not _sparse(p.grad):
+                self.fetch(p)
 
     def forget(self) -> None:
         """The gradients are cleared (``zero_grad()``): nothing is owed. Never blocks."""

@@ -32,6 +32,7 @@ from trimtab.frontend.params import RESYNC_WARNING, name_params, reduction, say_
 from trimtab.frontend.probe import Mark, check_marks, end_probe, marks_of
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.reports import StepReporter
+from trimtab.frontend.rows import check_layout
 from trimtab.frontend.state import (
     broadcast_state,
     by_index,
@@ -131,6 +132,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.last_compute_s = 0.0  # the last step's compute (step hooks' share included)
         self.last_comm_s = 0.0  # ... and its wait for the servers
         self._counts: dict[torch.Tensor, int] = {}  # backward passes this step
+        self._layouts: set[tuple[int, bool]] = set()  # (group, sparse) torch accepts
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
@@ -279,8 +281,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             hp = hyperparameters(self.param_groups[group])
             self._step_hp[group] = None if hp == self._sent_hp[group] else hp
             self._sent_hp[group] = hp
-        if grad is not None and grad.is_sparse:
-            raise UsageError("sparse gradients are not supported; use dense embeddings")
+        layout = (group, grad is not None and grad.is_sparse)
+        if grad is not None and layout not in self._layouts:  # torch's refusal, if any
+            check_layout(self._inner, self.param_groups[group], layout[1])
+            self._layouts.add(layout)
+        if layout[1]:
+            assert grad is not None
+            pusher.push_rows(p, grad, self._clock, self._batch_size, self._step_hp[group])
+            return
         pusher.push(p, grad, self._clock, self._batch_size, self._step_hp[group])
 
     def synchronize(self) -> None:

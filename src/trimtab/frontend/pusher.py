@@ -23,6 +23,7 @@ from trimtab.core.chunks import ChunkSpec
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
+from trimtab.frontend.rows import RowPath
 from trimtab.protocol import headers
 from trimtab.protocol.headers import (
     InitHeader,
@@ -115,6 +116,8 @@ class Pusher:
         # This step's traffic per server: [first push sent, last reply read, bytes both
         # ways], for PSLD's worker-observed speeds (see reports.spans_of_step).
         self._traffic: dict[int, list[float]] = {}
+        #: Sparse gradients: pushed as rows, answered with the rows that changed.
+        self.rows = RowPath(ctx, chunks_of, self._versions)
         # The pushes whose answers arrive() is writing now, with their clock.
         self._current: tuple[list[Sent], int] | None = None
         # The request being waited for (chunk, request id, clock), for describe().
@@ -208,6 +211,21 @@ class Pusher:
                     traffic[2] += nbytes
         self.inflight[p] = futs
 
+    def push_rows(
+        self, p: torch.Tensor, grad: torch.Tensor, clock: int, weight: float, hp: Any
+    ) -> None:
+        """:meth:`push` for a sparse ``grad``: the rows it touches (:mod:`.rows`)."""
+        self.inflight[p] = self.rows.push(
+            p,
+            grad,
+            clock=clock,
+            weight=weight,
+            hp=hp,
+            epoch=self.epoch,
+            mean_only=self.mean_only,
+            prescale=self._prescale,
+        )
+
     def seal(self, clock: int) -> None:
         """The step's pushes are all sent: their answers are now arriving (for clock
         ``clock``). Never blocks."""
@@ -262,13 +280,17 @@ class Pusher:
                         # server just relieved of chunks with all its old load over the
                         # span of the few it kept (a 20 MB/s server read 56).
                         traffic[2] -= pushed
-                    if not self.summation:
+                    if "sr" in h:  # rows
+                        self.rows.take(p, c, h, got, grad=self.summation)
+                        self.rounds[c.id] = h["k"]
+                    elif not self.summation:
                         self._write_value(p, c, h, got)
                         self.rounds[c.id] = h["k"]
                     elif not h.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
                         self._write(p.grad, c, h, got)
+                self.rows.finish(p)
         self._current = None
         self.arrive_s += time.perf_counter() - started
 

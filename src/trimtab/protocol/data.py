@@ -97,6 +97,7 @@ class PushHeader(InlineHeader):
     sm: NotRequired[list[Any]]  # [arena name, offset, capacity] of a shared-memory slot
     ak: NotRequired[bool]  # acknowledge receipt with CREDIT (the sender's credit, P3)
     vk: NotRequired[int]  # > 0: the sender credits values it reads; hold them to vk bytes
+    sr: NotRequired[int]  # a sparse gradient's rows: their count (frames: ids, elements)
 
 
 def push(
@@ -222,6 +223,7 @@ class ValueHeader(InlineHeader):
     dt: NotRequired[str]  # the value's wire dtype (absent with z)
     sm: NotRequired[int]  # IN_SLOT: the value is in the push's slot
     ak: NotRequired[bool]  # the server counts it against the push's vk: CREDIT it on receipt
+    sr: NotRequired[int]  # a row reply: the changed rows' count (frames: ids, elements)
 
 
 def value(

@@ -1,0 +1,69 @@
+"""Sparse gradients (``nn.EmbeddingBag(sparse=True)``) through DistributedOptimizer, all
+roles in one process: the rows travel, the servers apply torch's sparse semantics, the
+result is one process's (over TCP too: tests/integration/test_sparse.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trimtab
+from tests.sparse_job import OPTIMIZERS, Model, max_difference, reference, train_worker
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_sparse_bsp_matches_one_process(cluster_factory, name: str) -> None:
+    sizes = (10, 14)
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+    results = cluster.run_workers(lambda ctx: train_worker(name, sizes, ctx.rank, ctx))
+    expected = reference(name)
+    for got in results:
+        assert max_difference(got, expected) < 1e-5
+
+
+def test_only_touched_rows_travel_and_every_copy_is_exact(cluster_factory) -> None:
+    """A step touches a few rows: those go out (deduplicated), and only the rows that
+    changed come back; each worker's whole table (state_dict) equals the servers'."""
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+
+    def body(ctx: trimtab.Context) -> tuple[int, int, list[torch.Tensor]]:
+        model = Model(42)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.Adagrad(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        ids = torch.tensor([3, 3, 7, 3] if ctx.rank == 0 else [7, 400])
+        for _ in range(3):
+            opt.zero_grad()
+            model(ids, torch.tensor([0, 2]), torch.ones(2, 4)).sum().backward()
+            opt.step()
+        rows = opt._pusher.rows
+        opt.refresh()  # the servers' values, whole: the copy must not change
+        return rows.rows_sent, rows.rows_received, list(model.state_dict().values())
+
+    (sent0, got0, a), (sent1, got1, b) = cluster.run_workers(body)
+    # Rows 3 and 7 (one chunk each), 7 and 400: deduplicated, at most 2 chunks a row.
+    assert 0 < sent0 <= 3 * 2 * 2 and 0 < sent1 <= 3 * 2 * 2
+    assert got0 == got1 <= 3 * 3 * 2  # the union, {3, 7, 400}, per step
+    assert max_difference(a, b) == 0.0
+
+
+def test_optimizers_torch_refuses_sparse_gradients_for_are_refused_alike(cluster_factory) -> None:
+    cluster = cluster_factory(workers=1, servers=1)
+
+    def body(ctx: trimtab.Context) -> None:
+        model = Model(42)
+        for inner, error in [
+            (torch.optim.Adam(model.parameters()), "Adam does not support sparse gradients"),
+            (torch.optim.Adagrad(model.parameters(), weight_decay=0.1), "weight_decay option"),
+            (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), "without momentum"),
+        ]:
+            opt = trimtab.DistributedOptimizer(inner, model.named_parameters(), context=ctx)
+            opt.zero_grad()
+            out = model(torch.tensor([1, 2]), torch.tensor([0]), torch.ones(1, 4)).sum()
+            with pytest.raises((RuntimeError, trimtab.UsageError), match=error):
+                out.backward()  # (raised by the gradient's hook, before any push)
+            opt.close()
+            for p in model.parameters():
+                p.grad = None
+
+    cluster.run_workers(body)
