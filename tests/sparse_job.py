@@ -8,6 +8,8 @@ process over the whole global batches. Under BSP the parameters must agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -97,7 +99,12 @@ def reference(name: str, steps: int = STEPS) -> list[torch.Tensor]:
 
 
 def train_worker(
-    name: str, sizes: tuple[int, ...], rank: int, context: object = None, steps: int = STEPS
+    name: str,
+    sizes: tuple[int, ...],
+    rank: int,
+    context: object = None,
+    steps: int = STEPS,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[torch.Tensor]:
     """Train as worker ``rank`` of ``len(sizes)`` (the job is the default one unless
     ``context``), with the import swapped: ``trimtab.DistributedOptimizer``."""
@@ -110,13 +117,15 @@ def train_worker(
     ]
     start = sum(sizes[:rank])
     end = start + sizes[rank]
-    for bags, x, y in global_batches(steps):
+    for step, (bags, x, y) in enumerate(global_batches(steps)):
         for o in opts:
             o.batch_size = sizes[rank]
             o.zero_grad()
         loss_of(model, bags[start:end], x[start:end], y[start:end]).backward()
         for o in opts:
             o.step()
+        if on_step is not None:
+            on_step(step)
     return [p.detach().clone() for p in model.parameters()]
 
 

@@ -1,0 +1,52 @@
+"""Worker script of the sparse-gradient tests over processes (run by ``trimtab run``).
+
+Usage: sparse_worker.py OUT_DIR KILL_AFTER[,...] OPTIMIZER [OPTIMIZER ...]
+
+Trains tests/sparse_job.py's model with each OPTIMIZER in turn (each a table of its own)
+on batches of 10 and 14; saves each worker's parameters as OUT_DIR/OPTIMIZER/rank<r>.pt.
+After each step of KILL_AFTER of the first optimizer, rank 0 writes OUT_DIR/kill<n> and
+waits for OUT_DIR/killed<n> (the test kills a server meanwhile). Rank 0 saves the
+servers' counters and the job's status as OUT_DIR/stats.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+
+import trimtab
+from tests.equivalence_job import settled_stats
+from tests.sparse_job import train_worker
+
+SIZES = (10, 14)
+out = Path(sys.argv[1])
+kills = [int(k) for k in sys.argv[2].split(",") if k]
+trimtab.init()
+
+
+def on_step(step: int) -> None:
+    if trimtab.rank() != 0 or step not in kills:
+        return
+    n = kills.index(step)
+    (out / f"kill{n}").write_text(str(step))
+    deadline = time.monotonic() + 60
+    while not (out / f"killed{n}").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("no server was killed")
+        time.sleep(0.01)
+
+
+for i, name in enumerate(sys.argv[3:]):
+    params = train_worker(name, SIZES, trimtab.rank(), on_step=on_step if i == 0 else None)
+    (out / name).mkdir(exist_ok=True)
+    torch.save(params, out / name / f"rank{trimtab.rank()}.pt")
+trimtab.barrier()
+if trimtab.rank() == 0:
+    (out / "stats.json").write_text(json.dumps(settled_stats()))
+trimtab.shutdown()
