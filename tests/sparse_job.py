@@ -9,6 +9,7 @@ process over the whole global batches. Under BSP the parameters must agree.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,18 +23,44 @@ DIM = 6  # rows of 6 elements: chunks of 64 elements cut rows in two
 OPTIMIZERS = ("sgd", "adagrad", "sparseadam")
 
 
+#: The server table's starting values (trimtab.nn's tables start as this says).
+TABLE_SEED = 5
+
+
 class Model(nn.Module):
-    def __init__(self, seed: int) -> None:
+    """``server``: the table is a ``trimtab.nn.EmbeddingBag`` (on the servers), else
+    torch's, starting from the same values (``reference``: the server table's)."""
+
+    def __init__(self, seed: int, server: bool = False, reference: bool = False) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.table = nn.EmbeddingBag(ROWS, DIM, mode="mean", sparse=True)
         self.mlp = nn.Sequential(nn.Linear(DIM + 4, 16), nn.Tanh(), nn.Linear(16, 3))
         with torch.no_grad():
-            for p in self.parameters():
+            for p in self.mlp.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        self.table: nn.Module
+        if server:
+            import trimtab.nn
+
+            self.table = trimtab.nn.EmbeddingBag(ROWS, DIM, mode="mean", seed=TABLE_SEED)
+        elif reference:
+            self.table = nn.EmbeddingBag(
+                ROWS, DIM, mode="mean", sparse=True, _weight=server_table_start()
+            )
+        else:
+            self.table = nn.EmbeddingBag(ROWS, DIM, mode="mean", sparse=True)
+            with torch.no_grad():
+                self.table.weight.copy_(torch.randn(ROWS, DIM, generator=g) * 0.3)
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(torch.cat([self.table(ids, offsets), x], dim=1))
+
+
+def server_table_start() -> torch.Tensor:
+    from trimtab.frontend.tables import TableInit, init_values
+
+    start = init_values((ROWS, DIM), TableInit(seed=TABLE_SEED), 0, ROWS * DIM, torch.float32)
+    return start.view(ROWS, DIM)
 
 
 def optimizers(name: str, model: Model) -> list[tuple[torch.optim.Optimizer, list]]:
@@ -85,9 +112,9 @@ def loss_of(
     return nn.functional.cross_entropy(model(ids, offsets, x), y)
 
 
-def reference(name: str, steps: int = STEPS) -> list[torch.Tensor]:
-    """One process over the global batches."""
-    model = Model(42)
+def reference(name: str, steps: int = STEPS, server: bool = False) -> list[torch.Tensor]:
+    """One process over the global batches (``server``: from the server table's start)."""
+    model = Model(42, reference=server)
     opts = [o for o, _ in optimizers(name, model)]
     for bags, x, y in global_batches(steps):
         for o in opts:
@@ -95,7 +122,7 @@ def reference(name: str, steps: int = STEPS) -> list[torch.Tensor]:
         loss_of(model, bags, x, y).backward()
         for o in opts:
             o.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return parameters(model)
 
 
 def train_worker(
@@ -105,28 +132,54 @@ def train_worker(
     context: object = None,
     steps: int = STEPS,
     on_step: Callable[[int], None] | None = None,
+    server: bool = False,
+    prefetch: str = "",
+    counters: dict | None = None,
 ) -> list[torch.Tensor]:
     """Train as worker ``rank`` of ``len(sizes)`` (the job is the default one unless
-    ``context``), with the import swapped: ``trimtab.DistributedOptimizer``."""
+    ``context``), with the import swapped: ``trimtab.DistributedOptimizer``. With a
+    ``server`` table, ``prefetch`` "after" (or "before") step() announces the next
+    batch's ids; ``counters`` gets the table's rows read and prefetched."""
     import trimtab
 
-    model = Model(42 if rank == 0 else 1000 + rank)  # the root's values must win
+    model = Model(42 if rank == 0 else 1000 + rank, server)  # the root's values must win
     opts = [
         trimtab.DistributedOptimizer(inner, named, context=context)  # type: ignore[arg-type]
         for inner, named in optimizers(name, model)
     ]
     start = sum(sizes[:rank])
     end = start + sizes[rank]
-    for step, (bags, x, y) in enumerate(global_batches(steps)):
+    batches = global_batches(steps)
+    table: Any = model.table
+    for step, (bags, x, y) in enumerate(batches):
         for o in opts:
             o.batch_size = sizes[rank]
             o.zero_grad()
         loss_of(model, bags[start:end], x[start:end], y[start:end]).backward()
+        coming = torch.cat(batches[step + 1][0][start:end]) if step + 1 < steps else None
+        if prefetch == "before" and coming is not None:
+            table.prefetch(coming)
         for o in opts:
             o.step()
+        if prefetch == "after" and coming is not None:
+            table.prefetch(coming)
         if on_step is not None:
             on_step(step)
-    return [p.detach().clone() for p in model.parameters()]
+    if counters is not None and server:
+        counters.update(read=table.rows_read, prefetched=table.rows_prefetched)
+        counters["storage"] = table.weight.untyped_storage().nbytes()
+    return parameters(model)
+
+
+def parameters(model: Model) -> list[torch.Tensor]:
+    """The model's parameters, a server table's read from the servers."""
+    import trimtab.nn
+
+    table = model.table
+    mlp = [p.detach().clone() for p in model.mlp.parameters()]
+    if isinstance(table, trimtab.nn.EmbeddingBag):
+        return [table.full_weight(), *mlp]
+    return [table.weight.detach().clone(), *mlp]
 
 
 def max_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

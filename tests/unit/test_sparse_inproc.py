@@ -11,14 +11,41 @@ import trimtab
 from tests.sparse_job import OPTIMIZERS, Model, max_difference, reference, train_worker
 
 
+@pytest.mark.parametrize("server", [False, True], ids=["torch-table", "server-table"])
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_sparse_bsp_matches_one_process(cluster_factory, name: str) -> None:
+def test_sparse_bsp_matches_one_process(cluster_factory, name: str, server: bool) -> None:
+    """torch's EmbeddingBag(sparse=True) on every worker, or trimtab.nn.EmbeddingBag
+    (the table only on the servers): one process's parameters."""
     sizes = (10, 14)
     cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
-    results = cluster.run_workers(lambda ctx: train_worker(name, sizes, ctx.rank, ctx))
-    expected = reference(name)
+    results = cluster.run_workers(
+        lambda ctx: train_worker(name, sizes, ctx.rank, ctx, server=server)
+    )
+    expected = reference(name, server=server)
     for got in results:
         assert max_difference(got, expected) < 1e-5
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_prefetched_rows_are_taken_only_when_current(cluster_factory, when: str) -> None:
+    """``table.prefetch(next ids)`` after step(): the next forward takes those rows; sent
+    before step(), those answered before their chunk's update are read again (the
+    others, answered after the round completed, are taken): the same result either way,
+    and the worker never holds the table (one element of storage)."""
+    sizes = (10, 14)
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+    counts: list[dict] = [{}, {}]
+    results = cluster.run_workers(
+        lambda ctx: train_worker(
+            "adagrad", sizes, ctx.rank, ctx, server=True, prefetch=when, counters=counts[ctx.rank]
+        )
+    )
+    expected = reference("adagrad", server=True)
+    for got, count in zip(results, counts, strict=True):
+        assert max_difference(got, expected) < 1e-5
+        assert count["storage"] == 4  # a float32: the weight's one element
+        if when == "after":  # (the first step's rows only are read by the forward)
+            assert count["prefetched"] > 0 and count["read"] < count["prefetched"]
 
 
 def test_only_touched_rows_travel_and_every_copy_is_exact(cluster_factory) -> None:

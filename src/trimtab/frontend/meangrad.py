@@ -36,6 +36,7 @@ from torch import nn
 
 from trimtab.errors import RemoteError
 from trimtab.frontend.pusher import Pusher
+from trimtab.frontend.tables import is_table
 from trimtab.protocol import headers
 from trimtab.protocol.headers import ValueHeader
 from trimtab.protocol.messages import ErrorCode
@@ -138,6 +139,8 @@ class MeanGrads:
         self._eager: list[torch.Tensor] = []
         self._hooks = []
         for p in pusher.chunks_of:
+            if is_table(p):  # its .grad stays this worker's own (sparse) gradient
+                continue
             if not adopt(p):
                 self._eager.append(p)  # (fetched at the step's end: never owed, no hook)
                 continue

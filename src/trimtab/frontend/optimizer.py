@@ -41,6 +41,7 @@ from trimtab.frontend.state import (
     scatter,
     zero_missing_grads,
 )
+from trimtab.frontend.tables import is_table
 from trimtab.roles.server.optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab.roles.worker.context import Context
 
@@ -147,8 +148,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The first step probes whether the script changes gradients between
         # synchronize() and step() (see _end_probe): where the job may switch modes. An
         # optimizer built again after init() (its table known) goes on as it was.
+        # (A table on the servers never is on a worker: no worker can apply its update.)
         self._probing = (
             mode == "auto"
+            and not any(is_table(p) for _, p, _ in params)
             and self._mode is OptimizerMode.SERVER
             and ctx.job.consistency == "bsp"
             and not self._again

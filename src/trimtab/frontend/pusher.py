@@ -24,6 +24,7 @@ from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
 from trimtab.frontend.rows import RowPath
+from trimtab.frontend.tables import chunk_init, is_table
 from trimtab.protocol import headers
 from trimtab.protocol.headers import (
     InitHeader,
@@ -416,7 +417,7 @@ class Pusher:
         pulls = []
         epoch = self.epoch  # nothing here changes the map before the waits
         for p in params:
-            for c in self.chunks_of[p]:
+            for c in [] if is_table(p) else self.chunks_of[p]:  # (a table stays there)
                 header = headers.pull(chunk=c.id, epoch=epoch)
                 pulls.append((p, c, header, ctx.client.request(ctx.server_of(c.id), header)))
         with torch.no_grad():
@@ -429,8 +430,15 @@ class Pusher:
         """Send each ``(chunk, header, frames)`` request to its chunk's owner, then wait
         for every reply, in order (a request whose chunk moved is resent to its new
         owner). Blocks; raises as :meth:`_await`."""
+        return self.wait_all(self.send(requests))
+
+    def send(self, requests: list[tuple[ChunkSpec, ChunkRequest, list[Any]]]) -> list[Any]:
+        """:meth:`ask`'s first half: send, return what :meth:`wait_all` takes."""
         ctx = self._ctx
-        sent = [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
+        return [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
+
+    def wait_all(self, sent: list[Any]) -> list[Reply]:
+        """:meth:`ask`'s second half: every reply, in order. Blocks; raises as ask."""
         return [self._await(fut, c, h, f, None) for fut, c, h, f in sent]
 
     def seed(self, params: list[torch.Tensor], root_rank: int, *, adoption: bool = False) -> None:
@@ -451,7 +459,10 @@ class Pusher:
                     )
                     if granted is not None:
                         header["ad"], header["g"] = granted["ad"], granted["g"]
-                    frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
+                    if is_table(p):  # its values start on the servers, chunk by chunk
+                        frames = [as_bytes(chunk_init(p, c))]
+                    else:
+                        frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
                     fut = ctx.client.request(ctx.server_of(c.id), header, frames)
                     sent.append((fut, c, header, frames))
             for fut, c, header, frames in sent:

@@ -26,6 +26,7 @@ import torch
 
 from trimtab.core.chunks import ChunkSpec
 from trimtab.errors import UsageError
+from trimtab.frontend.tables import is_table
 from trimtab.protocol import headers
 from trimtab.protocol.headers import PushHeader, ValueHeader
 from trimtab.roles.worker.context import Context
@@ -164,7 +165,7 @@ class RowPath:
         self.rows_received += count
         if grad:
             self._pieces.setdefault(p, []).append((positions + c.offset, values))
-        else:
+        elif not is_table(p):  # (a table's rows are read as forward needs them)
             at = (positions + c.offset).to(p.device)
             p.data.view(-1)[at] = values.to(device=p.device, dtype=p.dtype)
 

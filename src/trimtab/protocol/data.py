@@ -196,6 +196,7 @@ class PullHeader(WireHeader):
     c: int  # chunk id
     e: int  # the sender's map epoch
     gm: NotRequired[int]  # the round whose mean gradient is asked for
+    sr: NotRequired[int]  # rows of a table: their count (a frame: their ids, int64)
 
 
 def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
@@ -206,7 +207,7 @@ def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
 
 
 def read_pull(header: Header) -> PullHeader:
-    fields(header, (("c", int), ("e", int)), (("gm", int),))
+    fields(header, (("c", int), ("e", int)), (("gm", int), ("sr", int)))
     return cast(PullHeader, header)
 
 

@@ -56,9 +56,25 @@ def read_rows(chunk: Chunk, width: int, msg: PushHeader, frames: Sequence[memory
         if frames:
             raise _bad(ErrorCode.MALFORMED, "a push of no rows carries no frames")
         return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=TORCH_DTYPES[spec.dtype])
-    if len(frames) != 2 or frames[0].nbytes != 8 * count:
-        raise _bad(ErrorCode.MALFORMED, f"{count} rows need 2 frames, the first {8 * count} bytes")
-    ids = torch.frombuffer(bytearray(frames[0]), dtype=torch.int64)
+    if len(frames) != 2:
+        raise _bad(ErrorCode.MALFORMED, f"{count} rows need 2 frames (ids, elements)")
+    _, positions = read_ids(chunk, width, count, frames[0])
+    n = positions.numel()
+    if msg.get("n") != n or frames[1].nbytes != n * DTYPE_SIZES[spec.dtype]:
+        raise _bad(ErrorCode.MALFORMED, f"{count} rows of chunk {spec.id} hold {n} elements")
+    return positions, tensor_from(frames[1], spec.dtype, n).clone()
+
+
+def read_ids(
+    chunk: Chunk, width: int, count: int, frame: memoryview
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``count`` row ids ``frame`` holds (int64) and the chunk positions of those
+    rows' elements. Raises a MALFORMED :class:`ProtocolError` for a frame of another
+    size, or ids out of the chunk's rows or not strictly increasing."""
+    spec = chunk.spec
+    if count < 1 or frame.nbytes != 8 * count:
+        raise _bad(ErrorCode.MALFORMED, f"{count} row ids need {8 * count} bytes")
+    ids = torch.frombuffer(bytearray(frame), dtype=torch.int64)
     first, end = row_span(width, spec.offset, spec.numel)
     if int(ids[0]) < first or int(ids[-1]) >= end or bool((ids[1:] <= ids[:-1]).any()):
         raise _bad(
@@ -66,11 +82,7 @@ def read_rows(chunk: Chunk, width: int, msg: PushHeader, frames: Sequence[memory
             f"chunk {spec.id} holds rows {first} to {end - 1}: row ids must lie there, "
             "strictly increasing",
         )
-    positions = elements(ids, width, spec.offset, spec.numel)
-    n = positions.numel()
-    if msg.get("n") != n or frames[1].nbytes != n * DTYPE_SIZES[spec.dtype]:
-        raise _bad(ErrorCode.MALFORMED, f"{count} rows of chunk {spec.id} hold {n} elements")
-    return positions, tensor_from(frames[1], spec.dtype, n).clone()
+    return ids, elements(ids, width, spec.offset, spec.numel)
 
 
 def merge_rows(chunk: Chunk, rows: Rows, alpha: float) -> None:

@@ -22,7 +22,7 @@ from trimtab.roles.server.chunk import mean_of as mean_of
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import OptimizerMode
-from trimtab.roles.server.rows import apply_rows, is_rows, merge_rows, read_rows
+from trimtab.roles.server.rows import apply_rows, is_rows, merge_rows, read_ids, read_rows
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.runtime.rows import width_of
 from trimtab.runtime.tensors import check_tensor_frames
@@ -329,6 +329,20 @@ class ChunkStore:
         if self.on_round is not None:
             self.on_round(chunk)
         return replies
+
+    def pull_rows(
+        self, peer: Peer, rid: int, msg: headers.PullHeader, frames: Sequence[memoryview]
+    ) -> Reply:
+        """Answer a row PULL (``msg`` read, with ``sr``; ``frames``: its ids): the reply
+        carrying those rows' current elements in the chunk. Raises as :meth:`owned`, and
+        a MALFORMED :class:`ProtocolError` as :func:`~.rows.read_ids`. Never blocks."""
+        chunk = self.owned(msg["c"])
+        width = width_of(self.tensors[chunk.spec.tensor].shape)
+        frame = frames[0] if len(frames) == 1 else memoryview(b"")
+        ids, positions = read_ids(chunk, width, int(msg.get("sr", 0)), frame)
+        reply = Reply(peer, rid, -1, 0, chunk, None)
+        reply.rows, reply.value, reply.round = ids, chunk.value[positions], chunk.round
+        return reply
 
     def set_workers(self, ranks: Iterable[int]) -> list[Reply]:
         """The job's workers are ``ranks`` from now on (WORKERS: a worker was lost, or
