@@ -1,9 +1,11 @@
 """Worker script of the sparse-gradient tests over processes (run by ``trimtab run``).
 
-Usage: sparse_worker.py OUT_DIR KILL_AFTER[,...] OPTIMIZER [OPTIMIZER ...]
+Usage: sparse_worker.py OUT_DIR KILL_AFTER[,...] CASE [CASE ...]
 
-Trains tests/sparse_job.py's model with each OPTIMIZER in turn (each a table of its own)
-on batches of 10 and 14; saves each worker's parameters as OUT_DIR/OPTIMIZER/rank<r>.pt.
+Trains tests/sparse_job.py's model for each CASE in turn (each its own optimizers) on
+batches of 10 and 14: CASE is OPTIMIZER, or OPTIMIZER:server for a trimtab.nn table (on
+the servers, its next rows prefetched after each step). Saves each worker's parameters
+as OUT_DIR/CASE/rank<r>.pt (``-`` for ``:``).
 After each step of KILL_AFTER of the first optimizer, rank 0 writes OUT_DIR/kill<n> and
 waits for OUT_DIR/killed<n> (the test kills a server meanwhile). Rank 0 saves the
 servers' counters and the job's status as OUT_DIR/stats.json.
@@ -42,10 +44,18 @@ def on_step(step: int) -> None:
         time.sleep(0.01)
 
 
-for i, name in enumerate(sys.argv[3:]):
-    params = train_worker(name, SIZES, trimtab.rank(), on_step=on_step if i == 0 else None)
-    (out / name).mkdir(exist_ok=True)
-    torch.save(params, out / name / f"rank{trimtab.rank()}.pt")
+for i, case in enumerate(sys.argv[3:]):
+    name, _, kind = case.partition(":")
+    params = train_worker(
+        name,
+        SIZES,
+        trimtab.rank(),
+        on_step=on_step if i == 0 else None,
+        server=kind == "server",
+        prefetch="after" if kind == "server" else "",
+    )
+    (out / case.replace(":", "-")).mkdir(exist_ok=True)
+    torch.save(params, out / case.replace(":", "-") / f"rank{trimtab.rank()}.pt")
 trimtab.barrier()
 if trimtab.rank() == 0:
     (out / "stats.json").write_text(json.dumps(settled_stats()))

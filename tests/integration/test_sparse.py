@@ -1,7 +1,8 @@
 """Sparse gradients over real processes and TCP: a Horovod-style script with
 ``nn.EmbeddingBag(sparse=True)`` and a dense MLP, 2 servers x 2 workers, gives one
-process's parameters for SGD, Adagrad and SparseAdam, while the table's row blocks
-migrate live, and when a server dies under ``--replicas 1``."""
+process's parameters for SGD, Adagrad and SparseAdam; the same with the table on the
+servers (``trimtab.nn.EmbeddingBag``); while the row blocks migrate live, and when a
+server dies under ``--replicas 1``."""
 
 from __future__ import annotations
 
@@ -59,12 +60,17 @@ def _run(
     return lines
 
 
-def _check(out: Path, names: tuple[str, ...]) -> None:
-    for name in names:
-        expected = reference(name)
+def _check(out: Path, cases: tuple[str, ...]) -> None:
+    for case in cases:
+        name, _, kind = case.partition(":")
+        expected = reference(name, server=kind == "server")
         for rank in (0, 1):
-            got = torch.load(out / name / f"rank{rank}.pt")
-            assert max_difference(got, expected) < 1e-5, f"{name}: rank {rank} diverged"
+            got = torch.load(out / case.replace(":", "-") / f"rank{rank}.pt")
+            assert max_difference(got, expected) < 1e-5, f"{case}: rank {rank} diverged"
+
+
+#: torch's sparse EmbeddingBag on every worker, and trimtab.nn's (on the servers).
+CASES = (*OPTIMIZERS, *(f"{name}:server" for name in OPTIMIZERS))
 
 
 @pytest.mark.timeout(120)
@@ -72,8 +78,8 @@ def test_sparse_gradients_over_tcp_match_one_process_while_row_blocks_migrate(
     tmp_path: Path,
 ) -> None:
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=256, rebalance_every=3)
-    _run(config, tmp_path, OPTIMIZERS)
-    _check(tmp_path, OPTIMIZERS)
+    _run(config, tmp_path, CASES)
+    _check(tmp_path, CASES)
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["job"]["migrations"] > 0  # row blocks moved under the training
 
@@ -82,6 +88,7 @@ def test_sparse_gradients_over_tcp_match_one_process_while_row_blocks_migrate(
 @pytest.mark.timeout(150)
 def test_a_server_killed_under_replicas_loses_no_row(tmp_path: Path) -> None:
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=256, replicas=1)
-    lines = _run(config, tmp_path, ("adagrad",), kills={4: "server 1"})
-    _check(tmp_path, ("adagrad",))
+    cases = ("adagrad:server", "sparseadam")
+    lines = _run(config, tmp_path, cases, kills={4: "server 1"})
+    _check(tmp_path, cases)
     assert any("its backups take over" in line for line in lines)
