@@ -31,7 +31,9 @@ class Model(nn.Module):
     """``server``: the table is a ``trimtab.nn.EmbeddingBag`` (on the servers), else
     torch's, starting from the same values (``reference``: the server table's)."""
 
-    def __init__(self, seed: int, server: bool = False, reference: bool = False) -> None:
+    def __init__(
+        self, seed: int, server: bool = False, reference: bool = False, hot: int = 0
+    ) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.mlp = nn.Sequential(nn.Linear(DIM + 4, 16), nn.Tanh(), nn.Linear(16, 3))
@@ -42,7 +44,9 @@ class Model(nn.Module):
         if server:
             import trimtab.nn
 
-            self.table = trimtab.nn.EmbeddingBag(ROWS, DIM, mode="mean", seed=TABLE_SEED)
+            self.table = trimtab.nn.EmbeddingBag(
+                ROWS, DIM, mode="mean", seed=TABLE_SEED, hot_rows=hot, hot_refresh=3
+            )
         elif reference:
             self.table = nn.EmbeddingBag(
                 ROWS, DIM, mode="mean", sparse=True, _weight=server_table_start()
@@ -135,14 +139,16 @@ def train_worker(
     server: bool = False,
     prefetch: str = "",
     counters: dict | None = None,
+    hot: int = 0,
 ) -> list[torch.Tensor]:
     """Train as worker ``rank`` of ``len(sizes)`` (the job is the default one unless
     ``context``), with the import swapped: ``trimtab.DistributedOptimizer``. With a
     ``server`` table, ``prefetch`` "after" (or "before") step() announces the next
-    batch's ids; ``counters`` gets the table's rows read and prefetched."""
+    batch's ids, ``hot`` rows of it are replicated here; ``counters`` gets the table's
+    rows read and prefetched, and its hot set's report."""
     import trimtab
 
-    model = Model(42 if rank == 0 else 1000 + rank, server)  # the root's values must win
+    model = Model(42 if rank == 0 else 1000 + rank, server, hot=hot)  # the root's values must win
     opts = [
         trimtab.DistributedOptimizer(inner, named, context=context)  # type: ignore[arg-type]
         for inner, named in optimizers(name, model)
@@ -168,6 +174,7 @@ def train_worker(
     if counters is not None and server:
         counters.update(read=table.rows_read, prefetched=table.rows_prefetched)
         counters["storage"] = table.weight.untyped_storage().nbytes()
+        counters["hot"] = table.hot_report()
     return parameters(model)
 
 

@@ -4,7 +4,8 @@ Usage: sparse_worker.py OUT_DIR KILL_AFTER[,...] CASE [CASE ...]
 
 Trains tests/sparse_job.py's model for each CASE in turn (each its own optimizers) on
 batches of 10 and 14: CASE is OPTIMIZER, or OPTIMIZER:server for a trimtab.nn table (on
-the servers, its next rows prefetched after each step). Saves each worker's parameters
+the servers, its next rows prefetched after each step), OPTIMIZER:hot for the same with
+40 hot rows replicated on the workers. Saves each worker's parameters
 as OUT_DIR/CASE/rank<r>.pt (``-`` for ``:``).
 After each step of KILL_AFTER of the first optimizer, rank 0 writes OUT_DIR/kill<n> and
 waits for OUT_DIR/killed<n> (the test kills a server meanwhile). Rank 0 saves the
@@ -51,8 +52,9 @@ for i, case in enumerate(sys.argv[3:]):
         SIZES,
         trimtab.rank(),
         on_step=on_step if i == 0 else None,
-        server=kind == "server",
-        prefetch="after" if kind == "server" else "",
+        server=kind in ("server", "hot"),
+        prefetch="after" if kind in ("server", "hot") else "",
+        hot=40 if kind == "hot" else 0,
     )
     (out / case.replace(":", "-")).mkdir(exist_ok=True)
     torch.save(params, out / case.replace(":", "-") / f"rank{trimtab.rank()}.pt")

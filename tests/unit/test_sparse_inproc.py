@@ -48,6 +48,36 @@ def test_prefetched_rows_are_taken_only_when_current(cluster_factory, when: str)
             assert count["prefetched"] > 0 and count["read"] < count["prefetched"]
 
 
+@pytest.mark.parametrize("name", ["sgd", "sparseadam"])
+def test_hot_rows_replicated_on_workers_change_nothing_under_bsp(
+    cluster_factory, name: str
+) -> None:
+    """NuPS's hot set (40 rows, chosen again every 3 steps) read from each worker's
+    replicas, kept in step by the servers' answers: the same parameters as one process,
+    most reads served by the replicas, and the next rows prefetched as well."""
+    sizes = (10, 14)
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+    counts: list[dict] = [{}, {}]
+    results = cluster.run_workers(
+        lambda ctx: train_worker(
+            name,
+            sizes,
+            ctx.rank,
+            ctx,
+            server=True,
+            prefetch="after",
+            counters=counts[ctx.rank],
+            hot=40,
+        )
+    )
+    expected = reference(name, server=True)
+    for got, count in zip(results, counts, strict=True):
+        assert max_difference(got, expected) < 1e-5
+        report = count["hot"]
+        assert report["hot_rows"] == 40 and report["version"] >= 2
+        assert report["hit_rate"] > 0.3, report
+
+
 def test_only_touched_rows_travel_and_every_copy_is_exact(cluster_factory) -> None:
     """A step touches a few rows: those go out (deduplicated), and only the rows that
     changed come back; each worker's whole table (state_dict) equals the servers'."""

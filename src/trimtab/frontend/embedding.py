@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional
 
 from trimtab.errors import ConfigError
+from trimtab.frontend.hotrows import HotRows
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.tables import (
     TableInit,
@@ -29,6 +30,7 @@ from trimtab.frontend.tables import (
     rows_from,
     table_parameter,
 )
+from trimtab.policies.hotkeys import HotKeys
 
 
 class _Rows(torch.autograd.Function):
@@ -61,6 +63,8 @@ class _ServerTable(nn.Module):
         max_norm: float | None,
         dtype: torch.dtype | None,
         seed: int,
+        hot_rows: int,
+        hot_refresh: int,
     ) -> None:
         super().__init__()
         if max_norm is not None:
@@ -73,9 +77,11 @@ class _ServerTable(nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = None if padding_idx is None else padding_idx % num_embeddings
         init = TableInit(seed=seed, padding_idx=self.padding_idx)
-        self.weight = table_parameter(
-            num_embeddings, embedding_dim, dtype or torch.get_default_dtype(), init
-        )
+        dtype = dtype or torch.get_default_dtype()
+        shape = (num_embeddings, embedding_dim)
+        hot = HotRows(shape, dtype, HotKeys(size=hot_rows, refresh_steps=hot_refresh))
+        self.weight = table_parameter(num_embeddings, embedding_dim, dtype, init, hot)
+        self._hot = hot
         self._prefetched: tuple[torch.Tensor, list[Any], list[Any]] | None = None
         #: Rows read (through the forward's own reads, or prefetched and current).
         self.rows_read = 0
@@ -88,17 +94,37 @@ class _ServerTable(nn.Module):
         blocks; raises :class:`~trimtab.UsageError` before the optimizer is built."""
         pusher: Pusher = linked(self.weight)
         unique = torch.unique(ids.detach().cpu())
+        unique = unique[~torch.isin(unique, self._hot.ids)]  # (the hot are here)
         requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
         sent = pusher.send([(c, h, f) for c, h, f, _ in requests])
         self._prefetched = unique, requests, sent
 
     def _rows(self, unique: torch.Tensor) -> torch.Tensor:
-        """Rows ``unique`` (sorted) of the table, current: prefetched where they were,
-        else read now. Blocks."""
+        """Rows ``unique`` (sorted) of the table, current: hot ones from the replicas
+        here (chosen again when due), the others prefetched where they were, else read
+        now. Blocks."""
         p = self.weight
         pusher: Pusher = linked(p)
         if p in pusher.arriving:  # (model=: this step's updates are the rows' values)
             pusher.arrive([p])
+        hot = self._hot
+        hot.count(unique)
+        new = hot.choose() if hot.due() else None
+        if new is not None or hot.stale:
+            ids = hot.ids if new is None else new
+            hot.hold(ids, self._pull(ids), new_set=new is not None)
+        is_hot, held = hot.split(unique)
+        if bool(is_hot.all()):
+            return held
+        out = torch.empty(unique.numel(), *p.shape[1:], dtype=p.dtype)
+        out[is_hot] = held
+        out[~is_hot] = self._cold(pusher, unique[~is_hot])
+        return out
+
+    def _cold(self, pusher: Pusher, unique: torch.Tensor) -> torch.Tensor:
+        """Rows ``unique`` (sorted), prefetched where they were and current, else read
+        now. Blocks."""
+        p = self.weight
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None:
             ids, requests, sent = prefetched
@@ -115,12 +141,21 @@ class _ServerTable(nn.Module):
                     (c, mine, r) for (c, _, _, mine), r in zip(requests, replies, strict=True)
                 ]
                 return rows_from(p, ids, answered)[at]
+        self.rows_read += unique.numel()
+        return self._pull(unique)
+
+    def _pull(self, unique: torch.Tensor) -> torch.Tensor:
+        """Rows ``unique`` (sorted) read from their servers now. Blocks."""
+        p = self.weight
+        pusher: Pusher = linked(p)
         requests = row_requests(p, pusher.chunks_of[p], unique, pusher.epoch)
         replies = pusher.ask([(c, h, f) for c, h, f, _ in requests])
-        self.rows_read += unique.numel()
-        return rows_from(
-            p, unique, [(c, m, r) for (c, _, _, m), r in zip(requests, replies, strict=True)]
-        )
+        answered = [(c, m, r) for (c, _, _, m), r in zip(requests, replies, strict=True)]
+        return rows_from(p, unique, answered)
+
+    def hot_report(self) -> dict[str, float]:
+        """The hot set (rows, version) and the share of row reads it served."""
+        return self._hot.report()
 
     def _read(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
         """The rows ``input`` reads, as a tensor of the graph; ``input`` in those rows'
@@ -140,14 +175,16 @@ class _ServerTable(nn.Module):
     def full_weight(self) -> torch.Tensor:
         """The whole table, read from the servers (for a test or an evaluation: it is
         the table's size). Blocks."""
-        return self._rows(torch.arange(self.num_embeddings))
+        return self._pull(torch.arange(self.num_embeddings))
 
 
 class Embedding(_ServerTable):
     """``torch.nn.Embedding`` whose weight lives on the servers (see the module's
     docstring); ``seed`` chooses its starting values (``N(0, 1)``, as torch's). The
     gradient is always rows (``sparse`` is accepted and ignored): train it with SGD
-    (no momentum), Adagrad or SparseAdam. Raises :class:`ConfigError` for ``max_norm``."""
+    (no momentum), Adagrad or SparseAdam. ``hot_rows``: the most rows replicated here
+    (NuPS's hot set, chosen every ``hot_refresh`` forwards by access count; 0: every
+    read goes to the servers). Raises :class:`ConfigError` for ``max_norm``."""
 
     def __init__(
         self,
@@ -161,8 +198,12 @@ class Embedding(_ServerTable):
         *,
         dtype: torch.dtype | None = None,
         seed: int = 0,
+        hot_rows: int = 0,
+        hot_refresh: int = 10,
     ) -> None:
-        super().__init__(num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed)
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed, hot_rows, hot_refresh
+        )
         self.scale_grad_by_freq = scale_grad_by_freq
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -191,8 +232,12 @@ class EmbeddingBag(_ServerTable):
         *,
         dtype: torch.dtype | None = None,
         seed: int = 0,
+        hot_rows: int = 0,
+        hot_refresh: int = 10,
     ) -> None:
-        super().__init__(num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed)
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed, hot_rows, hot_refresh
+        )
         self.scale_grad_by_freq = scale_grad_by_freq
         self.mode = mode
         self.include_last_offset = include_last_offset

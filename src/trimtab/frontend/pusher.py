@@ -281,7 +281,7 @@ class Pusher:
                         # server just relieved of chunks with all its old load over the
                         # span of the few it kept (a 20 MB/s server read 56).
                         traffic[2] -= pushed
-                    if "sr" in h:  # rows
+                    if "sr" in h or is_table(p):  # rows
                         self.rows.take(p, c, h, got, grad=self.summation)
                         self.rounds[c.id] = h["k"]
                     elif not self.summation:

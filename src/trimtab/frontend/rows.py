@@ -26,7 +26,7 @@ import torch
 
 from trimtab.core.chunks import ChunkSpec
 from trimtab.errors import UsageError
-from trimtab.frontend.tables import is_table
+from trimtab.frontend.tables import hot_of, is_table
 from trimtab.protocol import headers
 from trimtab.protocol.headers import PushHeader, ValueHeader
 from trimtab.roles.worker.context import Context
@@ -117,6 +117,7 @@ class RowPath:
         if prescale != 1.0:
             g = g / prescale
         parts = split(g, [(width, c.offset, c.numel) for c in chunks])
+        hot = hot_of(p)
         out: list[RowSent] = []
         for c, (ids, values) in zip(chunks, parts, strict=True):
             values = values.to(TORCH_DTYPES[c.dtype])
@@ -134,12 +135,21 @@ class RowPath:
             )
             header["sr"] = ids.numel()
             frames: list[Any] = [as_bytes(ids), as_bytes(values)] if ids.numel() else []
+            if hot is not None:  # a server table: answer my hot rows only
+                header["hf"] = hot.version
+                if hot.unsent is None or c.id in hot.unsent:
+                    mine = hot.in_chunk(width, c.offset, c.numel)
+                    header["hs"] = mine.numel()
+                    if mine.numel():
+                        frames.append(as_bytes(mine))
             nbytes = sum(f.nbytes for f in frames)
             self.rows_sent += ids.numel()
             self.bytes_sent += nbytes
             owner = ctx.owner_of(c.id, clock)
             request = ctx.client.request(ctx.address(owner), header, frames)
             out.append((request, header, frames, owner, nbytes))
+        if hot is not None:
+            hot.unsent = set()
         return out
 
     def take(
@@ -149,7 +159,15 @@ class RowPath:
         or (``grad``) keep their mean gradient for :meth:`finish`. Raises
         :class:`UsageError` for a reply that does not add up (a server out of protocol)."""
         self._versions[c.id] = h["v"]
+        hot = hot_of(p)
+        if "sr" not in h:  # a table no worker read this step: its whole chunk, current
+            if hot is not None and frames and not h.get("z"):
+                values = torch.frombuffer(bytearray(frames[0]), dtype=TORCH_DTYPES[h["dt"]])
+                hot.write(torch.arange(c.offset, c.offset + values.numel()), values)
+            return
         count = int(h.get("sr", 0))
+        if hot is not None and h.get("hv") != hot.version:
+            hot.stale.add(c.id)  # its server lacks our hot set: read it again, resend it
         if not count:
             if grad:
                 self._pieces.setdefault(p, [])
@@ -165,7 +183,9 @@ class RowPath:
         self.rows_received += count
         if grad:
             self._pieces.setdefault(p, []).append((positions + c.offset, values))
-        elif not is_table(p):  # (a table's rows are read as forward needs them)
+        elif hot is not None:  # a table: the rows it holds follow the update
+            hot.write(positions + c.offset, values)
+        elif not is_table(p):
             at = (positions + c.offset).to(p.device)
             p.data.view(-1)[at] = values.to(device=p.device, dtype=p.dtype)
 

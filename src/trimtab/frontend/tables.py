@@ -32,6 +32,7 @@ _ATTR = "_trimtab_table"
 #: its own: the same table whatever the chunks, workers and servers.
 BLOCK = 1 << 16
 _LINK = "_trimtab_pusher"
+_HOT = "_trimtab_hot"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +47,21 @@ class TableInit:
     padding_idx: int | None = None
 
 
-def table_parameter(rows: int, dim: int, dtype: torch.dtype, init: TableInit) -> torch.nn.Parameter:
-    """A server table's parameter: shape ``[rows, dim]``, one element of memory. Pure."""
+def table_parameter(
+    rows: int, dim: int, dtype: torch.dtype, init: TableInit, hot: Any
+) -> torch.nn.Parameter:
+    """A server table's parameter: shape ``[rows, dim]``, one element of memory, with
+    the worker's ``hot`` rows of it (:func:`hot_of`). Pure."""
     p = torch.nn.Parameter(torch.zeros(1, dtype=dtype).expand(rows, dim))
     setattr(p, _ATTR, init)
+    setattr(p, _HOT, hot)
     return p
+
+
+def hot_of(p: torch.Tensor) -> Any:
+    """The hot rows a worker holds of server table ``p`` (a
+    :class:`~trimtab.frontend.hotrows.HotRows`), or None for any other tensor."""
+    return getattr(p, _HOT, None)
 
 
 def is_table(p: torch.Tensor) -> bool:

@@ -98,6 +98,8 @@ class PushHeader(InlineHeader):
     ak: NotRequired[bool]  # acknowledge receipt with CREDIT (the sender's credit, P3)
     vk: NotRequired[int]  # > 0: the sender credits values it reads; hold them to vk bytes
     sr: NotRequired[int]  # a sparse gradient's rows: their count (frames: ids, elements)
+    hf: NotRequired[int]  # with sr: the version of the hot set the sender holds
+    hs: NotRequired[int]  # with hf: that set's rows in the chunk (a last frame: ids)
 
 
 def push(
@@ -225,6 +227,7 @@ class ValueHeader(InlineHeader):
     sm: NotRequired[int]  # IN_SLOT: the value is in the push's slot
     ak: NotRequired[bool]  # the server counts it against the push's vk: CREDIT it on receipt
     sr: NotRequired[int]  # a row reply: the changed rows' count (frames: ids, elements)
+    hv: NotRequired[int]  # the version of the worker's hot set the rows are filtered by
 
 
 def value(

@@ -52,6 +52,9 @@ class Chunk:
         #: The round's rows (a sparse gradient): each push's (chunk positions, values
         #: scaled as merged); None while the round has none (roles/server/rows.py).
         self.rows: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        #: A table's hot rows each worker holds (rank -> (version, ids)): its pushes'
+        #: answers carry those of the changed rows only (see frontend/hotrows.py).
+        self.hot: dict[int, tuple[int, torch.Tensor]] = {}
         self.mean_only = False  # this round answers the mean gradient, applies nothing
         self.arrived: set[int] = set()
         self.waiting: list[Reply] = []

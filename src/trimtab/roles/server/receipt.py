@@ -104,7 +104,7 @@ class Receipts:
                 self.values.forget(old)
             self._peer_of[r.rank] = r.peer
         if r.rows is not None:
-            self.rows(r.peer, r.rid, r.chunk, r.rows, r.value, r.round)
+            self.rows(r.peer, r.rid, r.chunk, r.rows, r.value, r.round, r.rank)
             return
         self.value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot, r.window)
 
@@ -116,9 +116,11 @@ class Receipts:
         ids: torch.Tensor,
         t: torch.Tensor | None,
         round_: int,
+        rank: int,
     ) -> None:
-        """Send a row VALUE of ``chunk`` (``sr``): the ids of the rows that changed and
-        ``t``, their elements in the chunk, as two frames (none for no rows). Through
+        """Send a row VALUE of ``chunk`` (``sr``) to worker ``rank``: the ids of the rows
+        that changed and ``t``, their elements in the chunk, as two frames (none for no
+        rows), with the version of the worker's hot set they follow (``hv``). Through
         the socket, never held: a reply of a sparse push is its rows only. Blocks only
         as :meth:`NodeLoop.send` does."""
         assert t is not None
@@ -131,6 +133,9 @@ class Receipts:
             dtype=WIRE_DTYPES[t.dtype],
         )
         header["sr"] = ids.numel()
+        held = chunk.hot.get(rank)
+        if held is not None:  # the version of the worker's hot set these rows follow
+            header["hv"] = held[0]
         frames = [as_bytes(ids.contiguous()), as_bytes(t.contiguous())] if ids.numel() else []
         self._meter.count(sum(f.nbytes for f in frames))
         self._loop.send(peer, header, frames)

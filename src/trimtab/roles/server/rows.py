@@ -26,8 +26,9 @@ from trimtab.roles.server.chunk import Chunk
 from trimtab.runtime.rows import elements, row_span, rows_of
 from trimtab.runtime.tensors import TORCH_DTYPES, tensor_from
 
-#: A row push read: the chunk positions of its elements and their gradients.
-Rows = tuple[torch.Tensor, torch.Tensor]
+#: A row push read: the chunk positions of its elements, their gradients, and the hot
+#: set the worker holds (``(version, ids)``) if the push says it.
+Rows = tuple[torch.Tensor, torch.Tensor, tuple[int, torch.Tensor] | None]
 
 
 def _bad(code: ErrorCode, why: str) -> ProtocolError:
@@ -52,17 +53,52 @@ def read_rows(chunk: Chunk, width: int, msg: PushHeader, frames: Sequence[memory
         )
     if msg.get("dt") != spec.dtype:
         raise _bad(ErrorCode.BAD_DTYPE, f"rows of chunk {spec.id} travel as {spec.dtype}")
+    frames = list(frames)
+    hot = _read_hot(chunk, width, msg, frames)
     if count == 0:
         if frames:
             raise _bad(ErrorCode.MALFORMED, "a push of no rows carries no frames")
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=TORCH_DTYPES[spec.dtype])
+        empty = torch.zeros(0, dtype=TORCH_DTYPES[spec.dtype])
+        return torch.zeros(0, dtype=torch.int64), empty, hot
     if len(frames) != 2:
         raise _bad(ErrorCode.MALFORMED, f"{count} rows need 2 frames (ids, elements)")
     _, positions = read_ids(chunk, width, count, frames[0])
     n = positions.numel()
     if msg.get("n") != n or frames[1].nbytes != n * DTYPE_SIZES[spec.dtype]:
         raise _bad(ErrorCode.MALFORMED, f"{count} rows of chunk {spec.id} hold {n} elements")
-    return positions, tensor_from(frames[1], spec.dtype, n).clone()
+    return positions, tensor_from(frames[1], spec.dtype, n).clone(), hot
+
+
+def _read_hot(
+    chunk: Chunk, width: int, msg: PushHeader, frames: list[memoryview]
+) -> tuple[int, torch.Tensor] | None:
+    """The hot set a row push tells (``hf``: its version; ``hs``: its rows in the chunk,
+    their ids the last frame, which is taken off ``frames``), or None. Raises MALFORMED
+    as :func:`read_ids`."""
+    version, count = msg.get("hf"), msg.get("hs")
+    if count is None:
+        return None
+    if type(version) is not int or type(count) is not int or count < 0:
+        raise _bad(ErrorCode.MALFORMED, "'hs' (a row count) needs 'hf' (a version)")
+    if count == 0:
+        return version, torch.zeros(0, dtype=torch.int64)
+    if not frames:
+        raise _bad(ErrorCode.MALFORMED, "'hs' rows need a frame of their ids")
+    ids, _ = read_ids(chunk, width, count, frames.pop())
+    return version, ids
+
+
+def answer_for(
+    chunk: Chunk, width: int, rank: int, ids: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What worker ``rank`` gets of a round that changed rows ``ids`` (``values``: their
+    elements): all of it, or, where it holds hot rows, those of them (their new
+    elements, read from the chunk)."""
+    held = chunk.hot.get(rank)
+    if held is None:
+        return ids, values
+    mine = ids[torch.isin(ids, held[1])]
+    return mine, chunk.value[elements(mine, width, chunk.spec.offset, chunk.spec.numel)]
 
 
 def read_ids(
@@ -87,7 +123,7 @@ def read_ids(
 
 def merge_rows(chunk: Chunk, rows: Rows, alpha: float) -> None:
     """Add a read row push, its gradients scaled by ``alpha``, to the chunk's round."""
-    positions, values = rows
+    positions, values, _ = rows
     if chunk.rows is None:
         chunk.rows = []
     chunk.rows.append((positions, values.to(chunk.merge.dtype).mul_(alpha)))

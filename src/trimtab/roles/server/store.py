@@ -22,7 +22,14 @@ from trimtab.roles.server.chunk import mean_of as mean_of
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import OptimizerMode
-from trimtab.roles.server.rows import apply_rows, is_rows, merge_rows, read_ids, read_rows
+from trimtab.roles.server.rows import (
+    answer_for,
+    apply_rows,
+    is_rows,
+    merge_rows,
+    read_ids,
+    read_rows,
+)
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.runtime.rows import width_of
 from trimtab.runtime.tensors import check_tensor_frames
@@ -218,6 +225,8 @@ class ChunkStore:
             )
         hp = msg.get("hp")
         # Everything is validated: from here on the chunk's state changes.
+        if rows is not None and rows[2] is not None:
+            chunk.hot[rank] = rows[2]
         if msg.get("g"):
             chunk.mean_only = True
         if hp and chunk.optimizer is not None:
@@ -275,9 +284,9 @@ class ChunkStore:
         result: torch.Tensor | None = None
         applies = chunk.optimizer is not None and not chunk.mean_only
         ids = None
+        width = width_of(self.tensors[chunk.spec.tensor].shape)
         if is_rows(chunk) and chunk.weight_sum > 0:
             factor = self.post_factor(self._table_of[chunk.spec.tensor])
-            width = width_of(self.tensors[chunk.spec.tensor].shape)
             ids, result = apply_rows(chunk, width, factor * chunk.scale / chunk.weight_sum, applies)
             chunk.version += 1
         elif chunk.any_grad and chunk.weight_sum > 0:
@@ -309,6 +318,8 @@ class ChunkStore:
             replies = chunk.waiting
             for reply in replies:
                 reply.value, reply.rows = result, ids
+                if ids is not None and result is not None and reply.rank in chunk.hot:
+                    reply.rows, reply.value = answer_for(chunk, width, reply.rank, ids, result)
                 reply.round = chunk.round
         else:
             # Asynchronous: the buffer changes with the next push, so replies carry a copy.

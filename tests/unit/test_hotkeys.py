@@ -1,0 +1,28 @@
+"""The hot-key policy (NuPS's top-N by access count, with hysteresis), pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimtab.policies.hotkeys import HotKeys, choose_hot, hit_rate
+
+
+def test_the_top_n_by_count_are_hot() -> None:
+    counts = [(5, 10.0), (1, 50.0), (9, 30.0), (2, 1.0)]
+    assert choose_hot(counts, [], HotKeys(size=2)) == [1, 9]
+    assert choose_hot(counts, [], HotKeys(size=0)) == []
+    assert choose_hot([(3, 0.0)], [], HotKeys(size=2)) == []  # never read: never hot
+
+
+def test_a_held_row_stays_unless_beaten_by_the_margin() -> None:
+    settings = HotKeys(size=1, margin=1.5)
+    assert choose_hot([(1, 10.0), (2, 14.0)], [1], settings) == [1]  # 14 < 1.5 x 10
+    assert choose_hot([(1, 10.0), (2, 16.0)], [1], settings) == [2]
+    assert choose_hot([(2, 16.0)], [1], HotKeys(size=2)) == [1, 2]  # room for both
+
+
+def test_settings_are_checked_and_the_hit_rate_is_a_share() -> None:
+    with pytest.raises(ValueError, match="refresh_steps"):
+        HotKeys(size=1, refresh_steps=0)
+    assert hit_rate(0, 0) == 0.0
+    assert hit_rate(3, 4) == 0.75
