@@ -120,6 +120,7 @@ def main(args: argparse.Namespace) -> int:
         "ddp": _summary(_processes(args, "ddp", 2)),
     }
     table_mb = 4 * args.rows * args.dim * 4 / 2**20
+    speed = {name: r["samples_per_s"] for name, r in results.items()}
     report = {
         "workload": {
             "tables": 4, "rows_per_table": args.rows, "dim": args.dim,
@@ -131,8 +132,8 @@ def main(args: argparse.Namespace) -> int:
         "one_process_log_loss": one["log_loss"],
         "one_process_samples_per_s": one["samples_per_s"],
         "ratios": {
-            "hot_over_classic": results["hot"]["samples_per_s"] / results["classic"]["samples_per_s"],
-            "hot_over_ddp": results["hot"]["samples_per_s"] / results["ddp"]["samples_per_s"],
+            "hot_over_classic": speed["hot"] / speed["classic"],
+            "hot_over_ddp": speed["hot"] / speed["ddp"],
         },
     }  # fmt: skip
     if args.json:
