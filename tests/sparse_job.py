@@ -153,6 +153,10 @@ def train_worker(
         trimtab.DistributedOptimizer(inner, named, context=context)  # type: ignore[arg-type]
         for inner, named in optimizers(name, model)
     ]
+    if context is None:  # Horovod's recipe (a table on the servers is left out of it)
+        trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
+        for o in opts:
+            trimtab.broadcast_optimizer_state(o, root_rank=0)
     start = sum(sizes[:rank])
     end = start + sizes[rank]
     batches = global_batches(steps)

@@ -213,7 +213,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         values (a broadcast): make the servers hold them, and every worker adopt them.
         Collective; blocks."""
         ptrs = {t.data_ptr() for t in tensors}
-        params = [p for p in self._pusher.chunks_of if p.data_ptr() in ptrs]
+        params = [p for p in self._pusher.chunks_of if p.data_ptr() in ptrs and not is_table(p)]
         if params:
             self._pusher.seed(params, root_rank, adoption=True)
 

@@ -33,6 +33,7 @@ _ATTR = "_trimtab_table"
 BLOCK = 1 << 16
 _LINK = "_trimtab_pusher"
 _HOT = "_trimtab_hot"
+_POINTERS: set[int] = set()  # the one element of each server table's parameter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,7 @@ def table_parameter(
     """A server table's parameter: shape ``[rows, dim]``, one element of memory, with
     the worker's ``hot`` rows of it (:func:`hot_of`). Pure."""
     p = torch.nn.Parameter(torch.zeros(1, dtype=dtype).expand(rows, dim))
+    _POINTERS.add(p.data_ptr())
     setattr(p, _ATTR, init)
     setattr(p, _HOT, hot)
     return p
@@ -62,6 +64,14 @@ def hot_of(p: torch.Tensor) -> Any:
     """The hot rows a worker holds of server table ``p`` (a
     :class:`~trimtab.frontend.hotrows.HotRows`), or None for any other tensor."""
     return getattr(p, _HOT, None)
+
+
+def holds_table(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a server table's parameter or a view of it (``state_dict()``'s
+    detached one): a tensor to leave out of broadcasts, whose values are elsewhere."""
+    return is_table(t) or (
+        t.data_ptr() in _POINTERS and t.numel() > 1 and all(s == 0 for s in t.stride())
+    )
 
 
 def is_table(p: torch.Tensor) -> bool:
