@@ -8,7 +8,15 @@ import pytest
 import torch
 
 import trimtab
-from tests.sparse_job import OPTIMIZERS, Model, max_difference, reference, train_worker
+from tests.sparse_job import (
+    OPTIMIZERS,
+    Model,
+    global_batches,
+    loss_of,
+    max_difference,
+    reference,
+    train_worker,
+)
 
 
 @pytest.mark.parametrize("server", [False, True], ids=["torch-table", "server-table"])
@@ -74,8 +82,8 @@ def test_hot_rows_replicated_on_workers_change_nothing_under_bsp(
     for got, count in zip(results, counts, strict=True):
         assert max_difference(got, expected) < 1e-5
         report = count["hot"]
-        assert report["hot_rows"] == 40 and report["version"] >= 2
-        assert report["hit_rate"] > 0.3, report
+        assert 0 < report["hot_rows"] <= 40 and report["version"] >= 2, report
+        assert report["hit_rate"] > 0.2, report
 
 
 def test_only_touched_rows_travel_and_every_copy_is_exact(cluster_factory) -> None:
@@ -124,3 +132,30 @@ def test_optimizers_torch_refuses_sparse_gradients_for_are_refused_alike(cluster
                 p.grad = None
 
     cluster.run_workers(body)
+
+
+@pytest.mark.parametrize(("mode", "server"), [("asp", False), ("ssp", True)])
+def test_sparse_rows_train_asynchronously(cluster_factory, mode: str, server: bool) -> None:
+    """Under ASP and SSP each row push is an update of its own (no equivalence to hold):
+    torch's sparse table and a server table train, the loss falls."""
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256, consistency=mode)
+
+    def body(ctx: trimtab.Context) -> tuple[float, float]:
+        model = Model(42, server=server)
+        opt = trimtab.DistributedOptimizer(
+            torch.optim.Adagrad(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
+        )
+        batches = global_batches(30)
+        bags, x, y = batches[0]
+        before = float(loss_of(model, bags, x, y))
+        for step_bags, step_x, step_y in batches:
+            opt.zero_grad()
+            loss_of(
+                model, step_bags[ctx.rank :: 2], step_x[ctx.rank :: 2], step_y[ctx.rank :: 2]
+            ).backward()
+            opt.step()
+        opt.refresh()
+        return before, float(loss_of(model, bags, x, y))
+
+    for before, after in cluster.run_workers(body):
+        assert after < before
