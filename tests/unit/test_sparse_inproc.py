@@ -145,7 +145,7 @@ def test_sparse_rows_train_asynchronously(cluster_factory, mode: str, server: bo
         opt = trimtab.DistributedOptimizer(
             torch.optim.Adagrad(model.parameters(), lr=0.1), model.named_parameters(), context=ctx
         )
-        batches = global_batches(30)
+        batches = global_batches(12)
         bags, x, y = batches[0]
         before = float(loss_of(model, bags, x, y))
         for step_bags, step_x, step_y in batches:
