@@ -147,7 +147,7 @@ def test_sparse_rows_train_asynchronously(cluster_factory, mode: str, server: bo
         )
         batches = global_batches(12)
         bags, x, y = batches[0]
-        before = float(loss_of(model, bags, x, y))
+        before = float(loss_of(model, bags, x, y).detach())
         for step_bags, step_x, step_y in batches:
             opt.zero_grad()
             loss_of(
