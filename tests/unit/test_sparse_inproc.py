@@ -34,7 +34,7 @@ def test_sparse_bsp_matches_one_process(cluster_factory, name: str, server: bool
         assert max_difference(got, expected) < 1e-5
 
 
-@pytest.mark.parametrize("when", ["after", "before"])
+@pytest.mark.parametrize("when", ["after", pytest.param("before", marks=pytest.mark.slow)])
 def test_prefetched_rows_are_taken_only_when_current(cluster_factory, when: str) -> None:
     """``table.prefetch(next ids)`` after step(): the next forward takes those rows; sent
     before step(), those answered before their chunk's update are read again (the
@@ -134,6 +134,7 @@ def test_optimizers_torch_refuses_sparse_gradients_for_are_refused_alike(cluster
     cluster.run_workers(body)
 
 
+@pytest.mark.slow  # (2.5 s: the default tier's budget)
 @pytest.mark.parametrize(("mode", "server"), [("asp", False), ("ssp", True)])
 def test_sparse_rows_train_asynchronously(cluster_factory, mode: str, server: bool) -> None:
     """Under ASP and SSP each row push is an update of its own (no equivalence to hold):
