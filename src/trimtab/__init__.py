@@ -269,6 +269,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     """Load a public name's module on first use (PEP 562). Raises AttributeError for
     a name ``trimtab`` does not have."""
+    if name == "nn":  # the subpackage of modules (trimtab.nn.Embedding)
+        return importlib.import_module("trimtab.nn")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trimtab' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from trimtab_tools.bench import collectives, datapath, msgcost, overlap, policies
-from trimtab_tools.experiments import faults, psld, psld_pause, soak, stragglers
+from trimtab_tools.experiments import faults, psld, psld_pause, soak, sparse, stragglers
 from trimtab_tools.sim import command as simulate
 from trimtab_tools.sim import validate
 
@@ -37,6 +37,11 @@ def add_commands(sub: Any) -> None:
     )
     soak.add_arguments(
         exp_sub.add_parser("soak", help="random kills, joins and migrations for M minutes")
+    )
+    sparse.add_arguments(
+        exp_sub.add_parser(
+            "sparse", help="embedding tables: hot keys, a classic row PS and DDP side by side"
+        )
     )
     validate.add_arguments(
         exp_sub.add_parser(
@@ -78,6 +83,7 @@ def _experiment(args: argparse.Namespace) -> int:
         "faults": faults.main,
         "soak": soak.main,
         "validate-sim": validate.main,
+        "sparse": sparse.main,
     }
     return drivers.get(args.experiment, stragglers.main)(args)
 

@@ -31,6 +31,7 @@ from trimtab.faults.stragglers import StragglerSpec, parse_stragglers
 from trimtab.frontend.compression import ENV as COMPRESSION_ENV
 from trimtab.frontend.compression import compressor
 from trimtab.frontend.state import broadcast_state, zero_missing_grads
+from trimtab.frontend.tables import holds_table
 from trimtab.protocol import headers
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.context import Context
@@ -320,6 +321,8 @@ def broadcast_parameters(
     with the values of ``root_rank``. Collective and blocking; if a
     :class:`DistributedOptimizer` holds some of them, the servers adopt them too."""
     tensors = dict(params.items()) if isinstance(params, Mapping) else dict(params)
+    # (A table on the servers has no values here: trimtab.nn's, left out.)
+    tensors = {name: t for name, t in tensors.items() if not holds_table(t)}
     default_context().broadcast(tensors, root_rank)
 
 

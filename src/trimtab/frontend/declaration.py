@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 
 from trimtab.core.chunks import ChunkSpec, TensorSpec
+from trimtab.errors import ConfigError
 from trimtab.frontend.compression import compressor
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.state import scatter
+from trimtab.frontend.tables import is_table, link
 from trimtab.protocol import headers
 from trimtab.protocol.messages import INLINE_MAX
-from trimtab.roles.server.optim import OptimizerMode, hyperparameters
+from trimtab.roles.server.optim import ON_SERVERS, OptimizerMode, hyperparameters
 from trimtab.roles.worker.context import Context, Table
 from trimtab.runtime.tensors import wire_dtype
 from trimtab.transport.shm import SlotMap
@@ -39,6 +41,11 @@ def declare_table(
     and this one still has it). Collective; blocks. Raises what
     :meth:`Context.declare` raises."""
     specs = [TensorSpec(n, tuple(p.shape), wire_dtype(p.dtype), g) for n, p, g in params]
+    if mode is not OptimizerMode.SERVER and any(is_table(p) for _, p, _ in params):
+        raise ConfigError(
+            "a table that lives on the servers (trimtab.nn.Embedding) needs server mode: "
+            f"an optimizer the servers run ({', '.join(sorted(ON_SERVERS))}), mode='auto'"
+        )
     opt = {
         "cls": type(inner).__name__,
         "mode": mode.value,
@@ -54,7 +61,12 @@ def declare_table(
     slots = SlotMap.create(
         ctx.config.job,
         f"w{ctx.rank}",
-        ((c.id, c.numel * p.element_size()) for p, cs in chunks_of.items() for c in cs),
+        (
+            (c.id, c.numel * p.element_size())
+            for p, cs in chunks_of.items()
+            if not is_table(p)  # (rows travel inline: no slot the table's size)
+            for c in cs
+        ),
         min_bytes=INLINE_MAX,
         enabled=ctx.config.shared_memory,
     )
@@ -69,6 +81,9 @@ def declare_table(
         timed=ctx.job.time_servers and not overlap,
         prescale=predivide,
     )
+    for p in tensors:
+        if is_table(p):
+            link(p, pusher)
     if table.clock is not None:
         if mode is OptimizerMode.SERVER:
             pusher.pull(tensors)

@@ -36,6 +36,7 @@ from torch import nn
 
 from trimtab.errors import RemoteError
 from trimtab.frontend.pusher import Pusher
+from trimtab.frontend.tables import is_table
 from trimtab.protocol import headers
 from trimtab.protocol.headers import ValueHeader
 from trimtab.protocol.messages import ErrorCode
@@ -122,6 +123,10 @@ def owed(p: torch.Tensor) -> bool:
     return id(p) in _owed
 
 
+def _sparse(grad: torch.Tensor | None) -> bool:
+    return grad is not None and grad.is_sparse
+
+
 class MeanGrads:
     """The mean gradients a server-mode optimizer under BSP owes its parameters' ``.grad``
     (the module's docstring says how). Holds a hook on each parameter whose class it
@@ -134,6 +139,8 @@ class MeanGrads:
         self._eager: list[torch.Tensor] = []
         self._hooks = []
         for p in pusher.chunks_of:
+            if is_table(p):  # its .grad stays this worker's own (sparse) gradient
+                continue
             if not adopt(p):
                 self._eager.append(p)  # (fetched at the step's end: never owed, no hook)
                 continue
@@ -144,9 +151,11 @@ class MeanGrads:
         """A server-mode step was taken: each parameter's ``.grad`` is owed its mean
         (fetched now for those whose class stays: blocks for them)."""
         for p in self._lazy:
-            owe(p, self.fetch)
+            if not _sparse(raw_grad(p)):  # a sparse .grad stays this worker's own
+                owe(p, self.fetch)
         for p in self._eager:
-            self.fetch(p)
+            if not _sparse(p.grad):
+                self.fetch(p)
 
     def forget(self) -> None:
         """The gradients are cleared (``zero_grad()``): nothing is owed. Never blocks."""

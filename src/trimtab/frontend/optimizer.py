@@ -32,6 +32,7 @@ from trimtab.frontend.params import RESYNC_WARNING, name_params, reduction, say_
 from trimtab.frontend.probe import Mark, check_marks, end_probe, marks_of
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.reports import StepReporter
+from trimtab.frontend.rows import check_layout
 from trimtab.frontend.state import (
     broadcast_state,
     by_index,
@@ -40,6 +41,7 @@ from trimtab.frontend.state import (
     scatter,
     zero_missing_grads,
 )
+from trimtab.frontend.tables import is_table
 from trimtab.roles.server.optim import OptimizerMode, choose_mode, hyperparameters
 from trimtab.roles.worker.context import Context
 
@@ -131,6 +133,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.last_compute_s = 0.0  # the last step's compute (step hooks' share included)
         self.last_comm_s = 0.0  # ... and its wait for the servers
         self._counts: dict[torch.Tensor, int] = {}  # backward passes this step
+        self._layouts: set[tuple[int, bool]] = set()  # (group, sparse) torch accepts
         self._sent_hp: list[dict[str, Any] | None] = [None] * len(self.param_groups)
         self._step_hp: dict[int, dict[str, Any] | None] = {}
         self._synchronized = False
@@ -145,8 +148,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The first step probes whether the script changes gradients between
         # synchronize() and step() (see _end_probe): where the job may switch modes. An
         # optimizer built again after init() (its table known) goes on as it was.
+        # (A table on the servers never is on a worker: no worker can apply its update.)
         self._probing = (
             mode == "auto"
+            and not any(is_table(p) for _, p, _ in params)
             and self._mode is OptimizerMode.SERVER
             and ctx.job.consistency == "bsp"
             and not self._again
@@ -208,7 +213,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         values (a broadcast): make the servers hold them, and every worker adopt them.
         Collective; blocks."""
         ptrs = {t.data_ptr() for t in tensors}
-        params = [p for p in self._pusher.chunks_of if p.data_ptr() in ptrs]
+        params = [p for p in self._pusher.chunks_of if p.data_ptr() in ptrs and not is_table(p)]
         if params:
             self._pusher.seed(params, root_rank, adoption=True)
 
@@ -279,8 +284,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             hp = hyperparameters(self.param_groups[group])
             self._step_hp[group] = None if hp == self._sent_hp[group] else hp
             self._sent_hp[group] = hp
-        if grad is not None and grad.is_sparse:
-            raise UsageError("sparse gradients are not supported; use dense embeddings")
+        layout = (group, grad is not None and grad.is_sparse)
+        if grad is not None and layout not in self._layouts:  # torch's refusal, if any
+            check_layout(self._inner, self.param_groups[group], layout[1])
+            self._layouts.add(layout)
+        if layout[1]:
+            assert grad is not None
+            pusher.push_rows(p, grad, self._clock, self._batch_size, self._step_hp[group])
+            return
         pusher.push(p, grad, self._clock, self._batch_size, self._step_hp[group])
 
     def synchronize(self) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from trimtab.errors import ConfigError
 from trimtab.frontend import ops
+from trimtab.frontend.tables import is_table
 from trimtab.roles.server.optim import OptimizerMode
 from trimtab.runtime.tensors import wire_dtype
 
@@ -98,7 +99,7 @@ def name_params(
         if p not in group_of or p in seen:
             continue  # not optimized (e.g. frozen) or shared under two names
         seen.add(p)
-        if p.is_sparse or not p.is_contiguous():
+        if p.is_sparse or not (p.is_contiguous() or is_table(p)):
             raise ConfigError(f"parameter {name!r} must be dense and contiguous")
         try:
             wire_dtype(p.dtype)

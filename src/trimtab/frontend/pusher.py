@@ -23,6 +23,8 @@ from trimtab.core.chunks import ChunkSpec
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
+from trimtab.frontend.rows import RowPath
+from trimtab.frontend.tables import chunk_init, is_table
 from trimtab.protocol import headers
 from trimtab.protocol.headers import (
     InitHeader,
@@ -115,6 +117,8 @@ class Pusher:
         # This step's traffic per server: [first push sent, last reply read, bytes both
         # ways], for PSLD's worker-observed speeds (see reports.spans_of_step).
         self._traffic: dict[int, list[float]] = {}
+        #: Sparse gradients: pushed as rows, answered with the rows that changed.
+        self.rows = RowPath(ctx, chunks_of, self._versions)
         # The pushes whose answers arrive() is writing now, with their clock.
         self._current: tuple[list[Sent], int] | None = None
         # The request being waited for (chunk, request id, clock), for describe().
@@ -208,6 +212,21 @@ class Pusher:
                     traffic[2] += nbytes
         self.inflight[p] = futs
 
+    def push_rows(
+        self, p: torch.Tensor, grad: torch.Tensor, clock: int, weight: float, hp: Any
+    ) -> None:
+        """:meth:`push` for a sparse ``grad``: the rows it touches (:mod:`.rows`)."""
+        self.inflight[p] = self.rows.push(
+            p,
+            grad,
+            clock=clock,
+            weight=weight,
+            hp=hp,
+            epoch=self.epoch,
+            mean_only=self.mean_only,
+            prescale=self._prescale,
+        )
+
     def seal(self, clock: int) -> None:
         """The step's pushes are all sent: their answers are now arriving (for clock
         ``clock``). Never blocks."""
@@ -262,13 +281,17 @@ class Pusher:
                         # server just relieved of chunks with all its old load over the
                         # span of the few it kept (a 20 MB/s server read 56).
                         traffic[2] -= pushed
-                    if not self.summation:
+                    if "sr" in h or is_table(p):  # rows
+                        self.rows.take(p, c, h, got, grad=self.summation)
+                        self.rounds[c.id] = h["k"]
+                    elif not self.summation:
                         self._write_value(p, c, h, got)
                         self.rounds[c.id] = h["k"]
                     elif not h.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
                         self._write(p.grad, c, h, got)
+                self.rows.finish(p)
         self._current = None
         self.arrive_s += time.perf_counter() - started
 
@@ -394,7 +417,7 @@ class Pusher:
         pulls = []
         epoch = self.epoch  # nothing here changes the map before the waits
         for p in params:
-            for c in self.chunks_of[p]:
+            for c in [] if is_table(p) else self.chunks_of[p]:  # (a table stays there)
                 header = headers.pull(chunk=c.id, epoch=epoch)
                 pulls.append((p, c, header, ctx.client.request(ctx.server_of(c.id), header)))
         with torch.no_grad():
@@ -407,8 +430,15 @@ class Pusher:
         """Send each ``(chunk, header, frames)`` request to its chunk's owner, then wait
         for every reply, in order (a request whose chunk moved is resent to its new
         owner). Blocks; raises as :meth:`_await`."""
+        return self.wait_all(self.send(requests))
+
+    def send(self, requests: list[tuple[ChunkSpec, ChunkRequest, list[Any]]]) -> list[Any]:
+        """:meth:`ask`'s first half: send, return what :meth:`wait_all` takes."""
         ctx = self._ctx
-        sent = [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
+        return [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
+
+    def wait_all(self, sent: list[Any]) -> list[Reply]:
+        """:meth:`ask`'s second half: every reply, in order. Blocks; raises as ask."""
         return [self._await(fut, c, h, f, None) for fut, c, h, f in sent]
 
     def seed(self, params: list[torch.Tensor], root_rank: int, *, adoption: bool = False) -> None:
@@ -429,7 +459,10 @@ class Pusher:
                     )
                     if granted is not None:
                         header["ad"], header["g"] = granted["ad"], granted["g"]
-                    frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
+                    if is_table(p):  # its values start on the servers, chunk by chunk
+                        frames = [as_bytes(chunk_init(p, c))]
+                    else:
+                        frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
                     fut = ctx.client.request(ctx.server_of(c.id), header, frames)
                     sent.append((fut, c, header, frames))
             for fut, c, header, frames in sent:

@@ -97,6 +97,9 @@ class PushHeader(InlineHeader):
     sm: NotRequired[list[Any]]  # [arena name, offset, capacity] of a shared-memory slot
     ak: NotRequired[bool]  # acknowledge receipt with CREDIT (the sender's credit, P3)
     vk: NotRequired[int]  # > 0: the sender credits values it reads; hold them to vk bytes
+    sr: NotRequired[int]  # a sparse gradient's rows: their count (frames: ids, elements)
+    hf: NotRequired[int]  # with sr: the version of the hot set the sender holds
+    hs: NotRequired[int]  # with hf: that set's rows in the chunk (a last frame: ids)
 
 
 def push(
@@ -195,6 +198,7 @@ class PullHeader(WireHeader):
     c: int  # chunk id
     e: int  # the sender's map epoch
     gm: NotRequired[int]  # the round whose mean gradient is asked for
+    sr: NotRequired[int]  # rows of a table: their count (a frame: their ids, int64)
 
 
 def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
@@ -205,7 +209,7 @@ def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
 
 
 def read_pull(header: Header) -> PullHeader:
-    fields(header, (("c", int), ("e", int)), (("gm", int),))
+    fields(header, (("c", int), ("e", int)), (("gm", int), ("sr", int)))
     return cast(PullHeader, header)
 
 
@@ -222,6 +226,8 @@ class ValueHeader(InlineHeader):
     dt: NotRequired[str]  # the value's wire dtype (absent with z)
     sm: NotRequired[int]  # IN_SLOT: the value is in the push's slot
     ak: NotRequired[bool]  # the server counts it against the push's vk: CREDIT it on receipt
+    sr: NotRequired[int]  # a row reply: the changed rows' count (frames: ids, elements)
+    hv: NotRequired[int]  # the version of the worker's hot set the rows are filtered by
 
 
 def value(

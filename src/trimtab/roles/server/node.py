@@ -416,7 +416,9 @@ class Server:
             elif op == Data.PULL:
                 pull = headers.read_pull(header)
                 chunk = self._store.owned(pull["c"])
-                if "gm" in pull:
+                if "sr" in pull:  # rows of a table
+                    self._receipts.reply(self._store.pull_rows(peer, rid, pull, frames[1:]))
+                elif "gm" in pull:
                     mean = mean_of(chunk, pull["gm"])
                     self._receipts.value(peer, rid, chunk, mean, pull["gm"], None)
                 else:

@@ -38,6 +38,11 @@ ELEMENTWISE: Mapping[str, type[torch.optim.Optimizer]] = {
     "RMSprop": torch.optim.RMSprop,
     "Adamax": torch.optim.Adamax,
 }
+#: ... and those for sparse gradients only (an embedding's rows: the row path, see
+#: roles/server/rows.py), lazy: each touched row's update its own.
+SPARSE_ONLY: Mapping[str, type[torch.optim.Optimizer]] = {"SparseAdam": torch.optim.SparseAdam}
+#: Every optimizer a server runs, by class name.
+ON_SERVERS: Mapping[str, type[torch.optim.Optimizer]] = {**ELEMENTWISE, **SPARSE_ONLY}
 
 #: Settings about how torch computes (not what): servers choose their own.
 _IMPLEMENTATION_KEYS = {"foreach", "fused", "capturable", "differentiable"}
@@ -49,9 +54,8 @@ def choose_mode(optimizer: torch.optim.Optimizer, requested: str = "auto") -> Op
     ``requested`` is ``"auto"``, ``"server"`` or ``"summation"``. Raises
     :class:`ConfigError` for ``"server"`` with an optimizer servers cannot run.
     """
-    supported = type(optimizer).__name__ in ELEMENTWISE and type(optimizer) is ELEMENTWISE.get(
-        type(optimizer).__name__
-    )
+    name = type(optimizer).__name__
+    supported = name in ON_SERVERS and type(optimizer) is ON_SERVERS.get(name)
     if requested == "auto":
         return OptimizerMode.SERVER if supported else OptimizerMode.SUMMATION
     if requested == "summation":
@@ -60,7 +64,7 @@ def choose_mode(optimizer: torch.optim.Optimizer, requested: str = "auto") -> Op
         if not supported:
             raise ConfigError(
                 f"servers cannot run {type(optimizer).__name__} on chunks (it is not one of "
-                f"{sorted(ELEMENTWISE)}); use mode='summation' or mode='auto'"
+                f"{sorted(ON_SERVERS)}); use mode='summation' or mode='auto'"
             )
         return OptimizerMode.SERVER
     raise ConfigError(f"mode must be 'auto', 'server' or 'summation', got {requested!r}")
@@ -88,9 +92,9 @@ class ChunkOptimizer:
     """
 
     def __init__(self, cls_name: str, value: torch.Tensor, hparams: Mapping[str, Any]) -> None:
-        if cls_name not in ELEMENTWISE:
+        if cls_name not in ON_SERVERS:
             raise ConfigError(f"no server-side optimizer {cls_name!r}")
-        cls = ELEMENTWISE[cls_name]
+        cls = ON_SERVERS[cls_name]
         self.param = torch.nn.Parameter(value, requires_grad=False)
         accepted = inspect.signature(cls.__init__).parameters
         ctor = {k: _from_wire(v) for k, v in hparams.items() if k in accepted}

@@ -103,7 +103,42 @@ class Receipts:
             if old is not None and old != r.peer:
                 self.values.forget(old)
             self._peer_of[r.rank] = r.peer
+        if r.rows is not None:
+            self.rows(r.peer, r.rid, r.chunk, r.rows, r.value, r.round, r.rank)
+            return
         self.value(r.peer, r.rid, r.chunk, r.value, r.round, r.slot, r.window)
+
+    def rows(
+        self,
+        peer: Peer,
+        rid: int,
+        chunk: Chunk,
+        ids: torch.Tensor,
+        t: torch.Tensor | None,
+        round_: int,
+        rank: int,
+    ) -> None:
+        """Send a row VALUE of ``chunk`` (``sr``) to worker ``rank``: the ids of the rows
+        that changed and ``t``, their elements in the chunk, as two frames (none for no
+        rows), with the version of the worker's hot set they follow (``hv``). Through
+        the socket, never held: a reply of a sparse push is its rows only. Blocks only
+        as :meth:`NodeLoop.send` does."""
+        assert t is not None
+        header = headers.value(
+            rid=rid,
+            chunk=chunk.spec.id,
+            version=chunk.version,
+            round=round_,
+            numel=t.numel(),
+            dtype=WIRE_DTYPES[t.dtype],
+        )
+        header["sr"] = ids.numel()
+        held = chunk.hot.get(rank)
+        if held is not None:  # the version of the worker's hot set these rows follow
+            header["hv"] = held[0]
+        frames = [as_bytes(ids.contiguous()), as_bytes(t.contiguous())] if ids.numel() else []
+        self._meter.count(sum(f.nbytes for f in frames))
+        self._loop.send(peer, header, frames)
 
     def workers(self, ranks: Iterable[int]) -> None:
         """The job's workers are ``ranks`` now: drop what is held for any other (its

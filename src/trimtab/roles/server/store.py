@@ -14,115 +14,26 @@ from trimtab.errors import ChunkMoved, ProtocolError
 from trimtab.policies.consistency import CONSISTENCY, ConsistencyPolicy, PushInfo
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header, payload_frames
+from trimtab.roles.server.chunk import NO_REPLIES as NO_REPLIES
+from trimtab.roles.server.chunk import Chunk as Chunk
+from trimtab.roles.server.chunk import Reply as Reply
+from trimtab.roles.server.chunk import keep_mean as keep_mean
+from trimtab.roles.server.chunk import mean_of as mean_of
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
-from trimtab.roles.server.optim import ChunkOptimizer, OptimizerMode
-from trimtab.roles.server.slots import SharedArenas, Slot
-from trimtab.runtime.tensors import TORCH_DTYPES, as_bytes, check_tensor_frames
+from trimtab.roles.server.optim import OptimizerMode
+from trimtab.roles.server.rows import (
+    answer_for,
+    apply_rows,
+    is_rows,
+    merge_rows,
+    read_ids,
+    read_rows,
+)
+from trimtab.roles.server.slots import SharedArenas
+from trimtab.runtime.rows import width_of
+from trimtab.runtime.tensors import check_tensor_frames
 from trimtab.transport import Peer
-
-#: What a push that completes nothing returns: no reply to send.
-NO_REPLIES: tuple[Reply, ...] = ()
-
-
-class Chunk:
-    """A chunk this server holds (OWNED or LEAVING), with its aggregation state for the
-    current round. Not thread-safe: the server's loop owns it."""
-
-    def __init__(self, spec: ChunkSpec, opt: tuple[str, dict[str, Any]] | None) -> None:
-        self.spec = spec
-        dtype = TORCH_DTYPES[spec.dtype]
-        self.value = torch.zeros(spec.numel, dtype=dtype)
-        # Half-precision gradients are summed in float32, as torch's AMP would.
-        merge_dtype = torch.float32 if spec.dtype in ("float16", "bfloat16") else dtype
-        self.merge = torch.empty(spec.numel, dtype=merge_dtype)
-        # Byte views of both buffers, made once: replies send them without copying
-        # (both are only ever updated in place).
-        self.value_bytes = as_bytes(self.value)
-        self.merge_bytes = as_bytes(self.merge)
-        # Server mode under BSP: the mean gradient the last round applied, kept for a
-        # worker that reads it (a PULL with ``gm``: Horovod's ``.grad`` after step()),
-        # in the buffer the round before merged into; the next round merges into the
-        # other. Made at the first such round. ``mean_round``: whose mean (-1: none).
-        self.last_mean: torch.Tensor | None = None
-        self.last_mean_bytes = memoryview(b"")
-        self.mean_round = -1
-        self.mean_any = False  # whether any worker had a gradient in that round
-        self.optimizer = ChunkOptimizer(opt[0], self.value, opt[1]) if opt else None
-        self.version = 0
-        self.round = 0
-        self.weight_sum = 0.0
-        self.scale = 0.0  # what each arrival of this round is divided by as it is merged
-        self.last_sum = 0.0  # the previous round's sum of weights (synchronous modes)
-        self.any_grad = False
-        self.mean_only = False  # this round answers the mean gradient, applies nothing
-        self.arrived: set[int] = set()
-        self.waiting: list[Reply] = []
-        self.held: list[Reply] = []  # replies the consistency policy holds back
-        self.last_clock: dict[int, int] = {}
-        self.last_weight: dict[int, float] = {}
-        self.pushes = 0
-        self.dropped = 0
-        self.discounted = 0
-        self.seeded = False  # an INIT set its value (one is taken, before round 0 ends)
-        self.adopted = 0  # the last adoption (ADOPT) whose INIT set its value
-
-
-def keep_mean(chunk: Chunk) -> None:
-    """Keep the mean gradient the chunk's round just applied (in ``chunk.merge``) as
-    ``chunk.last_mean`` of that round, and give the next round the other buffer to merge
-    into: no copy. Never blocks."""
-    spare, spare_bytes = chunk.last_mean, chunk.last_mean_bytes
-    if spare is None:
-        spare = torch.empty_like(chunk.merge)
-        spare_bytes = as_bytes(spare)
-    chunk.last_mean, chunk.last_mean_bytes = chunk.merge, chunk.merge_bytes
-    chunk.merge, chunk.merge_bytes = spare, spare_bytes
-    chunk.mean_round, chunk.mean_any = chunk.round, True
-
-
-def mean_of(chunk: Chunk, round_: int) -> torch.Tensor | None:
-    """The mean gradient round ``round_`` of ``chunk`` applied (None: no worker had a
-    gradient). Raises BAD_STATE :class:`ProtocolError` where this server does not hold
-    it (a later round applied since, the chunk moved here or was restored, the job runs
-    in summation mode or asynchronously). Never blocks."""
-    if round_ < 0 or round_ != chunk.mean_round:
-        raise ProtocolError(
-            ErrorCode.BAD_STATE.value,
-            f"chunk {chunk.spec.id}: the mean gradient of round {round_} is not held here "
-            f"(the last kept: {chunk.mean_round}; -1: none)",
-        )
-    return chunk.last_mean if chunk.mean_any else None
-
-
-class Reply:
-    """A push waiting for its reply, and, once the store releases it, the reply to send:
-    a VALUE of ``chunk`` carrying ``value`` (None: no gradient anywhere, ``z``), the
-    chunk's version and ``round``, into ``slot`` when the push came through shared
-    memory; ``window``: the value bytes the worker takes in flight (its push's ``vk``; 0:
-    no bound). One per push (it existed before the store was split out). Not thread-safe."""
-
-    __slots__ = ("chunk", "clock_after", "peer", "rank", "rid", "round", "slot", "value", "window")
-
-    def __init__(
-        self,
-        peer: Peer,
-        rid: int,
-        rank: int,
-        clock_after: int,
-        chunk: Chunk,
-        slot: Slot | None,
-        window: int = 0,
-    ) -> None:
-        self.window = window
-        self.peer = peer
-        self.rid = rid
-        self.rank = rank
-        self.clock_after = clock_after
-        self.chunk = chunk
-        self.slot = slot
-        self.value: torch.Tensor | None = None
-        self.round = 0
 
 
 class ChunkStore:
@@ -303,13 +214,19 @@ class ChunkStore:
                 ErrorCode.BAD_STATE.value,
                 f"worker {rank} already pushed chunk {chunk.spec.id} for clock {clock}",
             )
-        grad = None
-        if not msg.get("z", False):
+        grad = rows = None
+        if "sr" in msg:  # a sparse gradient's rows (roles/server/rows.py)
+            rows = read_rows(chunk, width_of(self.tensors[chunk.spec.tensor].shape), msg, frames)
+        elif not msg.get("z", False):
+            if is_rows(chunk):
+                raise ProtocolError(ErrorCode.BAD_STATE.value, "a dense push to a round of rows")
             grad = check_tensor_frames(
                 header, frames, chunk.spec.dtype, chunk.spec.numel, compressed=True
             )
         hp = msg.get("hp")
         # Everything is validated: from here on the chunk's state changes.
+        if rows is not None and rows[2] is not None:
+            chunk.hot[rank] = rows[2]
         if msg.get("g"):
             chunk.mean_only = True
         if hp and chunk.optimizer is not None:
@@ -341,7 +258,9 @@ class ChunkStore:
                     chunk.last_weight.get(r, float(weight)) for r in self.workers
                 )
                 chunk.scale = chunk.weight_sum
-            if grad is not None:
+            if rows is not None:
+                merge_rows(chunk, rows, w / chunk.scale)
+            elif grad is not None:
                 alpha = w / chunk.scale
                 if chunk.any_grad:
                     chunk.merge.add_(grad, alpha=alpha)  # (a compressed one in float32)
@@ -364,7 +283,13 @@ class ChunkStore:
         every waiting one (synchronous), or those the policy releases (asynchronous)."""
         result: torch.Tensor | None = None
         applies = chunk.optimizer is not None and not chunk.mean_only
-        if chunk.any_grad and chunk.weight_sum > 0:
+        ids = None
+        width = width_of(self.tensors[chunk.spec.tensor].shape)
+        if is_rows(chunk) and chunk.weight_sum > 0:
+            factor = self.post_factor(self._table_of[chunk.spec.tensor])
+            ids, result = apply_rows(chunk, width, factor * chunk.scale / chunk.weight_sum, applies)
+            chunk.version += 1
+        elif chunk.any_grad and chunk.weight_sum > 0:
             factor = self.post_factor(self._table_of[chunk.spec.tensor])
             if chunk.scale != chunk.weight_sum:  # the weights changed this round
                 factor *= chunk.scale / chunk.weight_sum
@@ -392,13 +317,15 @@ class ChunkStore:
             # overwrites this buffer) before it has received this message.
             replies = chunk.waiting
             for reply in replies:
-                reply.value = result
+                reply.value, reply.rows = result, ids
+                if ids is not None and result is not None and reply.rank in chunk.hot:
+                    reply.rows, reply.value = answer_for(chunk, width, reply.rank, ids, result)
                 reply.round = chunk.round
         else:
             # Asynchronous: the buffer changes with the next push, so replies carry a copy.
             snapshot = None if result is None else result.clone()
             for reply in chunk.waiting:
-                reply.value = snapshot
+                reply.value, reply.rows = snapshot, ids
             chunk.held.extend(chunk.waiting)
             replies = self.release(chunk)
         chunk.waiting = []
@@ -413,6 +340,20 @@ class ChunkStore:
         if self.on_round is not None:
             self.on_round(chunk)
         return replies
+
+    def pull_rows(
+        self, peer: Peer, rid: int, msg: headers.PullHeader, frames: Sequence[memoryview]
+    ) -> Reply:
+        """Answer a row PULL (``msg`` read, with ``sr``; ``frames``: its ids): the reply
+        carrying those rows' current elements in the chunk. Raises as :meth:`owned`, and
+        a MALFORMED :class:`ProtocolError` as :func:`~.rows.read_ids`. Never blocks."""
+        chunk = self.owned(msg["c"])
+        width = width_of(self.tensors[chunk.spec.tensor].shape)
+        frame = frames[0] if len(frames) == 1 else memoryview(b"")
+        ids, positions = read_ids(chunk, width, int(msg.get("sr", 0)), frame)
+        reply = Reply(peer, rid, -1, 0, chunk, None)
+        reply.rows, reply.value, reply.round = ids, chunk.value[positions], chunk.round
+        return reply
 
     def set_workers(self, ranks: Iterable[int]) -> list[Reply]:
         """The job's workers are ``ranks`` from now on (WORKERS: a worker was lost, or

@@ -1,0 +1,261 @@
+"""``trimtab.nn.Embedding`` and ``trimtab.nn.EmbeddingBag``: torch's modules, with the
+table on the servers.
+
+The weight is a server table (:mod:`trimtab.frontend.tables`): a worker never holds it.
+A forward reads the batch's unique rows from their chunks' servers (one row PULL per
+chunk they reach into), runs torch's own ``embedding`` / ``embedding_bag`` over those
+rows, and its backward hands autograd a sparse gradient of the table (the rows read),
+which the :class:`~trimtab.DistributedOptimizer` pushes as rows like any sparse
+gradient. ``prefetch(ids)`` (Lapse's and AdaPM's *intent*) sends the reads of a coming
+batch now; its forward takes them if they are current (a read answered before the last
+update of a row's chunk is read again), so the result is the same with or without it.
+Not thread-safe: the training thread uses a module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from trimtab.errors import ConfigError
+from trimtab.frontend.hotrows import HotRows
+from trimtab.frontend.pusher import Pusher
+from trimtab.frontend.tables import (
+    TableInit,
+    linked,
+    row_requests,
+    rows_from,
+    table_parameter,
+)
+from trimtab.policies.hotkeys import HotKeys
+
+
+class _Rows(torch.autograd.Function):
+    """The rows read, as a function of the table: the gradient of the rows becomes a
+    sparse gradient of the table (rows ``ids``), as torch's sparse embeddings make."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> Any:
+        ctx.ids, ctx.shape = ids, weight.shape
+        return rows
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        table = torch.sparse_coo_tensor(
+            ctx.ids.view(1, -1), grad.contiguous(), ctx.shape, check_invariants=False
+        )
+        return table, None, None
+
+
+class _ServerTable(nn.Module):
+    """What both modules share: the weight on the servers, the reads and the prefetch."""
+
+    weight: nn.Parameter
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None,
+        max_norm: float | None,
+        dtype: torch.dtype | None,
+        seed: int,
+        hot_rows: int,
+        hot_refresh: int,
+    ) -> None:
+        super().__init__()
+        if max_norm is not None:
+            raise ConfigError(
+                "max_norm renormalises rows in place on the worker; a table on the servers "
+                "cannot: leave max_norm None"
+            )
+        if padding_idx is not None and not -num_embeddings <= padding_idx < num_embeddings:
+            raise ConfigError(f"padding_idx must be within num_embeddings, got {padding_idx}")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = None if padding_idx is None else padding_idx % num_embeddings
+        init = TableInit(seed=seed, padding_idx=self.padding_idx)
+        dtype = dtype or torch.get_default_dtype()
+        shape = (num_embeddings, embedding_dim)
+        hot = HotRows(shape, dtype, HotKeys(size=hot_rows, refresh_steps=hot_refresh))
+        self.weight = table_parameter(num_embeddings, embedding_dim, dtype, init, hot)
+        self._hot = hot
+        self._prefetched: tuple[torch.Tensor, list[Any], list[Any]] | None = None
+        #: Rows read (through the forward's own reads, or prefetched and current).
+        self.rows_read = 0
+        self.rows_prefetched = 0
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Send now the reads of the rows ``ids`` (any shape): the coming forward over
+        them takes their answers. Call it once this step's ``step()`` returned (a read
+        sent earlier is answered before this step's update and read again). Never
+        blocks; raises :class:`~trimtab.UsageError` before the optimizer is built."""
+        pusher: Pusher = linked(self.weight)
+        unique = torch.unique(ids.detach().cpu())
+        unique = unique[~torch.isin(unique, self._hot.ids)]  # (the hot are here)
+        requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
+        sent = pusher.send([(c, h, f) for c, h, f, _ in requests])
+        self._prefetched = unique, requests, sent
+
+    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
+        """Rows ``unique`` (sorted) of the table, current: hot ones from the replicas
+        here (chosen again when due), the others prefetched where they were, else read
+        now. Blocks."""
+        p = self.weight
+        pusher: Pusher = linked(p)
+        if p in pusher.arriving:  # (model=: this step's updates are the rows' values)
+            pusher.arrive([p])
+        hot = self._hot
+        hot.count(unique)
+        new = hot.choose() if hot.due() else None
+        if new is not None or hot.stale:
+            ids = hot.ids if new is None else new
+            hot.hold(ids, self._pull(ids), new_set=new is not None)
+        is_hot, held = hot.split(unique)
+        if bool(is_hot.all()):
+            return held
+        out = torch.empty(unique.numel(), *p.shape[1:], dtype=p.dtype)
+        out[is_hot] = held
+        out[~is_hot] = self._cold(pusher, unique[~is_hot])
+        return out
+
+    def _cold(self, pusher: Pusher, unique: torch.Tensor) -> torch.Tensor:
+        """Rows ``unique`` (sorted), prefetched where they were and current, else read
+        now. Blocks."""
+        p = self.weight
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            ids, requests, sent = prefetched
+            replies = pusher.wait_all(sent)
+            at = torch.searchsorted(ids, unique).clamp_(max=max(ids.numel() - 1, 0))
+            covered = ids.numel() > 0 and bool((ids[at] == unique).all())
+            current = all(
+                int(r.header.get("k", 0)) > pusher.rounds.get(c.id, -1)
+                for (c, _, _, _), r in zip(requests, replies, strict=True)
+            )
+            if covered and current:
+                self.rows_prefetched += unique.numel()
+                answered = [
+                    (c, mine, r) for (c, _, _, mine), r in zip(requests, replies, strict=True)
+                ]
+                return rows_from(p, ids, answered)[at]
+        self.rows_read += unique.numel()
+        return self._pull(unique)
+
+    def _pull(self, unique: torch.Tensor) -> torch.Tensor:
+        """Rows ``unique`` (sorted) read from their servers now. Blocks."""
+        p = self.weight
+        pusher: Pusher = linked(p)
+        requests = row_requests(p, pusher.chunks_of[p], unique, pusher.epoch)
+        replies = pusher.ask([(c, h, f) for c, h, f, _ in requests])
+        answered = [(c, m, r) for (c, _, _, m), r in zip(requests, replies, strict=True)]
+        return rows_from(p, unique, answered)
+
+    def hot_report(self) -> dict[str, float]:
+        """The hot set (rows, version) and the share of row reads it served."""
+        return self._hot.report()
+
+    def _read(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """The rows ``input`` reads, as a tensor of the graph; ``input`` in those rows'
+        numbering; the padding row's number there (None: not among them)."""
+        unique, local = torch.unique(input.detach().cpu(), return_inverse=True)
+        if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.num_embeddings):
+            raise IndexError(f"index out of range in a table of {self.num_embeddings} rows")
+        rows = self._rows(unique).to(input.device)
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            rows = _Rows.apply(self.weight, rows, unique)  # type: ignore[no-untyped-call]
+        padding = None
+        if self.padding_idx is not None:
+            hit = (unique == self.padding_idx).nonzero()
+            padding = int(hit[0]) if hit.numel() else None
+        return rows, local.to(input.device), padding
+
+    def full_weight(self) -> torch.Tensor:
+        """The whole table, read from the servers (for a test or an evaluation: it is
+        the table's size). Blocks."""
+        return self._pull(torch.arange(self.num_embeddings))
+
+
+class Embedding(_ServerTable):
+    """``torch.nn.Embedding`` whose weight lives on the servers (see the module's
+    docstring); ``seed`` chooses its starting values (``N(0, 1)``, as torch's). The
+    gradient is always rows (``sparse`` is accepted and ignored): train it with SGD
+    (no momentum), Adagrad or SparseAdam. ``hot_rows``: the most rows replicated here
+    (NuPS's hot set, chosen every ``hot_refresh`` forwards by access count; 0: every
+    read goes to the servers). Raises :class:`ConfigError` for ``max_norm``."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = True,
+        *,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        hot_rows: int = 0,
+        hot_refresh: int = 10,
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed, hot_rows, hot_refresh
+        )
+        self.scale_grad_by_freq = scale_grad_by_freq
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows, local, padding = self._read(input)
+        return functional.embedding(
+            local, rows, padding, scale_grad_by_freq=self.scale_grad_by_freq
+        )
+
+
+class EmbeddingBag(_ServerTable):
+    """``torch.nn.EmbeddingBag`` whose weight lives on the servers (as
+    :class:`Embedding`); ``mode`` "mean", "sum" or "max", ``per_sample_weights``,
+    ``include_last_offset`` and ``padding_idx`` as torch's."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = True,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        hot_rows: int = 0,
+        hot_refresh: int = 10,
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed, hot_rows, hot_refresh
+        )
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        rows, local, padding = self._read(input)
+        return functional.embedding_bag(
+            local,
+            rows,
+            offsets,
+            scale_grad_by_freq=self.scale_grad_by_freq,
+            mode=self.mode,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+            padding_idx=padding,
+        )

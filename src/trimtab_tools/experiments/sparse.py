@@ -1,0 +1,153 @@
+"""``trimtab experiment sparse``: a DLRM-shaped CTR model (tables of Zipf(1.1) ids, pooled
+bags, an MLP) trained side by side, 2 servers x 2 workers, in one run:
+
+- ``hot``: trimtab with the tables on the servers and each worker's hot rows replicated
+  (NuPS);
+- ``classic``: the same without hot rows (a classic row PS: every read goes out);
+- ``ddp``: torch DDP over gloo with sparse gradients, every worker holding the whole
+  tables (the allreduce way);
+
+and one process over the same global batches, whose held-out log loss the others should
+match. Prints samples/s, held-out log loss and AUC, and each worker's peak RSS (the
+tables' size beside it). ``--json``: one object (``results.hot``, ``.classic``,
+``.ddp``, each with ``samples_per_s`` and ``log_loss``, and ``one_process_log_loss``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from trimtab.launch.job import Job, LaunchConfig
+
+WORKER = "trimtab_tools.experiments._sparse_worker"
+RESULT = "SPARSE-RESULT "
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=500_000, help="rows per table (4 tables)")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch", type=int, default=512, help="global batch")
+    p.add_argument("--hot", type=int, default=2000, help="hot rows per table (hot run)")
+    p.add_argument("--uniform", action="store_true", help="uniform ids instead of Zipf(1.1)")
+    p.add_argument("--chunk-bytes", type=int, default=4 << 20)
+    p.add_argument("--json", action="store_true")
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    return [
+        "--rows", str(args.rows), "--dim", str(args.dim), "--steps", str(args.steps),
+        "--batch", str(args.batch), "--s", "0" if args.uniform else "1.1",
+    ]  # fmt: skip
+
+
+def _parse(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(line[len(RESULT) :]) for line in lines if line.startswith(RESULT)]
+
+
+def _trimtab(args: argparse.Namespace, hot: int) -> list[dict[str, Any]]:
+    lines: list[str] = []
+    config = LaunchConfig(workers=2, servers=2, chunk_bytes=args.chunk_bytes, deadline_s=1800.0)
+    command = [sys.executable, "-m", WORKER, "--mode", "trimtab", "--hot", str(hot)]
+    status = Job(config, command + _common(args), output=lambda s, line: lines.append(line)).run()
+    results = _parse(lines)
+    if status != 0 or len(results) != 2:
+        raise RuntimeError(f"the trimtab run failed ({status}):\n" + "\n".join(lines[-30:]))
+    return results
+
+
+def _processes(args: argparse.Namespace, mode: str, world: int) -> list[dict[str, Any]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                WORKER,
+                "--mode",
+                mode,
+                "--rank",
+                str(r),
+                "--world",
+                str(world),
+                "--port",
+                str(port),
+                *_common(args),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in range(world)
+    ]
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    results = _parse([line for out in outs for line in out.splitlines()])
+    if any(p.returncode for p in procs) or len(results) != world:
+        raise RuntimeError(f"the {mode} run failed:\n" + "\n".join(outs)[-3000:])
+    return results
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    root = next(r for r in results if r["rank"] == 0)
+    out = {
+        "samples_per_s": min(r["samples_per_s"] for r in results),
+        "log_loss": root["log_loss"],
+        "auc": root["auc"],
+        "peak_rss_mb": [
+            round(r["peak_rss_mb"], 1) for r in sorted(results, key=lambda r: r["rank"])
+        ],
+    }
+    if "hot" in root:
+        out["hot"] = root["hot"]
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    one = _summary(_processes(args, "one", 1))
+    results = {
+        "hot": _summary(_trimtab(args, args.hot)),
+        "classic": _summary(_trimtab(args, 0)),
+        "ddp": _summary(_processes(args, "ddp", 2)),
+    }
+    table_mb = 4 * args.rows * args.dim * 4 / 2**20
+    speed = {name: r["samples_per_s"] for name, r in results.items()}
+    report = {
+        "workload": {
+            "tables": 4, "rows_per_table": args.rows, "dim": args.dim,
+            "ids": "uniform" if args.uniform else "zipf(1.1)", "steps": args.steps,
+            "global_batch": args.batch, "workers": 2, "servers": 2,
+            "tables_mb": round(table_mb, 1),
+        },
+        "results": results,
+        "one_process_log_loss": one["log_loss"],
+        "one_process_samples_per_s": one["samples_per_s"],
+        "ratios": {
+            "hot_over_classic": speed["hot"] / speed["classic"],
+            "hot_over_ddp": speed["hot"] / speed["ddp"],
+        },
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"tables: 4 x {args.rows} rows x {args.dim} ({table_mb:.0f} MiB), ids "
+          f"{report['workload']['ids']}, {args.steps} steps of {args.batch}")  # fmt: skip
+    print(f"{'run':8} {'samples/s':>10} {'log loss':>9} {'AUC':>6}  peak RSS per worker (MiB)")
+    for name, r in results.items():
+        print(f"{name:8} {r['samples_per_s']:10.0f} {r['log_loss']:9.4f} {r['auc']:6.3f}  "
+              f"{r['peak_rss_mb']}")  # fmt: skip
+    print(f"{'one':8} {one['samples_per_s']:10.0f} {one['log_loss']:9.4f} {one['auc']:6.3f}")
+    hot = results["hot"].get("hot", {})
+    print(f"hot set: {hot.get('rows')} rows, hit rate {hot.get('hit_rate', 0):.2f}; "
+          f"hot/classic {report['ratios']['hot_over_classic']:.2f}x, "
+          f"hot/ddp {report['ratios']['hot_over_ddp']:.2f}x")  # fmt: skip
+    return 0

@@ -1,0 +1,28 @@
+"""``trimtab experiment sparse --json`` runs end to end (small tables): every run's
+held-out log loss is one process's (they train the same model on the same batches),
+and the JSON has what BENCHMARKS.md reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_sparse_experiment_reports_every_run() -> None:
+    cli = "import sys, trimtab.cli; sys.exit(trimtab.cli.main())"
+    args = ["experiment", "sparse", "--rows", "20000", "--steps", "12", "--hot", "200"]
+    command = [sys.executable, "-c", cli, *args, "--json"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=280, check=True).stdout
+    report = json.loads(out[out.index("{") :])
+    one = report["one_process_log_loss"]
+    for run in ("hot", "classic", "ddp"):
+        result = report["results"][run]
+        assert result["samples_per_s"] > 0
+        assert abs(result["log_loss"] - one) < 0.005, (run, result, one)
+        assert len(result["peak_rss_mb"]) == 2
+    assert report["results"]["hot"]["hot"]["rows"] > 0
