@@ -69,9 +69,9 @@ def _run_and_kill(
             before_kill(job, n, lines)
         procs = [p for p in job._procs if p.source == victim]
         assert procs, f"no {victim} among {[p.source for p in job._procs]}"
-        os.kill(procs[0].popen.pid, signal.SIGKILL)
+        procs[0].handle.signal(signal.SIGKILL)
         (out / f"killed_at{n}").write_text(str(time.time()))
-        procs[0].popen.wait()
+        procs[0].handle.wait()
         (out / f"killed{n}").write_text(victim)
     runner.join(110)
     assert status, "the job did not end"

@@ -1,0 +1,134 @@
+"""A real Ray cluster on the test bed, as a pytest fixture: the head node in one host
+(network namespace) and a worker node in another, each a ``ray start --block`` of its
+own, with 2 CPUs, no dashboard, a small object store and usage statistics off.
+
+Skipped, with the reason, where Ray is not installed or no bed can be made. Stopped at
+the end: each ``ray start --block`` is sent SIGTERM (it stops what it started), then any
+process still in the bed's namespaces, all of them this fixture's, is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trimtab.launch.testbed import Testbed, unavailable
+
+__all__ = ["RayCluster", "ray_cluster"]
+
+PORT = 6379
+RAY = str(Path(sys.executable).with_name("ray"))
+ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@dataclasses.dataclass
+class RayCluster:
+    """The bed (host 0: the head node; host 1: a worker node) and the head's address."""
+
+    bed: Testbed
+    address: str
+    logs: Path
+
+    def driver(self, code: str, timeout: float = 120.0) -> str:
+        """Run ``code`` as a Ray driver in the head's host (``ray`` imported, connected
+        to the cluster in trimtab's namespace); its stdout. Fails the test if it fails."""
+        script = (
+            "import ray\n"
+            f"ray.init(address={self.address!r}, namespace='trimtab', log_to_driver=False)\n" + code
+        )
+        argv = self.bed.hosts[0].argv([sys.executable, "-c", script])
+        done = subprocess.run(
+            argv, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+
+def _ray_start(bed: Testbed, host: int, extra: list[str], log: Path) -> subprocess.Popen[bytes]:
+    h = bed.hosts[host]
+    argv = [
+        RAY, "start", "--block", "--disable-usage-stats", "--num-cpus=2",
+        "--object-store-memory=100000000", f"--node-ip-address={h.address}", *extra,
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            h.argv(argv),
+            env={**os.environ, **ENV},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _nodes_alive(cluster: RayCluster) -> int:
+    out = subprocess.run(
+        cluster.bed.hosts[0].argv([RAY, "status", f"--address={cluster.address}"]),
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return out.split("Pending:")[0].count("node_")
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[RayCluster]:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed: pip install 'trimtab[ray]'")
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"no multi-host test bed here: {why}")
+    bed = Testbed(2)
+    bed.up()
+    logs = Path(tempfile.mkdtemp(prefix="trimtab-ray-"))
+    head_address = f"{bed.hosts[0].address}:{PORT}"
+    cluster = RayCluster(bed, head_address, logs)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        head = ["--head", f"--port={PORT}", "--include-dashboard=false"]
+        procs.append(_ray_start(bed, 0, head, logs / "head.log"))
+        deadline = time.monotonic() + 90
+        while _nodes_alive(cluster) < 1:
+            assert time.monotonic() < deadline, (logs / "head.log").read_text()[-3000:]
+            time.sleep(1)
+        procs.append(_ray_start(bed, 1, [f"--address={head_address}"], logs / "node.log"))
+        while _nodes_alive(cluster) < 2:
+            assert time.monotonic() < deadline, (logs / "node.log").read_text()[-3000:]
+            time.sleep(1)
+        yield cluster
+    finally:
+        for p in procs:
+            with_signal(p, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(45)  # Ray drains for up to 30 s
+            except subprocess.TimeoutExpired:
+                with_signal(p, signal.SIGKILL)
+                p.wait()
+        for h in bed.hosts:  # whatever Ray left: every process in the bed is ours
+            pids = subprocess.run(
+                ["ip", "netns", "pids", h.namespace], capture_output=True, text=True
+            ).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        bed.down()
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def with_signal(p: subprocess.Popen[bytes], sig: int) -> None:
+    """``sig`` to ``p``'s process group; nothing if it is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, sig)
