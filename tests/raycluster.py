@@ -83,7 +83,7 @@ def _nodes_alive(cluster: RayCluster) -> int:
     return out.split("Pending:")[0].count("node_")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed: pip install 'trimtab[ray]'")

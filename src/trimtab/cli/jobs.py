@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from trimtab.errors import ConfigError
+from trimtab.launch.backends.slurm import in_allocation, submit
 from trimtab.launch.job import Job
 from trimtab.launch.spec import LaunchConfig, add_job_flags
 
@@ -42,7 +45,12 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("nothing to run; usage: trimtab run -w 2 -s 2 -- python train.py")
-    return Job(LaunchConfig.from_args(args), command).run()
+    config = LaunchConfig.from_args(args)
+    if config.backend == "slurm" and not in_allocation(os.environ):
+        # Ask Slurm for an allocation and run this same command in it.
+        tasks = 1 + config.settings.max_servers + config.settings.max_workers
+        return submit([sys.executable, "-m", "trimtab", *sys.argv[1:]], config.nodes, tasks)
+    return Job(config, command).run()
 
 
 def _train(args: argparse.Namespace) -> int:

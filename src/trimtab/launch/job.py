@@ -155,7 +155,8 @@ class Job:
             # servers it adds later can still join (an insecure job, as said).
             self._server_key = secrets.token_hex(32)
             return
-        self._secret_dir = Path(tempfile.mkdtemp(prefix="trimtab-secret-"))
+        parent = self.backend.secret_parent()
+        self._secret_dir = Path(tempfile.mkdtemp(prefix="trimtab-secret-", dir=parent))
         path = make_secret_file(self._secret_dir)
         self._key = JobKey(read_secret_file(path), encrypt=self.config.encrypt)
 

@@ -260,9 +260,10 @@ class LaunchConfig:
         default="local",
         metadata=flag(
             "--backend",
-            "where the roles run: local (this machine, default) or ray (Ray Core actors; "
-            "pip install 'trimtab[ray]'); docs/engines.md",
-            choices=("local", "ray"),
+            "where the roles run: local (this machine, default), ray (Ray Core actors; "
+            "pip install 'trimtab[ray]') or slurm (job steps; outside an allocation, "
+            "salloc asks for one); docs/engines.md",
+            choices=("local", "ray", "slurm"),
         ),
     )
     address: str = dataclasses.field(
@@ -272,6 +273,14 @@ class LaunchConfig:
             "with --backend ray: the cluster to join (ray.init's address; default: "
             "RAY_ADDRESS, or a cluster of this machine's own)",
             metavar="ADDR",
+        ),
+    )
+    nodes: int = dataclasses.field(
+        default=1,
+        metadata=flag(
+            "--nodes",
+            "with --backend slurm outside an allocation: the nodes to ask for (1)",
+            metavar="N",
         ),
     )
     worker_cpus: float = dataclasses.field(
@@ -320,7 +329,9 @@ class LaunchConfig:
             raise ConfigError(f"--testbed takes a number of hosts, not {self.testbed}")
         if self.testbed and self.backend != "local":
             raise ConfigError("--testbed runs the roles on a bed: drop --backend")
-        if self.address and self.backend == "local":
+        if self.nodes < 1:
+            raise ConfigError(f"--nodes takes a number of nodes, not {self.nodes}")
+        if self.address and self.backend != "ray":
             raise ConfigError("--address is a Ray cluster's: give --backend ray too")
         if min(self.worker_cpus, self.worker_gpus, self.server_cpus) < 0:
             raise ConfigError("--worker-cpus, --worker-gpus and --server-cpus must be >= 0")
@@ -389,5 +400,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, CheckpointSettings)
     add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth", "testbed"))
     add_flags(
-        parser, LaunchConfig, ("backend", "address", "worker_cpus", "worker_gpus", "server_cpus")
+        parser,
+        LaunchConfig,
+        ("backend", "address", "nodes", "worker_cpus", "worker_gpus", "server_cpus"),
     )

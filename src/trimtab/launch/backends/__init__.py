@@ -4,6 +4,8 @@
 - :class:`TestbedBackend` (:mod:`.testbed`): processes in the hosts of a test bed.
 - ``RayBackend`` (:mod:`.ray`): Ray Core actors, each running one role's process on its
   node (``pip install 'trimtab[ray]'``; imported only when asked for).
+- ``SlurmBackend`` (:mod:`.slurm`): job steps (``srun``) on the nodes of a Slurm
+  allocation.
 
 :func:`backend_for` picks the one a :class:`~trimtab.launch.spec.LaunchConfig` says.
 """
@@ -44,6 +46,10 @@ def backend_for(
         from trimtab.launch.backends.ray import RayBackend  # needs ray: only when asked
 
         return RayBackend.of(c)
+    if c.backend == "slurm":
+        from trimtab.launch.backends.slurm import SlurmBackend
+
+        return SlurmBackend(c.servers)
     if c.backend != "local":
-        raise ConfigError(f"unknown backend {c.backend!r}: local or ray")
+        raise ConfigError(f"unknown backend {c.backend!r}: local, ray or slurm")
     return LocalBackend(c.host)

@@ -134,6 +134,12 @@ class Backend(abc.ABC):
         """Start ``role``. Blocks until it is started (not until it is ready). Raises
         :class:`~trimtab.errors.ConfigError` if it cannot be."""
 
+    def secret_parent(self) -> str | None:
+        """Where the job's private secret directory is made: a directory every node
+        of the backend sees (None: this machine's temporary directory). Never
+        blocks."""
+        return None
+
     def local(self, rank: int, workers: int) -> tuple[int, int, int, int]:
         """Worker ``rank``'s (local rank, local size, cross rank, cross size) in a job
         of ``workers``, where the backend knows it before it starts them (else: one

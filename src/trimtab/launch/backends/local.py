@@ -21,8 +21,12 @@ __all__ = ["LocalBackend", "LocalRole", "popen_role"]
 class LocalRole(RoleHandle):
     """A role that is a process of this machine (:attr:`popen`)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], node: str | None = None) -> None:
         self.popen = popen
+        self._node = node
+
+    def node(self) -> str | None:
+        return self._node
 
     @property
     def pid(self) -> int:

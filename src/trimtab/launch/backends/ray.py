@@ -64,6 +64,19 @@ def _strategies() -> Any:
     return ray.util.scheduling_strategies
 
 
+#: The variables of the driver's environment a role gets on its node: the job's.
+JOB_PREFIXES = ("TRIMTAB_", "DMLC_", "OMP_", "PYTHON", "NCCL_")
+
+
+def role_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """What a role's environment ``env`` (as the launcher made it for this machine)
+    adds to its node's own: the variables the launcher set or changed, and the job's
+    own (:data:`JOB_PREFIXES`); the rest is the node's (its ``PATH``, ``HOME``...)."""
+    own = {k: v for k, v in env.items() if os.environ.get(k) != v or k.startswith(JOB_PREFIXES)}
+    own["RAY_USAGE_STATS_ENABLED"] = "0"
+    return own
+
+
 def actor_name(job: str, source: str) -> str:
     """The name of the actor of role ``source`` (``server 1``) of ``job``."""
     return f"trimtab-{job}-{source.replace(' ', '-')}"
@@ -292,10 +305,7 @@ class RayBackend(Backend):
                 self._groups[role.source] = group
         try:
             address, node = ray.get(actor.node.remote(), timeout=START_TIMEOUT_S)
-            # Only what the launcher set differs from its own environment: the rest is
-            # the node's (its PATH, its PYTHONPATH...).
-            env = {k: v for k, v in role.env.items() if os.environ.get(k) != v}
-            env["RAY_USAGE_STATS_ENABLED"] = "0"
+            env = role_variables(role.env)
             ray.get(actor.start.remote(role.with_host(address), env, os.getcwd()))
         except ray.exceptions.RayError as exc:
             self._ended(role.source)

@@ -1,0 +1,128 @@
+"""``trimtab run --backend ray`` on a real 2-node Ray cluster in the test bed (the head
+node in one network namespace, a worker node in another): roles run on both nodes, the
+job's parameters are one process's (so its accuracy is the local run's), a scale-out
+starts a server through Ray, and a server actor killed under ``--replicas 1`` loses
+nothing. The slow tier: a Ray cluster takes seconds to start and much memory."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import processes_of
+from tests.equivalence_job import Setup, max_difference, reference
+from tests.raycluster import RayCluster, ray_cluster  # noqa: F401 (a fixture)
+from trimtab.launch.backends.ray import actor_name
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).parent
+PLACED = re.compile(r"^\[trimtab\] (coordinator|server \d+|worker \d+) runs on (\S+)$")
+
+
+def _run(
+    cluster: RayCluster, job: str, flags: list[str], command: list[str], env: dict[str, str]
+) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """``trimtab run --backend ray`` started in the head node's host (the driver's node),
+    its output collected in the list returned as it comes."""
+    argv = [
+        sys.executable, "-m", "trimtab", "run", "--backend", "ray",
+        "--address", cluster.address, "--job", job, "--worker-cpus", "0.5",
+        "--server-cpus", "0.5", "--chunk-bytes", "8192", "--deadline", "200", *flags,
+        "--", *command,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cluster.bed.hosts[0].argv(argv),
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, lines, reader
+
+
+def _placed(lines: list[str]) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in map(PLACED.match, lines) if m}
+
+
+@pytest.mark.timeout(400)
+def test_roles_on_both_nodes_one_processes_result_and_a_server_added_through_ray(
+    ray_cluster: RayCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    cluster = ray_cluster
+    setup = Setup("sgd", (12, 12), hidden=192)
+    job = "rayjob1"
+    command = [
+        "env", "EQUIV_HIDDEN=192", "EQUIV_SCALE=7:3", sys.executable,
+        str(HERE / "equiv_worker.py"), "sgd", "12,12", str(tmp_path),
+    ]  # fmt: skip
+    proc, lines, reader = _run(cluster, job, ["-w", "2", "-s", "2", "--max-servers", "3"],
+                               command, {})  # fmt: skip
+    status = proc.wait(300)
+    reader.join(10)
+    assert status == 0, "\n".join(lines[-80:])
+    placed = _placed(lines)
+    head, node = (h.address for h in cluster.bed.hosts)
+    assert placed["coordinator"] == head  # the driver's node
+    assert set(placed.values()) == {head, node}, placed
+    assert {placed["worker 0"], placed["worker 1"]} == {head, node}  # spread
+    assert "server 2" in placed, "the scale-out started no server through Ray"
+    assert any("the coordinator asks for another server" in line for line in lines)
+    expected = reference(setup)
+    for rank in range(setup.workers):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    assert processes_of(job) == []
+
+
+@pytest.mark.timeout(400)
+def test_a_server_actor_killed_under_replicas_loses_nothing(
+    ray_cluster: RayCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Rank 0 stops after step 5 (OUT/kill0) until the test has killed server 0's
+    actor through Ray (``ray.kill``): its process dies with it, the coordinator
+    promotes the backups, and the parameters are still one process's."""
+    cluster = ray_cluster
+    job = "rayjob2"
+    command = [sys.executable, str(HERE / "replica_worker.py"), "sgd", "12,12", str(tmp_path), "5"]
+    proc, lines, reader = _run(
+        cluster, job, ["-w", "2", "-s", "2", "--replicas", "1"], command,
+        {"TRIMTAB_DEAD_AFTER_S": "3"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "kill0").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-80:])
+        time.sleep(0.1)
+    name = actor_name(job, "server 0")
+    cluster.driver(f"ray.kill(ray.get_actor({name!r}))\n")
+    (tmp_path / "killed0").write_text("server 0")
+    status = proc.wait(240)
+    reader.join(10)
+    assert status == 0, "\n".join(lines[-80:])
+    assert any("server 0 died" in line and "backups take over" in line for line in lines), (
+        "\n".join(lines[-80:])
+    )
+    expected = reference(Setup("sgd", (12, 12)))
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+    assert processes_of(job) == []
