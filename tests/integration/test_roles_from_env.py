@@ -5,7 +5,8 @@ parameters are the one-process run's (BSP), so its accuracy is the local run's.
 The second test emulates a Kubernetes JobSet (docs/k8s/jobset.yaml, whose variables
 it reads): roles find each other by stable host names (each host's /etc/hosts, as
 ``ip netns exec`` mounts /etc/netns/NS/hosts), workers take their rank from
-``JOB_COMPLETION_INDEX``, and the secret is a mounted file. No cluster runs here: only the manifest's contract is tested.
+``JOB_COMPLETION_INDEX``, and the secret is a mounted file. No cluster runs here: only
+the manifest's contract is tested.
 """
 
 from __future__ import annotations
