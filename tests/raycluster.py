@@ -26,7 +26,7 @@ import pytest
 
 from trimtab.launch.testbed import Testbed, unavailable
 
-__all__ = ["RayCluster", "ray_cluster"]
+__all__ = ["RayCluster", "kill_all_in", "ray_cluster", "ray_missing", "ray_on"]
 
 PORT = 6379
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -83,15 +83,11 @@ def _nodes_alive(cluster: RayCluster) -> int:
     return out.split("Pending:")[0].count("node_")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[RayCluster]:
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("Ray is not installed: pip install 'trimtab[ray]'")
-    why = unavailable()
-    if why is not None:
-        pytest.skip(f"no multi-host test bed here: {why}")
-    bed = Testbed(2)
-    bed.up()
+@contextlib.contextmanager
+def ray_on(bed: Testbed) -> Iterator[RayCluster]:
+    """A Ray cluster on ``bed``'s hosts 0 (head) and 1, stopped on leaving. Blocks until
+    both nodes are up (seconds). Raises AssertionError, with the logs, if they do not
+    come up in 90 s."""
     logs = Path(tempfile.mkdtemp(prefix="trimtab-ray-"))
     head_address = f"{bed.hosts[0].address}:{PORT}"
     cluster = RayCluster(bed, head_address, logs)
@@ -117,15 +113,36 @@ def ray_cluster() -> Iterator[RayCluster]:
             except subprocess.TimeoutExpired:
                 with_signal(p, signal.SIGKILL)
                 p.wait()
-        for h in bed.hosts:  # whatever Ray left: every process in the bed is ours
-            pids = subprocess.run(
-                ["ip", "netns", "pids", h.namespace], capture_output=True, text=True
-            ).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-        bed.down()
+        kill_all_in(bed)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def kill_all_in(bed: Testbed) -> None:
+    """Kill every process left in ``bed``'s namespaces (all of them the caller's)."""
+    for h in bed.hosts:
+        pids = subprocess.run(
+            ["ip", "netns", "pids", h.namespace], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def ray_missing() -> str | None:
+    """Why no Ray cluster can be made here, or None."""
+    if importlib.util.find_spec("ray") is None:
+        return "Ray is not installed: pip install 'trimtab[ray]'"
+    why = unavailable()
+    return None if why is None else f"no multi-host test bed here: {why}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    why = ray_missing()
+    if why is not None:
+        pytest.skip(why)
+    with Testbed(2) as bed, ray_on(bed) as cluster:
+        yield cluster
 
 
 def with_signal(p: subprocess.Popen[bytes], sig: int) -> None:

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.raycluster import kill_all_in
 from trimtab.launch.testbed import Testbed, unavailable
 
-__all__ = ["SlurmCluster", "slurm_cluster"]
+__all__ = ["SlurmCluster", "slurm_cluster", "slurm_missing", "slurm_on"]
 
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo")
 
@@ -98,18 +99,28 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     key.chmod(0o400)
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+def slurm_missing() -> str | None:
+    """Why no Slurm cluster can be made here, or None."""
     missing = [t for t in TOOLS if shutil.which(t) is None and not Path(f"/usr/sbin/{t}").exists()]
     if missing:
-        pytest.skip(
-            f"Slurm is not installed ({', '.join(missing)}): apt-get install slurm-wlm munge"
-        )
+        return f"Slurm is not installed ({', '.join(missing)}): apt-get install slurm-wlm munge"
     why = unavailable()
+    return None if why is None else f"no multi-host test bed here: {why}"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    why = slurm_missing()
     if why is not None:
-        pytest.skip(f"no multi-host test bed here: {why}")
-    bed = Testbed(2)
-    bed.up()
+        pytest.skip(why)
+    with Testbed(2) as bed, slurm_on(bed) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def slurm_on(bed: Testbed) -> Iterator[SlurmCluster]:
+    """A Slurm cluster with a node per host of ``bed``, stopped on leaving. Blocks until
+    every node is idle (seconds). Raises AssertionError, with the logs, if not in 60 s."""
     root = Path(tempfile.mkdtemp(prefix="ttslurm-"))  # short: it holds sockets
     root.chmod(0o755)
     env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
@@ -160,14 +171,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        for h in bed.hosts:  # slurmstepd and what it ran: every process in the bed is ours
-            pids = subprocess.run(
-                ["ip", "netns", "pids", h.namespace], capture_output=True, text=True
-            ).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-        bed.down()
+        kill_all_in(bed)  # slurmstepd and what it ran: every process in the bed is ours
         shutil.rmtree(root, ignore_errors=True)
 
 
