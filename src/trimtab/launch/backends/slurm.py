@@ -86,6 +86,25 @@ class SlurmBackend(Backend):
             found = re.search(r"NodeAddr=(\S+)", _scontrol("show", "node", "-o", node))
             self.addresses[node] = found.group(1) if found else node
 
+    def down(self) -> None:
+        """Cancel any step of this job's roles still known to Slurm (one whose
+        ``srun`` was killed outright leaves its tasks to Slurm). Never raises."""
+        squeue, scancel = shutil.which("squeue"), shutil.which("scancel")
+        if squeue is None or scancel is None:
+            return
+        job = self._environ[JOB_ID]
+        try:
+            steps = subprocess.run(
+                [squeue, "-h", "-s", "-j", job, "-o", "%i %j"],
+                capture_output=True, text=True, check=False, timeout=30,
+            ).stdout.split("\n")  # fmt: skip
+            for line in steps:
+                step, _, name = line.partition(" ")
+                if name.startswith("trimtab-"):
+                    subprocess.run([scancel, step], check=False, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
     def where(self) -> str | None:
         nodes = ", ".join(f"{n} {self.addresses[n]}" for n in self.nodes)
         return f"in Slurm job {self._environ[JOB_ID]}, on nodes {nodes}"
