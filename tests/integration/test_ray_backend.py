@@ -25,17 +25,18 @@ from trimtab.launch.backends.ray import actor_name
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).parent
+JOB = re.compile(r"^\[trimtab\] job (\S+) on the Ray cluster")
 PLACED = re.compile(r"^\[trimtab\] (coordinator|server \d+|worker \d+) runs on (\S+)$")
 
 
 def _run(
-    cluster: RayCluster, job: str, flags: list[str], command: list[str], env: dict[str, str]
+    cluster: RayCluster, flags: list[str], command: list[str], env: dict[str, str]
 ) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
     """``trimtab run --backend ray`` started in the head node's host (the driver's node),
     its output collected in the list returned as it comes."""
     argv = [
         sys.executable, "-m", "trimtab", "run", "--backend", "ray",
-        "--address", cluster.address, "--job", job, "--worker-cpus", "0.5",
+        "--address", cluster.address, "--worker-cpus", "0.5",
         "--server-cpus", "0.5", "--chunk-bytes", "8192", "--deadline", "200", *flags,
         "--", *command,
     ]  # fmt: skip
@@ -58,6 +59,12 @@ def _run(
     return proc, lines, reader
 
 
+def _job(lines: list[str]) -> str | None:
+    """The job's id, as the launcher says it (``job ID on the Ray cluster...``)."""
+    found = [m.group(1) for m in map(JOB.match, list(lines)) if m]
+    return found[0] if found else None
+
+
 def _placed(lines: list[str]) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in map(PLACED.match, lines) if m}
 
@@ -69,16 +76,16 @@ def test_roles_on_both_nodes_one_processes_result_and_a_server_added_through_ray
 ) -> None:
     cluster = ray_cluster
     setup = Setup("sgd", (12, 12), hidden=192)
-    job = "rayjob1"
     command = [
         "env", "EQUIV_HIDDEN=192", "EQUIV_SCALE=7:3", sys.executable,
         str(HERE / "equiv_worker.py"), "sgd", "12,12", str(tmp_path),
     ]  # fmt: skip
-    proc, lines, reader = _run(cluster, job, ["-w", "2", "-s", "2", "--max-servers", "3"],
-                               command, {})  # fmt: skip
+    proc, lines, reader = _run(cluster, ["-w", "2", "-s", "2", "--max-servers", "3"], command, {})
     status = proc.wait(300)
     reader.join(10)
     assert status == 0, "\n".join(lines[-80:])
+    job = _job(lines)
+    assert job is not None
     placed = _placed(lines)
     head, node = (h.address for h in cluster.bed.hosts)
     assert placed["coordinator"] == head  # the driver's node
@@ -102,16 +109,17 @@ def test_a_server_actor_killed_under_replicas_loses_nothing(
     actor through Ray (``ray.kill``): its process dies with it, the coordinator
     promotes the backups, and the parameters are still one process's."""
     cluster = ray_cluster
-    job = "rayjob2"
     command = [sys.executable, str(HERE / "replica_worker.py"), "sgd", "12,12", str(tmp_path), "5"]
     proc, lines, reader = _run(
-        cluster, job, ["-w", "2", "-s", "2", "--replicas", "1"], command,
+        cluster, ["-w", "2", "-s", "2", "--replicas", "1"], command,
         {"TRIMTAB_DEAD_AFTER_S": "3"},
     )  # fmt: skip
     deadline = time.monotonic() + 240
     while not (tmp_path / "kill0").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-80:])
         time.sleep(0.1)
+    job = _job(lines)
+    assert job is not None
     name = actor_name(job, "server 0")
     cluster.driver(f"ray.kill(ray.get_actor({name!r}))\n")
     (tmp_path / "killed0").write_text("server 0")

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = [sys.executable, "-m", "trimtab.examples.digits", "--epochs", "4"]
+JOB = re.compile(r"\[trimtab\] job (\S+) in Slurm job")
 PLACED = re.compile(r"\[trimtab\] (coordinator|server \d+|worker \d+) runs on (\S+)$")
 
 
@@ -85,9 +86,8 @@ def test_trimtab_run_backend_slurm_submits_and_places_steps_on_both_nodes(
     tmp_path: Path,
 ) -> None:
     cluster = slurm_cluster
-    job = "slurmjob2"
     argv = [sys.executable, "-m", "trimtab", "run", "--backend", "slurm", "--nodes", "2",
-            "-w", "2", "-s", "1", "--job", job, "--deadline", "250", "--", *EXAMPLE]  # fmt: skip
+            "-w", "2", "-s", "1", "--deadline", "250", "--", *EXAMPLE]  # fmt: skip
     done = subprocess.run(
         cluster.on(0, argv), env=cluster.env, capture_output=True, text=True, timeout=300,
         cwd=tmp_path,
@@ -97,5 +97,6 @@ def test_trimtab_run_backend_slurm_submits_and_places_steps_on_both_nodes(
     placed = {m.group(1): m.group(2) for m in map(PLACED.search, lines) if m}
     assert set(placed.values()) == {h.address for h in cluster.bed.hosts}, placed
     assert abs(_accuracy(lines) - local_accuracy) < 0.01
+    [job] = [m.group(1) for m in map(JOB.search, lines) if m]
     _quiet(cluster, job)
     assert not os.listdir(tmp_path)  # the secret's directory is gone

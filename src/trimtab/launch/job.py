@@ -126,7 +126,7 @@ class Job:
             self.backend.up()
             where = self.backend.where()
             if where is not None:
-                self._say(where)
+                self._say(f"job {self.config.job} {where}")
             self._start()
             return self._supervise()
         except KeyboardInterrupt as exc:
