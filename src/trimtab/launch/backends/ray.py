@@ -44,24 +44,22 @@ START_TIMEOUT_S = 120.0
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray's own annotations are partial: it is used untyped here.
 ray: Any
+_groups: Any  # ray.util.placement_group (the module: ray.util re-exports its function)
+_strategies: Any  # ray.util.scheduling_strategies
 try:
     ray = importlib.import_module("ray")
-    importlib.import_module("ray.util.placement_group")
-    importlib.import_module("ray.util.scheduling_strategies")
+    _groups = importlib.import_module("ray.util.placement_group")
+    _strategies = importlib.import_module("ray.util.scheduling_strategies")
 except ImportError:  # pragma: no cover - said when asked for
-    ray = None
+    ray = _groups = _strategies = None
 
 
 def placement_group(bundles: list[dict[str, float]]) -> Any:
-    return ray.util.placement_group.placement_group(bundles)
+    return _groups.placement_group(bundles)
 
 
 def remove_placement_group(group: Any) -> None:
-    ray.util.placement_group.remove_placement_group(group)
-
-
-def _strategies() -> Any:
-    return ray.util.scheduling_strategies
+    _groups.remove_placement_group(group)
 
 
 #: The variables of the driver's environment a role gets on its node: the job's.
@@ -279,7 +277,7 @@ class RayBackend(Backend):
         group = None
         if role.kind == "coordinator":  # on the driver's node: light, and it stays
             node = ray.get_runtime_context().get_node_id()
-            options["scheduling_strategy"] = _strategies().NodeAffinitySchedulingStrategy(
+            options["scheduling_strategy"] = _strategies.NodeAffinitySchedulingStrategy(
                 node, soft=False
             )
         elif role.kind == "server":
@@ -293,7 +291,7 @@ class RayBackend(Backend):
                     f"in {START_TIMEOUT_S:g} s (--server-cpus)"
                 ) from None
             options["num_cpus"] = self.server_cpus
-            options["scheduling_strategy"] = _strategies().PlacementGroupSchedulingStrategy(group)
+            options["scheduling_strategy"] = _strategies.PlacementGroupSchedulingStrategy(group)
         else:
             options.update(
                 num_cpus=self.worker_cpus, num_gpus=self.worker_gpus, scheduling_strategy="SPREAD"
