@@ -93,7 +93,7 @@ def ray_on(bed: Testbed) -> Iterator[RayCluster]:
     cluster = RayCluster(bed, head_address, logs)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        head = ["--head", f"--port={PORT}", "--include-dashboard=false"]
+        head = ["--head", f"--port={PORT}", "--include-dashboard=false", f"--temp-dir={logs}/ray"]
         procs.append(_ray_start(bed, 0, head, logs / "head.log"))
         deadline = time.monotonic() + 90
         while _nodes_alive(cluster) < 1:
@@ -109,7 +109,7 @@ def ray_on(bed: Testbed) -> Iterator[RayCluster]:
             with_signal(p, signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(45)  # Ray drains for up to 30 s
+                p.wait(8)  # (Ray would drain for up to 30 s: nothing here needs it)
             except subprocess.TimeoutExpired:
                 with_signal(p, signal.SIGKILL)
                 p.wait()
