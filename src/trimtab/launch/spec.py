@@ -171,6 +171,13 @@ class LaunchConfig:
             stop the job); only to measure what authentication costs.
         testbed: run the roles on a test bed of this many hosts (0: this machine; see
             :mod:`trimtab.launch.hosts` for the layout).
+        backend: where the roles run: ``local``, ``ray`` or ``slurm``
+            (:mod:`trimtab.launch.backends`; ``testbed`` picks the bed's).
+        address: with ``ray``: the cluster to join (``""``: ``RAY_ADDRESS``, or one
+            of this machine's own).
+        nodes: with ``slurm`` outside an allocation: the nodes ``salloc`` asks for.
+        worker_cpus, worker_gpus, server_cpus: with ``ray``: what each worker and
+            server actor takes.
         checkpoint: checkpoints of the job, and the checkpoint it resumes from.
         settings: the job's policies as checked components (derived; not an argument).
     """
