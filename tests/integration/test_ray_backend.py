@@ -134,3 +134,31 @@ def test_a_server_actor_killed_under_replicas_loses_nothing(
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
     assert processes_of(job) == []
+
+
+@pytest.mark.timeout(300)
+def test_trimtab_ray_run_from_a_ray_driver_uses_its_connection(
+    ray_cluster: RayCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``trimtab.ray.run`` in a process that called ``ray.init`` itself: the job runs on
+    that connection (which it leaves open) and ends with one process's parameters."""
+    cluster = ray_cluster
+    command = [
+        "env", "EQUIV_HIDDEN=192", sys.executable, str(HERE / "equiv_worker.py"), "sgd",
+        "12,12", str(tmp_path),
+    ]  # fmt: skip
+    out = cluster.driver(
+        "import trimtab.ray\n"
+        f"status = trimtab.ray.run({command!r}, workers=2, servers=1, chunk_bytes=8192,\n"
+        "    worker_cpus=0.5, server_cpus=0.5, deadline_s=200,\n"
+        "    output=lambda src, line: print(f'[{src}] {line}', flush=True))\n"
+        "assert ray.is_initialized(), 'the driver lost its connection'\n"
+        "print('status', status)\n",
+        timeout=240,
+    )
+    assert out.splitlines()[-1] == "status 0", out[-3000:]
+    expected = reference(Setup("sgd", (12, 12), hidden=192))
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
