@@ -270,6 +270,7 @@ class RayBackend(Backend):
         again = self._starts[role.source]
         options: dict[str, Any] = {
             "name": actor_name(self.job, role.source) + (f"-{again}" if again > 1 else ""),
+            "namespace": NAMESPACE,  # whatever namespace a user's driver joined
             "max_concurrency": 4,
             "max_restarts": 0,
             "num_cpus": 0,
