@@ -162,3 +162,28 @@ def test_trimtab_ray_run_from_a_ray_driver_uses_its_connection(
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert max_difference(got, expected) < 1e-5, f"rank {rank} diverged"
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_actor_killed_without_elastic_workers_ends_the_job_with_a_message(
+    ray_cluster: RayCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """No recovery applies to a lost worker of a job without ``--min-workers``: the job
+    ends, saying which worker was lost and how, and leaves nothing running."""
+    cluster = ray_cluster
+    command = [sys.executable, str(HERE / "replica_worker.py"), "sgd", "12,12", str(tmp_path), "3"]
+    proc, lines, reader = _run(cluster, ["-w", "2", "-s", "1"], command, {})
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "kill0").exists():  # rank 0 waits after step 3
+        assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-80:])
+        time.sleep(0.1)
+    job = _job(lines)
+    assert job is not None
+    cluster.driver(f"ray.kill(ray.get_actor({actor_name(job, 'worker 1')!r}))\n")
+    status = proc.wait(120)
+    reader.join(10)
+    assert status != 0
+    said = "worker 1 exited with status -9 (killed by SIGKILL); stopping the job"
+    assert any(said in line for line in lines), "\n".join(lines[-40:])
+    assert processes_of(job) == []
