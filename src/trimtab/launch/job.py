@@ -200,8 +200,6 @@ class Job:
     def _spawn(self, kind: str, index: int, argv: list[str], env: dict[str, str]) -> _Proc:
         role = RoleSpec(kind, index, argv, env)
         handle = self.backend.start(role)
-        if (node := handle.node()) is not None:
-            self._say(f"{role.source} runs on {node}")
         reader = threading.Thread(target=self._pump, args=(role.source, handle), daemon=True)
         reader.start()
         proc = _Proc(role.source, handle, reader)
@@ -209,6 +207,10 @@ class Job:
         return proc
 
     def _pump(self, source: str, handle: RoleHandle) -> None:
+        # Where the backend placed it, if it chose (a Ray node): known once it started,
+        # which this thread waits for, not the launcher's.
+        if (node := handle.node()) is not None:
+            self._say(f"{source} runs on {node}")
         for raw in handle.lines():
             line = raw.decode(errors="replace").rstrip("\n")
             self.faults.saw(source, line)

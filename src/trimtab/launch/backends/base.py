@@ -87,8 +87,9 @@ class RoleHandle(abc.ABC):
         lines."""
 
     def node(self) -> str | None:
-        """The address of the node it runs on, where its backend chose it (a Ray node),
-        else None. Never blocks."""
+        """The address of the node it runs on, where its backend chose it (a Ray node,
+        a Slurm node), else None. May block until the engine started it (the launcher
+        asks from the thread that reads the role's output)."""
         return None
 
     @property

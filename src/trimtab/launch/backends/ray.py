@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from trimtab.errors import ConfigError
-from trimtab.launch.backends.base import LOST_STATUS, Backend, RoleHandle, RoleSpec
+from trimtab.launch.backends.base import HOST, LOST_STATUS, Backend, RoleHandle, RoleSpec
 from trimtab.launch.backends.local import LocalRole, popen_role
 from trimtab.launch.procs import lost_with_parent
 from trimtab.launch.spec import LaunchConfig
@@ -96,9 +96,12 @@ class RoleActor:
         context = ray.get_runtime_context()
         return ray.util.get_node_ip_address(), context.get_node_id()
 
-    def start(self, argv: list[str], env: Mapping[str, str], cwd: str) -> int:
-        """Start the role's process with ``env`` over this node's environment, in
-        ``cwd`` if this node has it; its pid. Blocks until it is started."""
+    def start(self, argv: list[str], env: Mapping[str, str], cwd: str) -> tuple[str, int]:
+        """Start the role's process (:data:`HOST` in ``argv`` this node's address) with
+        ``env`` over this node's environment, in ``cwd`` if this node has it; (the
+        node's address, the pid). Blocks until it is started."""
+        address = ray.util.get_node_ip_address()
+        argv = [address if a == HOST else a for a in argv]
         started = threading.Event()
         failed: list[BaseException] = []
 
@@ -131,7 +134,7 @@ class RoleActor:
         if failed:
             raise failed[0]
         assert self._role is not None
-        return self._role.pid
+        return address, self._role.pid
 
     def read(self, timeout: float) -> tuple[list[bytes], int | None]:
         """The output lines printed since the last call, and the exit status once the
@@ -152,12 +155,16 @@ class RoleActor:
 
 
 class RayRole(RoleHandle):
-    """A role running in a Ray actor on the node at ``address``."""
+    """A role in a Ray actor, started by ``started`` (the actor's :meth:`RoleActor.start`
+    call, still running: roles are placed and started in parallel)."""
 
-    def __init__(self, actor: Any, address: str, node: str, on_end: Any) -> None:
+    def __init__(self, actor: Any, started: Any, what: str, on_end: Any) -> None:
         self.actor = actor
-        self.address = address
-        self.node_id = node
+        self._started = started
+        self._what = what  # the resources it asked for, for a message
+        #: The address of its node, once it started.
+        self.address: str | None = None
+        self._failed: str | None = None
         self._code: int | None = None
         self._on_end = on_end
 
@@ -165,6 +172,17 @@ class RayRole(RoleHandle):
         return self._code
 
     def node(self) -> str | None:
+        """Its node's address; blocks until Ray started it (or gave up: None)."""
+        if self.address is None and self._failed is None:
+            try:
+                self.address, _ = ray.get(self._started, timeout=START_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                self._failed = (
+                    f"Ray did not start it in {START_TIMEOUT_S:g} s: no node has what it "
+                    f"asks ({self._what})"
+                )
+            except ray.exceptions.RayError as exc:
+                self._failed = f"Ray could not start it: {exc}"
         return self.address
 
     def signal(self, sig: int, group: bool = False) -> None:
@@ -173,6 +191,9 @@ class RayRole(RoleHandle):
 
     def lines(self) -> Iterator[bytes]:
         try:
+            if self.node() is None:
+                yield f"trimtab: {self._failed}".encode()
+                return
             while True:
                 try:
                     lines, code = ray.get(self.actor.read.remote(1.0), timeout=30.0)
@@ -215,11 +236,9 @@ class RayBackend(Backend):
         self._connected = False
         self._shutdown = False  # whether down() disconnects (up() connected)
         self._lock = threading.Lock()
-        self._actors: dict[str, Any] = {}  # live actors by role
-        self._groups: dict[str, Any] = {}  # servers' placement groups by role
+        self._actors: dict[str, Any] = {}  # live actors by name
+        self._groups: dict[str, Any] = {}  # servers' placement groups by actor name
         self._starts: collections.Counter[str] = collections.Counter()
-        #: Where each role ran: its node's address, by role (``server 0``).
-        self.placed: dict[str, str] = {}
 
     @classmethod
     def of(cls, config: LaunchConfig) -> RayBackend:
@@ -268,56 +287,47 @@ class RayBackend(Backend):
         # A role started again (the coordinator's replacement) gets a name of its own.
         self._starts[role.source] += 1
         again = self._starts[role.source]
+        name = actor_name(self.job, role.source) + (f"-{again}" if again > 1 else "")
         options: dict[str, Any] = {
-            "name": actor_name(self.job, role.source) + (f"-{again}" if again > 1 else ""),
+            "name": name,
             "namespace": NAMESPACE,  # whatever namespace a user's driver joined
             "max_concurrency": 4,
             "max_restarts": 0,
             "num_cpus": 0,
         }
         group = None
+        what = "0 CPUs"
         if role.kind == "coordinator":  # on the driver's node: light, and it stays
             node = ray.get_runtime_context().get_node_id()
             options["scheduling_strategy"] = _strategies.NodeAffinitySchedulingStrategy(
                 node, soft=False
             )
-        elif role.kind == "server":
+        elif role.kind == "server":  # its own placement group: given back when it ends
             group = placement_group([{"CPU": self.server_cpus}])
-            try:
-                ray.get(group.ready(), timeout=START_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                remove_placement_group(group)
-                raise ConfigError(
-                    f"Ray found no node with {self.server_cpus} CPUs for {role.source} "
-                    f"in {START_TIMEOUT_S:g} s (--server-cpus)"
-                ) from None
             options["num_cpus"] = self.server_cpus
             options["scheduling_strategy"] = _strategies.PlacementGroupSchedulingStrategy(group)
+            what = f"--server-cpus {self.server_cpus:g}"
         else:
             options.update(
                 num_cpus=self.worker_cpus, num_gpus=self.worker_gpus, scheduling_strategy="SPREAD"
             )
+            what = f"--worker-cpus {self.worker_cpus:g}, --worker-gpus {self.worker_gpus:g}"
+        # Neither call waits: the actor is placed and its process started while the
+        # launcher goes on to the next role (the handle waits, on its reader's thread).
         actor = ray.remote(RoleActor).options(**options).remote()
+        started = actor.start.remote(list(role.argv), role_variables(role.env), os.getcwd())
         with self._lock:
-            self._actors[role.source] = actor
+            self._actors[name] = actor
             if group is not None:
-                self._groups[role.source] = group
-        try:
-            address, node = ray.get(actor.node.remote(), timeout=START_TIMEOUT_S)
-            env = role_variables(role.env)
-            ray.get(actor.start.remote(role.with_host(address), env, os.getcwd()))
-        except ray.exceptions.RayError as exc:
-            self._ended(role.source)
-            raise ConfigError(f"Ray could not start {role.source}: {exc}") from None
-        self.placed[role.source] = address
-        return RayRole(actor, address, node, lambda _: self._ended(role.source))
+                self._groups[name] = group
+        return RayRole(actor, started, what, lambda _: self._ended(name))
 
-    def _ended(self, source: str) -> None:
-        """``source``'s process ended (or its actor died): give back its actor and, for
-        a server, its placement group. Never raises."""
+    def _ended(self, name: str) -> None:
+        """The role of the actor ``name`` ended (or its actor died): give back the actor
+        and, for a server, its placement group. Never raises."""
         with self._lock:
-            actor = self._actors.pop(source, None)
-            group = self._groups.pop(source, None)
+            actor = self._actors.pop(name, None)
+            group = self._groups.pop(name, None)
         with contextlib.suppress(Exception):  # the cluster may be going away
             if actor is not None:
                 ray.kill(actor)
