@@ -12,6 +12,8 @@ worker group on any failure: here a dead actor or node is one lost member (the s
 Placement: the coordinator on the driver's node; each server in a placement group of its
 own, made when it starts and removed when it ends, so that PSLD's scale-out and scale-in
 take and give back one server's resources at a time; workers spread over the nodes.
+Roles are placed and started in parallel: starting one returns at once, and its handle
+waits (on the thread that reads its output) until Ray has started it.
 
 The job's secret reaches the roles as the path of its file, never as a value: every node
 must see that path (the same machine, or a shared file system; docs/engines.md). Ray's
