@@ -26,7 +26,7 @@ import pytest
 
 from trimtab.launch.testbed import Testbed, unavailable
 
-__all__ = ["RayCluster", "kill_all_in", "ray_cluster", "ray_missing", "ray_on"]
+__all__ = ["RayCluster", "kill_all_in", "kill_all_in_host", "ray_cluster", "ray_missing", "ray_on"]
 
 PORT = 6379
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -121,12 +121,18 @@ def ray_on(bed: Testbed) -> Iterator[RayCluster]:
 def kill_all_in(bed: Testbed) -> None:
     """Kill every process left in ``bed``'s namespaces (all of them the caller's)."""
     for h in bed.hosts:
-        pids = subprocess.run(
-            ["ip", "netns", "pids", h.namespace], capture_output=True, text=True
-        ).stdout.split()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        kill_all_in_host(h.namespace)
+
+
+def kill_all_in_host(namespace: str) -> None:
+    """Kill every process in the bed host ``namespace`` (all of them the caller's), as
+    a machine that dies: ``SIGKILL``, no warning."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True
+    ).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def ray_missing() -> str | None:

@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import processes_of
 from tests.equivalence_job import Setup, max_difference, reference
-from tests.raycluster import RayCluster, ray_cluster  # noqa: F401 (a fixture)
+from tests.raycluster import RayCluster, kill_all_in_host, ray_cluster  # noqa: F401 (a fixture)
 from trimtab.launch.backends.ray import actor_name
 
 pytestmark = pytest.mark.slow
@@ -187,3 +187,43 @@ def test_a_worker_actor_killed_without_elastic_workers_ends_the_job_with_a_messa
     said = "worker 1 exited with status -9 (killed by SIGKILL); stopping the job"
     assert any(said in line for line in lines), "\n".join(lines[-40:])
     assert processes_of(job) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_node_lost_is_lost_members_and_the_job_recovers(
+    ray_cluster: RayCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The worker node dies outright (every process of its host killed: its raylet, its
+    actors, their roles). Each role it held is a lost member: the job, with replicas
+    and elastic workers, goes on without them and ends well (or, had Ray put both
+    servers there, ends saying what was lost). Runs last: the cluster has one node
+    after it."""
+    cluster = ray_cluster
+    command = [sys.executable, str(HERE / "replica_worker.py"), "sgd", "12,12", str(tmp_path), "5"]
+    flags = ["-w", "2", "-s", "2", "--replicas", "1", "--min-workers", "1"]
+    proc, lines, reader = _run(cluster, flags, command, {"TRIMTAB_DEAD_AFTER_S": "3"})
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "kill0").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-80:])
+        time.sleep(0.1)
+    node = cluster.bed.hosts[1]
+    lost = {role for role, where in _placed(lines).items() if where == node.address}
+    assert lost and "coordinator" not in lost, _placed(lines)
+    kill_all_in_host(node.namespace)
+    (tmp_path / "killed0").write_text("node 1")
+    status = proc.wait(240)
+    reader.join(10)
+    said = "\n".join(lines)
+    # The coordinator saw each lost member go (the launcher may not hear it from Ray
+    # before the job ends: Ray takes its time to declare a dead node's actors dead).
+    servers = sum(r.startswith("server") for r in lost)
+    workers = [int(r.split()[1]) for r in lost if r.startswith("worker")]
+    assert said.count("chunks go to their backups") >= servers, said[-6000:]
+    for rank in workers:
+        assert f"worker {rank} lost" in said, said[-6000:]
+    if servers < 2:  # a backup of every chunk survived
+        assert status == 0, said[-6000:]
+    else:  # Ray put both servers on the node: nothing can recover that; said so, ended
+        assert status != 0 and "lost" in said, said[-6000:]
+    assert processes_of(_job(lines) or "?") == []

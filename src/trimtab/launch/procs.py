@@ -110,6 +110,11 @@ def end_status(others: Iterable[Proc], lost: bool) -> int:
     workers ``lost`` (too few left), or said its last checkpoint failed
     (:data:`CHECKPOINT_FAILED_STATUS`), else 0. Never blocks."""
     codes = {p.source: p.handle.returncode for p in others}
+    if codes.get("coordinator") == 0:
+        # It ended the job normally (every worker it knew said it was done): a server
+        # its engine reported lost only now (a Ray node's actors, declared dead after
+        # the job went on without them) changes nothing.
+        return 0
     if lost and any(codes.values()):
         return 1
     return int(bool(codes.get("coordinator")))
