@@ -88,7 +88,7 @@ def test_crashed_server_ends_the_job(tmp_path: Path) -> None:
             servers = [p for p in job._procs if p.source == "server 1"]
             if servers and len(job._procs) == 5:
                 time.sleep(3)  # let training start
-                os.kill(servers[0].popen.pid, signal.SIGKILL)
+                servers[0].handle.signal(signal.SIGKILL)
                 return
             time.sleep(0.1)
 

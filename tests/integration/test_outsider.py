@@ -82,7 +82,7 @@ def test_an_outsider_cannot_touch_a_job(tmp_path: Path) -> None:
 
     def attack_job(job: Job) -> None:
         try:
-            procs = {p.source: p.popen for p in job._procs}
+            procs = {p.source: p.handle for p in job._procs}
             coordinator = job.coordinator_address
             # The harness (not the attacker) looks up the server's address.
             assert job._secret_dir is not None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 import threading
@@ -69,9 +68,9 @@ def _run_and_kill(
             before_kill(job, n, lines)
         procs = [p for p in job._procs if p.source == victim]
         assert procs, f"no {victim} among {[p.source for p in job._procs]}"
-        os.kill(procs[0].popen.pid, signal.SIGKILL)
+        procs[0].handle.signal(signal.SIGKILL)
         (out / f"killed_at{n}").write_text(str(time.time()))
-        procs[0].popen.wait()
+        procs[0].handle.wait()
         (out / f"killed{n}").write_text(victim)
     runner.join(110)
     assert status, "the job did not end"

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trimtab.cli import jobs, observe, plugins, roles, testbed
+from trimtab.cli import jobs, observe, plugins, roles, start, testbed
 from trimtab.errors import ConfigError, JobAborted, TrimtabError
 from trimtab.runtime.diagnostics import enable_stack_dumps
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     roles.add_commands(sub, os.environ)
     testbed.add_commands(sub)
     observe.add_commands(sub)
+    start.add_commands(sub)
     plugins.add_commands(sub)
     return parser
 

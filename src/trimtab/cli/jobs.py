@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from trimtab.errors import ConfigError
+from trimtab.launch.backends.slurm import in_allocation, submit
 from trimtab.launch.job import Job
 from trimtab.launch.spec import LaunchConfig, add_job_flags
 
@@ -43,6 +46,10 @@ def _run(args: argparse.Namespace) -> int:
     if not command:
         raise ConfigError("nothing to run; usage: trimtab run -w 2 -s 2 -- python train.py")
     config = LaunchConfig.from_args(args)
+    if config.backend == "slurm" and not in_allocation(os.environ):
+        # Ask Slurm for an allocation and run this same command in it.
+        tasks = 1 + config.settings.max_servers + config.settings.max_workers
+        return submit([sys.executable, "-m", "trimtab", *sys.argv[1:]], config.nodes, tasks)
     if config.observe.no_dashboard:
         return Job(config, command).run()
     from trimtab.observe.terminal import run_with_status  # a status line under the output

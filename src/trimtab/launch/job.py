@@ -1,7 +1,10 @@
-"""``trimtab run``: start a whole job on this machine and supervise it.
+"""``trimtab run``: start a whole job and supervise it.
 
 The launcher starts the coordinator, the servers and one process per worker running the
 user's command, streams their output with a prefix, and exits with the workers' status.
+Where each role runs is its backend's business (:mod:`trimtab.launch.backends`: this
+machine, a test bed's hosts, a Ray cluster, a Slurm allocation); what follows is the
+same for all of them.
 A crashed worker or server, or Ctrl-C, ends the whole job: every process it started is
 stopped (its process group terminated, then killed), and none is left behind. A process
 that ``--fault`` killed is the exception (:mod:`trimtab.launch.faults`): the launcher
@@ -18,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,11 +32,12 @@ from trimtab.errors import ConfigError
 from trimtab.faults.kills import parse_faults
 from trimtab.frontend.compression import compressor
 from trimtab.launch import env as envvars
+from trimtab.launch.backends import HOST, Backend, RoleHandle, RoleSpec, backend_for
 from trimtab.launch.control import job_status
 from trimtab.launch.coordinator import coordinator_argv, replacement_argv
 from trimtab.launch.cores import available_cores
 from trimtab.launch.faults import FaultWatch
-from trimtab.launch.hosts import Layout, place
+from trimtab.launch.hosts import Layout
 from trimtab.launch.procs import Proc as _Proc
 from trimtab.launch.procs import (
     await_end,
@@ -47,10 +50,9 @@ from trimtab.launch.procs import (
     stop_late,
 )
 from trimtab.launch.procs import describe as _describe
-from trimtab.launch.procs import die_with_parent as _die_with_parent
 from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig
-from trimtab.launch.testbed import Host, Testbed
+from trimtab.launch.testbed import Testbed
 from trimtab.observe.records import record_launch
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Header
@@ -79,10 +81,14 @@ class Job:
         extra_env: dict[str, str] | None = None,
         testbed: Testbed | None = None,
         layout: Layout | None = None,
+        backend: Backend | None = None,
     ) -> None:
-        """``testbed``: a bed that is up, to run the roles on, where ``layout`` says
-        (default: :func:`~trimtab.launch.hosts.place`'s rule); without one,
-        ``config.testbed`` hosts make a bed of the job's own, removed at its end."""
+        """``backend``: where the roles run (default: as ``config`` says, see
+        :func:`~trimtab.launch.backends.backend_for`). ``testbed``: a bed that is up, to
+        run the roles on, where ``layout`` says (default:
+        :func:`~trimtab.launch.hosts.place`'s rule); without one, ``config.testbed``
+        hosts make a bed of the job's own, removed at its end. Raises
+        :class:`ConfigError` for a backend that is not installed."""
         if not command:
             raise ConfigError("nothing to run: give the worker command after `--`")
         self.config = config
@@ -102,10 +108,7 @@ class Job:
         self._secret_dir: Path | None = None
         self._server_key = ""  # hex, made for a job without authentication
         self._key: JobKey | None = None
-        self._bed = testbed
-        self._own_bed: Testbed | None = None
-        self.layout = layout or Layout()
-        self._laid_out = layout is not None
+        self.backend = backend or backend_for(config, testbed, layout)
         #: The deaths ``--fault`` caused, and the joins still to start.
         self.faults = FaultWatch(parse_faults(config.faults))
 
@@ -121,7 +124,10 @@ class Job:
         try:
             remove_stale_arenas()  # what jobs killed outright (SIGKILL) left behind
             self._make_secret()
-            self._place()
+            self.backend.up()
+            where = self.backend.where()
+            if where is not None:
+                self._say(f"job {self.config.job} {where}")
             self._start()
             return self._supervise()
         except KeyboardInterrupt as exc:
@@ -135,8 +141,7 @@ class Job:
             return 2
         finally:
             self._stop_all()
-            if self._own_bed is not None:
-                self._own_bed.down()
+            self.backend.down()
             if self._secret_dir is not None:
                 shutil.rmtree(self._secret_dir, ignore_errors=True)
             if threading.current_thread() is threading.main_thread():
@@ -151,7 +156,8 @@ class Job:
             # servers it adds later can still join (an insecure job, as said).
             self._server_key = secrets.token_hex(32)
             return
-        self._secret_dir = Path(tempfile.mkdtemp(prefix="trimtab-secret-"))
+        parent = self.backend.secret_parent()
+        self._secret_dir = Path(tempfile.mkdtemp(prefix="trimtab-secret-", dir=parent))
         path = make_secret_file(self._secret_dir)
         self._key = JobKey(read_secret_file(path), encrypt=self.config.encrypt)
 
@@ -187,40 +193,26 @@ class Job:
         c = self.config
         return c.workers + c.settings.max_servers <= available_cores()
 
-    def _place(self) -> None:
-        """The roles' hosts: on the bed given, or on one made now (``config.testbed``)."""
-        c = self.config
-        if self._bed is None and c.testbed:
-            self._own_bed = Testbed(c.testbed)
-            self._own_bed.up()
-            self._bed = self._own_bed
-        if self._bed is not None:
-            if not self._laid_out:
-                self.layout = place(self._bed.hosts, c.servers, c.workers)
-            where = ", ".join(f"{h.namespace} {h.address}" for h in self._bed.hosts)
-            self._say(f"on the test bed {self._bed.id}: {where}")
+    @property
+    def layout(self) -> Layout:
+        """Where a test bed's roles run (an empty layout for other backends)."""
+        return getattr(self.backend, "layout", Layout())
 
-    def _spawn(
-        self, source: str, argv: list[str], env: dict[str, str], host: Host | None = None
-    ) -> _Proc:
-        popen = subprocess.Popen(
-            self.layout.run(host, argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        reader = threading.Thread(target=self._pump, args=(source, popen), daemon=True)
+    def _spawn(self, kind: str, index: int, argv: list[str], env: dict[str, str]) -> _Proc:
+        role = RoleSpec(kind, index, argv, env)
+        handle = self.backend.start(role)
+        reader = threading.Thread(target=self._pump, args=(role.source, handle), daemon=True)
         reader.start()
-        proc = _Proc(source, popen, reader)
+        proc = _Proc(role.source, handle, reader)
         self._procs.append(proc)
         return proc
 
-    def _pump(self, source: str, popen: subprocess.Popen[bytes]) -> None:
-        assert popen.stdout is not None
-        for raw in iter(popen.stdout.readline, b""):
+    def _pump(self, source: str, handle: RoleHandle) -> None:
+        # Where the backend placed it, if it chose (a Ray node): known once it started,
+        # which this thread waits for, not the launcher's.
+        if (node := handle.node()) is not None:
+            self._say(f"{source} runs on {node}")
+        for raw in handle.lines():
             line = raw.decode(errors="replace").rstrip("\n")
             self.faults.saw(source, line)
             self.output(source, line)
@@ -230,20 +222,19 @@ class Job:
         env = self._role_env()
         self._checkpoint = resolved(c.checkpoint, c.chunk_bytes, self._say)
         record_launch(c.observe.runs_dir, c.job, c, self.command)  # the coordinator adds its own
-        host = self.layout.address(self.layout.coordinator, c.host)
         with tempfile.TemporaryDirectory(prefix="trimtab-") as tmp:
             address_file = Path(tmp) / "coordinator"
             argv = [
-                *coordinator_argv(c, host, self._checkpoint),
+                *coordinator_argv(c, HOST, self._checkpoint),
                 "--address-file",
                 str(address_file),
             ]
-            coord = self._spawn("coordinator", argv, env, self.layout.coordinator)
+            coord = self._spawn("coordinator", 0, argv, env)
             deadline = time.monotonic() + c.startup_timeout_s
             while not address_file.exists():
-                if coord.popen.poll() is not None:
+                if (code := coord.handle.poll()) is not None:
                     raise ConfigError(
-                        f"the coordinator exited with status {coord.popen.returncode} "
+                        f"the coordinator exited with status {code} "
                         "before it was ready (its output is above)"
                     )
                 if time.monotonic() > deadline:
@@ -274,7 +265,7 @@ class Job:
         c = self.config
         host, port = self.coordinator_address.removeprefix("tcp://").rsplit(":", 1)
         threads = max(1, (os.cpu_count() or 1) // c.workers)
-        local_rank, local_size, cross_rank, cross_size = self.layout.local(rank, c.workers)
+        local_rank, local_size, cross_rank, cross_size = self.backend.local(rank, c.workers)
         wenv = self._role_env()
         wenv.setdefault("OMP_NUM_THREADS", str(threads))
         wenv.update(
@@ -299,7 +290,7 @@ class Job:
                 envvars.DMLC_WORKER_ID: str(rank),
             }
         )
-        self._spawn(f"worker {rank}", self.command, wenv, self.layout.worker(rank))
+        self._spawn("worker", rank, self.command, wenv)
 
     def _spawn_server(self) -> None:
         c = self.config
@@ -310,7 +301,8 @@ class Job:
         index = self._servers_started  # (a lost one's number is never given again)
         self._servers_started += 1
         self._spawn(
-            f"server {index}",
+            "server",
+            index,
             [
                 sys.executable,
                 "-m",
@@ -321,17 +313,16 @@ class Job:
                 "--job",
                 c.job,
                 "--host",
-                self.layout.address(self.layout.server(index), c.host),
+                HOST,
                 *(["--verbose"] if c.verbose else []),
             ],
             env,
-            self.layout.server(index),
         )
 
     def _status(self) -> Header | None:
         """The coordinator's STATUS reply, or None if it did not answer within 2 s (busy
         or ending: the supervisor notices a dead coordinator anyway). Blocks."""
-        where = self.layout.coordinator
+        where = self.backend.near_coordinator()
         return job_status(self.coordinator_address, self.config.job, self._key, where)
 
     def _grow(self) -> None:
@@ -350,7 +341,7 @@ class Job:
         # The coordinator keeps its active servers within max_servers; this bounds the
         # live processes too, in case a retired (or lost) one has not exited yet. Its
         # count of servers wanted includes the lost ones, as this one does.
-        room = self.config.settings.max_servers - sum(p.popen.poll() is None for p in servers)
+        room = self.config.settings.max_servers - sum(p.handle.poll() is None for p in servers)
         for _ in range(min(status["wanted_servers"] - self._servers_started, room)):
             self._say(
                 f"the coordinator asks for another server: starting server {self._servers_started}"
@@ -376,7 +367,7 @@ class Job:
             if not ended and any(job_over(p) for p in others):
                 ended = time.monotonic()
             for p in others:  # first: nobody answers the status requests below meanwhile
-                code = p.popen.poll()
+                code = p.handle.poll()
                 if code is not None and code < 0 and p.source == "coordinator" and not ended:
                     self._injected(p, code)  # (says so, if --fault killed it)
                     self._replace_coordinator(p, code, workers)
@@ -401,7 +392,7 @@ class Job:
                 self._join_workers()
                 next_join = time.monotonic() + 0.2
             for p in workers:
-                code = p.popen.poll()
+                code = p.handle.poll()
                 if code is not None and code != 0 and p.source not in lost:
                     if self._injected(p, code):
                         lost.add(p.source)  # killed by --fault: the job decides what follows
@@ -413,11 +404,11 @@ class Job:
                         return code if code > 0 else 128 - code
                     lost.add(p.source)
                     self._say(f"{p.source} exited with status {_describe(code)}; the job goes on")
-            if all(p.popen.poll() is not None for p in workers):
+            if all(p.handle.poll() is not None for p in workers):
                 await_end(others, self.config.grace_s, self._say)
                 return end_status(others, bool(lost))
             for p in others:
-                code = p.popen.poll()
+                code = p.handle.poll()
                 if code is not None and code != 0 and self._injected(p, code):
                     self._procs.remove(p)  # killed by --fault (said once): the job decides
                     continue
@@ -444,13 +435,12 @@ class Job:
         Never blocks."""
         self._procs.remove(p)
         c = self.config
-        done = [w.rank for w in workers if w.popen.poll() == 0]
-        host = self.layout.address(self.layout.coordinator, c.host)
+        done = [w.rank for w in workers if w.handle.poll() == 0]
         number = self.coordinator_failovers + 1
-        argv = replacement_argv(c, host, self._checkpoint, self.coordinator_address, done, number)
+        argv = replacement_argv(c, HOST, self._checkpoint, self.coordinator_address, done, number)
         self._say(f"the coordinator died ({_describe(code)}); its replacement starts at "
                   f"{self.coordinator_address} and the job's members rejoin it")  # fmt: skip
-        self._spawn("coordinator", argv, self._role_env(), self.layout.coordinator)
+        self._spawn("coordinator", 0, argv, self._role_env())
         self.coordinator_failovers += 1
 
     def _injected(self, p: _Proc, code: int) -> bool:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from trimtab.roles.coordinator.checkpoint import CHECKPOINT_FAILED_STATUS
 from trimtab.runtime.diagnostics import STACK_SIGNAL
+
+if TYPE_CHECKING:
+    from trimtab.launch.backends.base import RoleHandle
 
 __all__ = [
     "ENDED",
@@ -28,6 +30,7 @@ __all__ = [
     "end_status",
     "job_over",
     "late_joiners",
+    "lost_with_parent",
     "print_prefixed",
     "stop_after_end",
     "stop_late",
@@ -62,13 +65,20 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def lost_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """As :func:`die_with_parent`, but killed outright (``SIGKILL``): a role whose Ray
+    actor died is lost at once, as on a node that died. Never raises."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @dataclasses.dataclass
 class Proc:
-    """A process the launcher started: its name in the output, its handle, and the thread
-    reading its output."""
+    """A role the launcher started: its name in the output, its handle (from the
+    backend that started it), and the thread reading its output."""
 
     source: str
-    popen: subprocess.Popen[bytes]
+    handle: RoleHandle
     reader: threading.Thread
 
     @property
@@ -89,9 +99,8 @@ def dump_stacks(procs: Iterable[Proc]) -> None:
     """Ask every live process of ``procs`` for its threads' stacks (each prints them and
     goes on). Blocks one second, for the stacks to reach the output."""
     for p in procs:
-        if p.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.popen.pid, STACK_SIGNAL)
+        if p.handle.poll() is None:
+            p.handle.signal(STACK_SIGNAL)
     time.sleep(1.0)
 
 
@@ -100,7 +109,12 @@ def end_status(others: Iterable[Proc], lost: bool) -> int:
     servers) ended or were given their grace: 1 if the coordinator ended the job with
     workers ``lost`` (too few left), or said its last checkpoint failed
     (:data:`CHECKPOINT_FAILED_STATUS`), else 0. Never blocks."""
-    codes = {p.source: p.popen.returncode for p in others}
+    codes = {p.source: p.handle.returncode for p in others}
+    if codes.get("coordinator") == 0:
+        # It ended the job normally (every worker it knew said it was done): a server
+        # its engine reported lost only now (a Ray node's actors, declared dead after
+        # the job went on without them) changes nothing.
+        return 0
     if lost and any(codes.values()):
         return 1
     return int(bool(codes.get("coordinator")))
@@ -109,7 +123,7 @@ def end_status(others: Iterable[Proc], lost: bool) -> int:
 def job_over(p: Proc) -> bool:
     """Whether ``p`` is the coordinator, exited at the job's end (a status of
     :data:`ENDED`). Never blocks."""
-    return p.source == "coordinator" and p.popen.poll() in ENDED
+    return p.source == "coordinator" and p.handle.poll() in ENDED
 
 
 def late_joiners(
@@ -145,11 +159,10 @@ def stop_after_end(servers: Iterable[Proc], say: Callable[[str], None]) -> list[
 
 def _terminate(procs: Iterable[Proc], say: Callable[[str], None], why: str) -> list[Proc]:
     """SIGTERM to each of ``procs`` still running, each said with ``why``."""
-    stopped = [p for p in procs if p.popen.poll() is None]
+    stopped = [p for p in procs if p.handle.poll() is None]
     for p in stopped:
         say(f"{p.source} {why}: stopping it")
-        with contextlib.suppress(ProcessLookupError):
-            p.popen.terminate()
+        p.handle.terminate()
     return stopped
 
 
@@ -163,8 +176,8 @@ def await_end(procs: list[Proc], grace_s: float, say: Callable[[str], None]) -> 
     coordinator = next((p for p in procs if p.source == "coordinator"), None)
     ended: float | None = None  # when the coordinator was seen to exit 0
     servers = [p for p in procs if p.source.startswith("server")]
-    while time.monotonic() < deadline and any(p.popen.poll() is None for p in procs):
-        if ended is None and coordinator is not None and coordinator.popen.poll() in ENDED:
+    while time.monotonic() < deadline and any(p.handle.poll() is None for p in procs):
+        if ended is None and coordinator is not None and coordinator.handle.poll() in ENDED:
             ended = time.monotonic()
         if ended is not None and servers and time.monotonic() - ended > SERVER_EXIT_S:
             stop_after_end(servers, say)
@@ -177,20 +190,17 @@ def stop_all(procs: list[Proc]) -> None:
     data loader's workers): SIGTERM, up to 5 s to exit, then SIGKILL; then read the
     rest of their output. Blocks for that long at most; never raises for a process
     already gone."""
-    live = [p for p in procs if p.popen.poll() is None]
+    live = [p for p in procs if p.handle.poll() is None]
     for p in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.popen.pid, signal.SIGTERM)
+        p.handle.signal(signal.SIGTERM, group=True)
     deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(p.popen.poll() is None for p in live):
+    while time.monotonic() < deadline and any(p.handle.poll() is None for p in live):
         time.sleep(0.05)
     for p in procs:
-        if p.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.popen.pid, signal.SIGKILL)
-            p.popen.wait()
+        if p.handle.poll() is None:
+            p.handle.signal(signal.SIGKILL, group=True)
+            p.handle.wait(10.0)
         # Kill anything the process left in its group (e.g. a data loader worker).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.popen.pid, signal.SIGKILL)
+        p.handle.signal(signal.SIGKILL, group=True)
     for p in procs:
         p.reader.join(timeout=2.0)

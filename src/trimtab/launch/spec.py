@@ -39,6 +39,7 @@ __all__ = [
     "LaunchConfig",
     "add_flags",
     "add_job_flags",
+    "flag_fields",
     "from_args",
     "job_settings_from_args",
     "to_argv",
@@ -52,7 +53,7 @@ _BATCHING = BatchingSettings()
 _ELASTIC = ElasticSettings()
 
 
-def _flags(cls: type, names: tuple[str, ...] | None = None) -> list[tuple[str, Flag, Any]]:
+def flag_fields(cls: type, names: tuple[str, ...] | None = None) -> list[tuple[str, Flag, Any]]:
     """(field name, flag, default) of each flag-carrying field of ``cls``, in field order
     (or in the order of ``names``)."""
     found = {
@@ -68,7 +69,7 @@ def add_flags(
 ) -> None:
     """Add to ``parser`` the flags of the dataclass ``cls``'s fields (those in ``names``,
     in that order, if given), with their defaults, choices and help. Never blocks."""
-    for _, meta, default in _flags(cls, names):
+    for _, meta, default in flag_fields(cls, names):
         opts = [meta.name, *([meta.short] if meta.short else [])]
         kwargs: dict[str, Any] = {"help": meta.help}
         if meta.metavar is not None:
@@ -85,7 +86,7 @@ def add_flags(
 def _values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """The fields of ``cls`` that ``args`` has flags for, by field name."""
     values: dict[str, Any] = {}
-    for name, meta, _ in _flags(cls):
+    for name, meta, _ in flag_fields(cls):
         if hasattr(args, meta.dest):
             value = getattr(args, meta.dest)
             values[name] = tuple(value) if isinstance(value, list) else value
@@ -102,7 +103,7 @@ def to_argv(settings: object) -> list[str]:
     """The flags that say ``settings`` (a settings dataclass) to another process's
     parser: ``["--placement", "psld", "--chunk-bytes", "1048576"]``. Never blocks."""
     argv: list[str] = []
-    for name, meta, _ in _flags(type(settings)):
+    for name, meta, _ in flag_fields(type(settings)):
         value = getattr(settings, name)
         if isinstance(value, bool):
             argv += [meta.name] if value else []
@@ -171,6 +172,13 @@ class LaunchConfig:
             stop the job); only to measure what authentication costs.
         testbed: run the roles on a test bed of this many hosts (0: this machine; see
             :mod:`trimtab.launch.hosts` for the layout).
+        backend: where the roles run: ``local``, ``ray`` or ``slurm``
+            (:mod:`trimtab.launch.backends`; ``testbed`` picks the bed's).
+        address: with ``ray``: the cluster to join (``""``: ``RAY_ADDRESS``, or one
+            of this machine's own).
+        nodes: with ``slurm`` outside an allocation: the nodes ``salloc`` asks for.
+        worker_cpus, worker_gpus, server_cpus: with ``ray``: what each worker and
+            server actor takes.
         checkpoint: checkpoints of the job, and the checkpoint it resumes from.
         observe: the dashboard and the run record (:mod:`trimtab.observe`).
         settings: the job's policies as checked components (derived; not an argument).
@@ -257,6 +265,51 @@ class LaunchConfig:
             metavar="N",
         ),
     )
+    backend: str = dataclasses.field(
+        default="local",
+        metadata=flag(
+            "--backend",
+            "where the roles run: local (this machine, default), ray (Ray Core actors; "
+            "pip install 'trimtab[ray]') or slurm (job steps; outside an allocation, "
+            "salloc asks for one); docs/engines.md",
+            choices=("local", "ray", "slurm"),
+        ),
+    )
+    address: str = dataclasses.field(
+        default="",
+        metadata=flag(
+            "--address",
+            "with --backend ray: the cluster to join (ray.init's address; default: "
+            "RAY_ADDRESS, or a cluster of this machine's own)",
+            metavar="ADDR",
+        ),
+    )
+    nodes: int = dataclasses.field(
+        default=1,
+        metadata=flag(
+            "--nodes",
+            "with --backend slurm outside an allocation: the nodes to ask for (1)",
+            metavar="N",
+        ),
+    )
+    worker_cpus: float = dataclasses.field(
+        default=1.0,
+        metadata=flag(
+            "--worker-cpus", "with --backend ray: CPUs each worker takes (1)", metavar="N"
+        ),
+    )
+    worker_gpus: float = dataclasses.field(
+        default=0.0,
+        metadata=flag(
+            "--worker-gpus", "with --backend ray: GPUs each worker takes (0)", metavar="N"
+        ),
+    )
+    server_cpus: float = dataclasses.field(
+        default=1.0,
+        metadata=flag(
+            "--server-cpus", "with --backend ray: CPUs each server takes (1)", metavar="N"
+        ),
+    )
     checkpoint: CheckpointSettings = dataclasses.field(default_factory=CheckpointSettings)
     observe: ObserveSettings = dataclasses.field(default_factory=ObserveSettings)
     settings: JobSettings = dataclasses.field(init=False, repr=False, compare=False)
@@ -284,6 +337,14 @@ class LaunchConfig:
             raise ConfigError("--encrypt needs the job's secret: drop --no-auth")
         if self.testbed < 0:
             raise ConfigError(f"--testbed takes a number of hosts, not {self.testbed}")
+        if self.testbed and self.backend != "local":
+            raise ConfigError("--testbed runs the roles on a bed: drop --backend")
+        if self.nodes < 1:
+            raise ConfigError(f"--nodes takes a number of nodes, not {self.nodes}")
+        if self.address and self.backend != "ray":
+            raise ConfigError("--address is a Ray cluster's: give --backend ray too")
+        if min(self.worker_cpus, self.worker_gpus, self.server_cpus) < 0:
+            raise ConfigError("--worker-cpus, --worker-gpus and --server-cpus must be >= 0")
         if self.testbed and self.settings.max_servers > self.servers:
             raise ConfigError(
                 "--testbed with --max-servers: the launcher cannot reach a coordinator "
@@ -350,3 +411,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, CheckpointSettings)
     add_flags(parser, ObserveSettings)
     add_flags(parser, LaunchConfig, ("deadline_s", "verbose", "encrypt", "no_auth", "testbed"))
+    add_flags(
+        parser,
+        LaunchConfig,
+        ("backend", "address", "nodes", "worker_cpus", "worker_gpus", "server_cpus"),
+    )

@@ -91,6 +91,7 @@ def run_training(args: argparse.Namespace) -> int:
         "servers": config.servers,
         "placement": config.placement,
         "testbed": config.testbed,
+        "backend": config.backend,
         "wall_s": round(wall, 2),
     }
     if args.json:
