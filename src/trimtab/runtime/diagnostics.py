@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import TextIO
 
 #: Sent to a process of a job, makes it print every thread's stack to stderr and go on
 #: (``kill -USR1 PID``; the launcher sends it to every process of a job that ran past
@@ -28,11 +29,28 @@ def enable_stack_dumps() -> None:
     raise."""
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(STACK_SIGNAL) is signal.SIG_DFL:
+        err = _stderr_file()
+        if err is None:
+            return  # (no stderr with a descriptor: nowhere to print the stacks)
         # The stacks come from faulthandler's own handler, which works whatever the
         # threads are doing; it then chains to this one, which runs in the main thread
         # at its next bytecode (a poll is interrupted and resumed for it).
         signal.signal(STACK_SIGNAL, _print_state)
-        faulthandler.register(STACK_SIGNAL, all_threads=True, chain=True)
+        faulthandler.register(STACK_SIGNAL, file=err, all_threads=True, chain=True)
+
+
+def _stderr_file() -> TextIO | None:
+    """``sys.stderr`` if it has a file descriptor (faulthandler writes to one), else the
+    process's own stderr (``sys.__stderr__``: stderr replaced by an object in memory, as
+    pytest's capture does), else None. Never raises."""
+    for err in (sys.stderr, sys.__stderr__):
+        try:
+            if err is not None:
+                err.fileno()
+                return err
+        except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation too
+            continue
+    return None
 
 
 def add_state_dump(describe: Callable[[], str]) -> Callable[[], None]:

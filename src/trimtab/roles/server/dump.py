@@ -1,9 +1,14 @@
-"""A server's protocol state in words, for a hung job's dump (:data:`STACK_SIGNAL`)."""
+"""What a server says of itself: its protocol state in words, for a hung job's dump
+(:data:`STACK_SIGNAL`), and its counters, for tests and the coordinator (STATS)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from trimtab.roles.server.handover import Handover
 from trimtab.roles.server.lifecycle import ChunkPhase
+from trimtab.roles.server.meter import LoadMeter
+from trimtab.roles.server.replica import Replicas
 from trimtab.roles.server.store import ChunkStore
 
 
@@ -41,3 +46,29 @@ def describe(index: int, state: str, step: int, store: ChunkStore, handover: Han
     if handover.early:
         lines.append(f"  {len(handover.early)} handovers of a map not yet received")
     return "\n".join(lines)
+
+
+def stats(
+    index: int,
+    store: ChunkStore,
+    replicas: Replicas,
+    handover: Handover,
+    meter: LoadMeter,
+    errors: int,
+) -> dict[str, Any]:
+    """Server ``index``'s counters and versions (``errors``: the errors it sent). Only
+    reads; never blocks."""
+    return {
+        "index": index,
+        "epoch": store.epoch,
+        **store.stats(),
+        **replicas.stats(),
+        "errors": errors,
+        "moved_in": handover.moved_in,
+        "moved_out": handover.moved_out,
+        # HANDOVERs of a map not yet received, held (bounded: handover.EARLY_MAX*).
+        "early": len(handover.early),
+        "early_bytes": handover.early_bytes,
+        "busy_s": meter.busy_s,
+        "bytes": meter.bytes,
+    }

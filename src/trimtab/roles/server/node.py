@@ -31,8 +31,9 @@ from trimtab.protocol.rejoin import RejoinHeader
 from trimtab.roles.server import checkpoint
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.coordlink import LOAD_REPORT_S, CoordinatorLink, held_job_map
-from trimtab.roles.server.dump import describe
+from trimtab.roles.server.dump import describe, stats
 from trimtab.roles.server.handover import Handover
+from trimtab.roles.server.joining import Joining
 from trimtab.roles.server.lifecycle import ServerState
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
@@ -100,6 +101,7 @@ class Server:
             synchronous=lambda: self._store.consistency.synchronous,
         )
         self._handover = Handover(self._store, self._credentials, config.shared_memory)
+        self._joining = Joining()
         self._replicas = ReplicaLink(
             Replicas(self._store, self._credentials, config.shared_memory),
             self._loop,
@@ -226,6 +228,8 @@ class Server:
             self._link.heartbeat.heard()
             self._on_control(frames)
             return
+        if self.state is ServerState.JOINING and self._joining.hold(peer, frames, header):
+            return  # (served once REGISTERED gives the key its credentials are checked by)
         started = time.perf_counter()
         self._on_data(peer, frames, header)
         self.meter.served(time.perf_counter() - started, sum(map(len, frames)))
@@ -258,6 +262,8 @@ class Server:
                 self._credentials.learn(key, registered["num_workers"], registered.get("t"))
             self.state = ServerState.SERVING
             log.info("server %d serving at %s", self.index, self.address)
+            for held in self._joining.release():
+                self._serve(*held)
         elif op == Control.MAP:
             self._apply_map(headers.read_job_map(header))
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))
@@ -482,18 +488,7 @@ class Server:
         return describe(self.index, self.state.value, self.meter.step, self._store, self._handover)
 
     def stats(self) -> dict[str, Any]:
-        """Counters and versions, for tests and the coordinator. Loop thread only."""
-        return {
-            "index": self.index,
-            "epoch": self._store.epoch,
-            **self._store.stats(),
-            **self._replicas.replicas.stats(),
-            "errors": self._loop.errors_sent,
-            "moved_in": self._handover.moved_in,
-            "moved_out": self._handover.moved_out,
-            # HANDOVERs of a map not yet received, held (bounded: handover.EARLY_MAX*).
-            "early": len(self._handover.early),
-            "early_bytes": self._handover.early_bytes,
-            "busy_s": self.meter.busy_s,
-            "bytes": self.meter.bytes,
-        }
+        """Counters and versions, for tests and the coordinator (see
+        :func:`~trimtab.roles.server.dump.stats`). Loop thread only."""
+        return stats(self.index, self._store, self._replicas.replicas, self._handover,
+                     self.meter, self._loop.errors_sent)  # fmt: skip
