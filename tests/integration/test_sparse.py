@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 import threading
@@ -51,8 +50,8 @@ def _run(
             time.sleep(0.02)
         procs = [p for p in job._procs if p.source == victim]
         assert procs, f"no {victim} among {[p.source for p in job._procs]}"
-        os.kill(procs[0].popen.pid, signal.SIGKILL)
-        procs[0].popen.wait()
+        procs[0].handle.signal(signal.SIGKILL)
+        procs[0].handle.wait()
         (out / f"killed{n}").write_text(victim)
     runner.join(110)
     assert status == [0], "\n".join(lines[-60:])
