@@ -245,6 +245,7 @@ def test_a_killed_coordinator_replaced_by_hand_lets_the_job_finish(hand_job: Han
         assert "FINISHED" in out and "a new coordinator took over" in out, out
 
 
+@pytest.mark.slow  # (29 s of a deliberately slow job: the slow tier, which .ci/run runs)
 @pytest.mark.timeout(240)
 def test_a_throttled_server_is_slow_not_dead(tmp_path: Path) -> None:
     # Server 0 takes 2.5 ms per byte it moves in steps 1 and 2: they stall its loop, and its

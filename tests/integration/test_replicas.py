@@ -153,6 +153,7 @@ def test_servers_killed_mid_training_lose_nothing_with_replicas(
     assert processes_of(config.job) == []
 
 
+@pytest.mark.slow  # (two deaths, two replacements: 15 to 23 s; the slow tier runs it)
 @pytest.mark.timeout(150)
 def test_after_two_failovers_replacements_restore_the_replication(tmp_path: Path) -> None:
     """Two servers: each death leaves every chunk on one server, held once, and the
@@ -203,6 +204,7 @@ def test_after_two_failovers_replacements_restore_the_replication(tmp_path: Path
     assert processes_of(config.job) == []
 
 
+@pytest.mark.slow  # (a kill timed to a migration: 13 to 23 s; the slow tier runs it)
 @pytest.mark.timeout(150)
 def test_a_server_killed_as_a_migration_reaches_it_loses_nothing(tmp_path: Path) -> None:
     """Every 2 steps each chunk's roles move (onto its backup, or a new backup filled).
