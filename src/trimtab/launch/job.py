@@ -409,6 +409,8 @@ class Job:
                 return end_status(others, bool(lost))
             for p in others:
                 code = p.handle.poll()
+                if code is not None and code < 0 and p.source == "coordinator" and not ended:
+                    continue  # killed since this pass began: replaced at the next one's top
                 if code is not None and code != 0 and self._injected(p, code):
                     self._procs.remove(p)  # killed by --fault (said once): the job decides
                     continue

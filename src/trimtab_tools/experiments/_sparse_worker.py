@@ -106,7 +106,8 @@ def main() -> None:
         for o in opts:
             o.zero_grad()
         out = net([i[lo:hi] for i in ids], x[lo:hi])
-        nn.functional.binary_cross_entropy_with_logits(out, y[lo:hi]).backward()
+        loss: torch.Tensor = nn.functional.binary_cross_entropy_with_logits(out, y[lo:hi])
+        loss.backward()  # type: ignore[no-untyped-call]
         for o in opts:
             o.step()
     elapsed = time.perf_counter() - started

@@ -106,7 +106,8 @@ class DLRM(nn.Module):
 
     def forward(self, ids: list[torch.Tensor], dense: torch.Tensor) -> torch.Tensor:
         pooled = [tab(i) for tab, i in zip(self.tables, ids, strict=True)]
-        return self.mlp(torch.cat([*pooled, dense], dim=1)).squeeze(1)
+        out: torch.Tensor = self.mlp(torch.cat([*pooled, dense], dim=1))
+        return out.squeeze(1)
 
 
 def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
