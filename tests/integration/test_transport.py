@@ -333,9 +333,12 @@ def test_a_polling_receive_reads_what_arrives_and_waits_out_its_timeout(use_lane
         ]
         server.send(back, [b"answer"])
         assert bytes(_recv(client).frames[0]) == b"answer"
-        # Nothing to read: the wait polls (spending CPU) for spin_s, then sleeps out the
-        # rest of its timeout; without spin_s it sleeps all of it.
-        assert _cpu_of_a_quiet_wait(server, 0.05) > 0.002
+        # Nothing to read: the wait polls for spin_s (a spin that caught nothing: its
+        # record says so, whatever CPU a loaded machine lent it), then sleeps out the
+        # rest of its timeout; without spin_s it sleeps all of it, spending no CPU.
+        missed = server.spins.misses
+        assert server.recv(0.05) is None
+        assert server.spins.misses == missed + 1
         server.spin_s = 0.0
         assert _cpu_of_a_quiet_wait(server, 0.05) < 0.002
         assert server.recv(0) is None  # and recv(0) never polls for long
