@@ -369,7 +369,7 @@ class Coordinator(MemberLoss):
     def _on_heartbeat(
         self, member: Member, header: Header, _: list[memoryview], out: Outbox
     ) -> None:
-        out.append(Send(member.peer, headers.heartbeat()))
+        out.append(Send(member.peer, headers.heartbeat_echo(header, time.time())))
         self._floor(member, header, out)
 
     def _on_declare(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
