@@ -7,6 +7,7 @@ update and the reply, which precedes the value the worker read."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from collections import defaultdict
@@ -74,6 +75,15 @@ def test_a_trace_holds_every_process_and_each_push_precedes_its_merge_and_reply(
             assert abs(meta["offset_s"]) <= meta["rtt_s"] / 2
             assert meta["correction_s"] == 0.0
 
+    # `trimtab report --trace` merges again (roles started by hand have no launcher).
+    (trace_dir / "trace.json").unlink()
+    again = subprocess.run(
+        [sys.executable, "-m", "trimtab", "report", "--trace", str(trace_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and "5 processes" in again.stdout, again
     merged = json.loads((trace_dir / "trace.json").read_text())
     events = merged["traceEvents"]
     names = {

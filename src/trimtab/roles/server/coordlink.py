@@ -76,7 +76,10 @@ class CoordinatorLink:
         if serving and not self.rejoin.away and time.monotonic() >= self._load_due:
             self._load_due = time.monotonic() + LOAD_REPORT_S
             m = self._meter
-            load = headers.load(busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step)
+            load = headers.load(
+                busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step,
+                bytes_out=m.bytes_out,
+            )  # fmt: skip
             self._loop.send(self.peer, load)
         lost = self._transport.lost()  # (connections closed: seen at once)
         beat = self.heartbeat.due()

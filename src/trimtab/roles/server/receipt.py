@@ -141,7 +141,7 @@ class Receipts:
         if held is not None:  # the version of the worker's hot set these rows follow
             header["hv"] = held[0]
         frames = [as_bytes(ids.contiguous()), as_bytes(t.contiguous())] if ids.numel() else []
-        self._meter.count(sum(f.nbytes for f in frames))
+        self._meter.sent(sum(f.nbytes for f in frames))
         self._loop.send(peer, header, frames)
 
     def workers(self, ranks: Iterable[int]) -> None:
@@ -185,7 +185,7 @@ class Receipts:
             frame = chunk.last_mean_bytes
         else:
             frame = as_bytes(t)
-        self._meter.count(frame.nbytes)  # what this server moves, both ways, for its speed
+        self._meter.sent(frame.nbytes)  # what this server moves, both ways, for its speed
         if slot is not None and frame.nbytes <= slot.capacity:
             # The push's gradient was consumed on arrival: its slot takes the value.
             slot.arena.buf[slot.offset : slot.offset + frame.nbytes] = frame
