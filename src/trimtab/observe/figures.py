@@ -43,8 +43,9 @@ def reported(line: str) -> dict[str, float]:
     out = {}
     for key, name in keys.items():
         value = data.get(key)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if number and math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
             out[name] = float(value)
     return out
 
