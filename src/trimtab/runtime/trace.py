@@ -112,23 +112,25 @@ class Trace:
 
     def mark(self, name: str, row: int, step: int = -1, rank: int = -1) -> None:
         """An instant event now on ``row``."""
-        self._add((name, row, self.now(), None, step, rank))
+        events = self.events  # (inline, not through _add: this is per chunk)
+        if len(events) < self.limit:
+            events.append((name, row, self.now(), None, step, rank))
+        else:
+            self._full()
 
     def span(self, name: str, row: int, start: float, step: int = -1, rank: int = -1) -> None:
         """An event from ``start`` (a :meth:`now` reading) until now on ``row``."""
-        self._add((name, row, start, self.now() - start, step, rank))
+        events = self.events
+        if len(events) < self.limit:
+            events.append((name, row, start, self.now() - start, step, rank))
+        else:
+            self._full()
 
     def instant_at(self, name: str, row: int, at: float, args: dict[str, Any]) -> None:
         """An instant event at ``at`` (own clock) with ``args`` (the coordinator's events)."""
         if len(self.events) < self.limit:
             self.events.append((name, row, at, None, -1, -1))
             self.args[len(self.events) - 1] = args
-        else:
-            self._full()
-
-    def _add(self, event: Event) -> None:
-        if len(self.events) < self.limit:
-            self.events.append(event)
         else:
             self._full()
 
