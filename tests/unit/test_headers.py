@@ -534,9 +534,9 @@ CASES: list[tuple[Reader, Any, list[str], list[str]]] = [
     (h.read_report_reply, h.batch_sizes(rid=1, sizes=[1, 2], epoch=2), ["epoch"], ["sizes"]),
     (
         h.read_load,
-        h.load(busy_s=0.1, nbytes=10, requests=2, step=1),
+        h.load(busy_s=0.1, nbytes=10, requests=2, step=1, bytes_out=4),
         ["busy", "bytes", "n", "step"],
-        [],
+        ["bo"],
     ),
     (h.read_job_clock, h.job_clock(clock=3), ["k"], []),
     (h.read_init, h.init(chunk=1, epoch=1, dtype="float32", numel=4), ["c", "e", "dt", "n"], []),

@@ -124,7 +124,7 @@ def test_the_metrics_follow_the_events(job_events) -> None:
     assert value["trimtab_live_workers"] == 0  # both done
 
 
-def test_a_users_torch_profile_shows_trimtabs_step_and_synchronize(cluster_factory) -> None:
+def test_a_users_torch_profile_shows_trimtabs_phases(cluster_factory) -> None:
     import torch
 
     import trimtab
@@ -146,4 +146,4 @@ def test_a_users_torch_profile_shows_trimtabs_step_and_synchronize(cluster_facto
         return {e.key for e in prof.key_averages()}
 
     (names,) = cluster.run_workers(body)
-    assert {"trimtab.step", "trimtab.synchronize"} <= names
+    assert {"trimtab.step", "trimtab.synchronize", "trimtab.push", "trimtab.wait"} <= names

@@ -73,6 +73,9 @@ def test_the_status_line_follows_the_stream_in_plain_lines_without_a_terminal(
     line = terminal.StatusLine(terminal=False)
     try:
         line("worker 0", "hello")
+        line("worker 1", 'TRIMTAB_PROGRESS {"step": 3, "total": 9, "loss": 0.25}')
+        line("worker 0", 'TRIMTAB_PROGRESS {"step": 3, "total": 9, "accuracy": 0.5}')
+        line("server 0", 'TRIMTAB_PROGRESS {"loss": 9.0}')  # (only workers report)
         line("coordinator", f"trimtab coordinator: dashboard at {dashboard.url} (...)")
         deadline = time.monotonic() + 10
         while line.state.steps < 6:
@@ -86,8 +89,30 @@ def test_the_status_line_follows_the_stream_in_plain_lines_without_a_terminal(
     assert "[worker 0] hello" in out
     said = [x for x in out.splitlines() if x.startswith("[trimtab] step 3 | ")]
     assert said and said[-1].endswith(
-        " samples/s | servers 2 | workers 2 | epoch 1 | migrations 0 | stragglers server 1"
+        " samples/s | loss 0.250 | accuracy 0.500 | servers 2 | workers 2 | epoch 1 | "
+        "migrations 0 | stragglers server 1"
     )
+
+
+def test_the_figures_a_script_reports_are_read_from_its_marker_lines() -> None:
+    from trimtab.observe.figures import reported
+
+    assert reported('TRIMTAB_PROGRESS {"step": 1, "loss": 0.5, "accuracy": 1}') == {
+        "loss": 0.5,
+        "accuracy": 1.0,
+    }
+    assert reported('TRIMTAB_RESULT {"test_accuracy": 0.97, "final_loss": 0.01}') == {
+        "loss": 0.01,
+        "accuracy": 0.97,
+    }
+    for other in (
+        "loss 0.5",
+        "TRIMTAB_PROGRESS {not json",
+        "TRIMTAB_PROGRESS [1, 2]",
+        'TRIMTAB_PROGRESS {"loss": "low", "accuracy": true}',
+        'TRIMTAB_PROGRESS {"loss": NaN}',
+    ):
+        assert reported(other) == {}, other
 
 
 def test_without_the_extra_the_coordinator_says_how_to_get_it_and_runs_on(

@@ -30,6 +30,7 @@ from trimtab.launch.env import SERVER_KEY
 from trimtab.launch.spec import LaunchConfig, add_flags, from_args, job_settings_from_args
 from trimtab.observe.settings import ObserveSettings
 from trimtab.protocol import elastic, headers
+from trimtab.runtime.trace import trace_from
 from trimtab.settings import (
     BatchingSettings,
     CheckpointSettings,
@@ -358,7 +359,13 @@ def _server(args: argparse.Namespace) -> int:
         throttle.follow(server)
     if crash is not None:  # --fault: this server killed at a step
         crash.follow(server)
-    server.run()
+    server.trace = trace_from(os.environ, "server")  # TRIMTAB_TRACE (--trace)
+    try:
+        server.run()
+    finally:
+        if server.trace is not None:  # named once its index is known
+            server.trace.name = f"server-{server.index}" if server.index >= 0 else "server"
+            server.trace.save()
     _exit_at_once(0)
 
 

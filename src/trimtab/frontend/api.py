@@ -37,6 +37,7 @@ from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.context import Context
 from trimtab.runtime.credit import window_from_env
 from trimtab.runtime.diagnostics import add_state_dump, enable_stack_dumps
+from trimtab.runtime.trace import Trace, trace_from
 from trimtab.transport.auth import auth_from_env
 from trimtab.transport.shm import remove_own_arenas
 from trimtab.transport.shm import turned_off as shm_turned_off
@@ -48,6 +49,7 @@ _forget_state: Callable[[], None] | None = None  # takes the context's state dum
 # its place or the process ends (then it says DONE).
 _left: Context | None = None
 _at_exit_set = False
+_trace: Trace | None = None  # TRIMTAB_TRACE's (--trace): one per process, saved at exit
 # Why the process is ending badly (an uncaught exception), for the DONE at exit.
 _failure: str | None = None
 
@@ -111,7 +113,7 @@ def init(config: WorkerConfig | None = None) -> None:
     which ``trimtab run`` sets), :class:`NodeTimeout` if it does not answer,
     :class:`JobAborted` if the job ended meanwhile.
     """
-    global _default, _left, _forget_state, _at_exit_set
+    global _default, _left, _forget_state, _at_exit_set, _trace
     if _default is not None:
         return
     if _left is not None and _left.client.dead is not None:
@@ -139,6 +141,9 @@ def init(config: WorkerConfig | None = None) -> None:
         _left.close(done=False)
         _left = None
     _default = ctx
+    if _trace is None and (_trace := trace_from(os.environ, f"worker-{ctx.rank}")) is not None:
+        atexit.register(_trace.save)  # (before _at_exit's: it runs after it)
+    ctx.client.trace = _trace  # TRIMTAB_TRACE (--trace): its pushes and values, its clock
     add_stragglers(ctx, stragglers)
     if not _at_exit_set:
         atexit.register(_at_exit)

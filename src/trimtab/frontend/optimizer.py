@@ -26,6 +26,7 @@ import torch
 from trimtab.errors import ConfigError, UsageError
 from trimtab.frontend.api import default_context
 from trimtab.frontend.declaration import declare_table
+from trimtab.frontend.marks import marked
 from trimtab.frontend.meangrad import MeanGrads
 from trimtab.frontend.overlap import hook_forward
 from trimtab.frontend.params import RESYNC_WARNING, name_params, reduction, say_mode, trained
@@ -114,8 +115,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._inner = optimizer
         self._mode = choose_mode(optimizer, mode)
         say_mode(optimizer, self._mode)
-        # Share the inner optimizer's groups and state, so LR schedulers and user code
-        # that touch either object see the same thing.
+        # The inner optimizer's groups and state shared: LR schedulers and users see one.
         super().__init__(
             [{"params": g["params"]} for g in optimizer.param_groups], optimizer.defaults
         )
@@ -303,7 +303,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         server mode the parameters hold the updated values.
         Raises :class:`~trimtab.JobAborted`, :class:`~trimtab.NodeTimeout`.
         """
-        with torch.profiler.record_function("trimtab.synchronize"):  # in a user's profile
+        with marked("trimtab.synchronize"):  # in a user's torch profile (marks.py)
             self._synchronize()
         self._explicit = True
         if self._mode is OptimizerMode.SERVER and not self._probing:
@@ -392,7 +392,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._synchronized and not self._skip_sync:
             # Horovod synchronizes again here; the answers are in, so nothing is pushed.
             warnings.warn(RESYNC_WARNING, stacklevel=2)
-        with torch.profiler.record_function("trimtab.step"):  # in a user's torch profile
+        with marked("trimtab.step"):  # in a user's torch profile (marks.py)
             self._finish(apply=True)
         return loss
 

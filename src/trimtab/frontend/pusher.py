@@ -23,6 +23,8 @@ from trimtab.core.chunks import ChunkSpec
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
+from trimtab.frontend.marks import marked, marking
+from trimtab.frontend.pushdump import unanswered
 from trimtab.frontend.rows import RowPath
 from trimtab.frontend.tables import chunk_init, is_table
 from trimtab.protocol import headers
@@ -137,6 +139,7 @@ class Pusher:
 
     # -- pushes ----------------------------------------------------------------------
 
+    @marking("trimtab.push")  # (in a user's torch profile)
     def push(
         self,
         p: torch.Tensor,
@@ -174,7 +177,7 @@ class Pusher:
         slots = self.slots.slots
         # The same for every chunk: nothing in the loop changes the map or the rank.
         epoch, rank, versions, empty = self.epoch, ctx.rank, self._versions, raw is None
-        build, mean_only = headers.push, self.mean_only
+        build, mean_only, trace = headers.push, self.mean_only, ctx.client.trace
         for c in self.chunks_of[p]:
             header = build(
                 chunk=c.id,
@@ -202,6 +205,8 @@ class Pusher:
                     header["sm"] = shared
                 else:
                     frames = inline(header, data)
+            if trace is not None:  # (stamped before it leaves: its merge comes later)
+                trace.mark("push", c.id, clock, rank)
             request = ctx.client.request(address, header, frames)
             futs.append((request, header, frames, owner, nbytes))
             if self.timed:
@@ -243,8 +248,8 @@ class Pusher:
     def arrive(self, params: list[torch.Tensor]) -> None:
         """Wait for the answers to ``params``' pushes (those arriving) and write them:
         values into the parameters, or mean gradients into their ``.grad``. Blocks."""
-        started = time.perf_counter()
-        with torch.no_grad(), self._ctx.client.receiving():
+        started, trace = time.perf_counter(), self._ctx.client.trace
+        with torch.no_grad(), self._ctx.client.receiving(), marked("trimtab.wait"):
             for p in params:
                 sent = self.arriving.pop(p, None)
                 if sent is None:
@@ -255,6 +260,8 @@ class Pusher:
                     self.chunks_of[p], futs, strict=True
                 ):
                     reply = self._await(f, c, header, frames, clock, sweep=True)
+                    if trace is not None:  # (read after its server sent it)
+                        trace.mark("value", c.id, clock, self._ctx.rank)
                     # A VALUE (its keys: ValueHeader), read directly and unchecked:
                     # read_value would add a call and its checks per chunk. The cast
                     # checks nothing; h and got stand for reply.header and reply.frames.
@@ -473,25 +480,8 @@ class Pusher:
 
     def describe(self) -> str:
         """The chunk requests not yet answered and the last one waited for, for a hung
-        job's dump. Only reads; never blocks."""
-        unanswered = [
-            f"chunk {header['c']} (clock {clock}, request {header.get('i')}) sent to server "
-            f"{owner}" + (f" [{type(f.exception()).__name__}]" if f.done() else "")
-            for futs, clock in self.arriving.values()
-            for f, header, _, owner, _ in futs
-            if not f.done() or f.exception() is not None
-        ]
-        lines = [
-            f"{len(self.inflight)} tensors pushed this step, {len(self.arriving)} awaiting values"
-        ]
-        if self._awaited is not None:
-            cid, rid, clock = self._awaited
-            where = self._ctx.server_of(cid, clock) if self._ctx.placement else "?"
-            lines.append(f"  last waited for: chunk {cid}, request {rid}, at {where}")
-        lines.extend(f"  unanswered: {u}" for u in unanswered[:20])
-        if len(unanswered) > 20:
-            lines.append(f"  ... and {len(unanswered) - 20} more")
-        return "\n".join(lines)
+        job's dump (:func:`~trimtab.frontend.pushdump.unanswered`). Never blocks."""
+        return unanswered(self.inflight, self.arriving, self._awaited, self._ctx)
 
     def close(self) -> None:
         """Release the shared memory (the worker is leaving). Idempotent; never raises."""

@@ -19,6 +19,8 @@ from trimtab.errors import ConfigError
 from trimtab.faults.kills import ENV as FAULTS
 from trimtab.faults.stragglers import ENV as STRAGGLERS
 from trimtab.frontend.compression import ENV as COMPRESSION
+from trimtab.runtime.trace import ENV as TRACE
+from trimtab.runtime.trace import LIMIT_ENV as TRACE_EVENTS
 from trimtab.transport.auth import AUTH_ENV as AUTH
 from trimtab.transport.auth import ENCRYPT_ENV as ENCRYPT
 from trimtab.transport.auth import SECRET_FILE_ENV as SECRET_FILE
@@ -55,6 +57,8 @@ __all__ = [
     "SHM",
     "SPIN_US",
     "STRAGGLERS",
+    "TRACE",
+    "TRACE_EVENTS",
     "coordinator_address",
     "dead_after_s",
     "env_int",

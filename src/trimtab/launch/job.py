@@ -17,6 +17,7 @@ each process of the job gets its path as ``TRIMTAB_SECRET_FILE`` (never the secr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shutil
@@ -54,6 +55,7 @@ from trimtab.launch.resume import resolved
 from trimtab.launch.spec import LaunchConfig
 from trimtab.launch.testbed import Testbed
 from trimtab.observe.records import record_launch
+from trimtab.observe.timeline import merged, prepare
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Header
 from trimtab.settings import CheckpointSettings
@@ -91,6 +93,9 @@ class Job:
         :class:`ConfigError` for a backend that is not installed."""
         if not command:
             raise ConfigError("nothing to run: give the worker command after `--`")
+        if config.observe.trace:  # absolute: every role writes there, wherever it runs
+            observe = dataclasses.replace(config.observe, trace=str(prepare(config.observe.trace)))
+            config = dataclasses.replace(config, observe=observe)
         self.config = config
         self.command = list(command)
         self.output = output
@@ -141,6 +146,8 @@ class Job:
             return 2
         finally:
             self._stop_all()
+            if self.config.observe.trace:  # every process wrote its own: one file of all
+                self._say(merged(self.config.observe.trace))
             self.backend.down()
             if self._secret_dir is not None:
                 shutil.rmtree(self._secret_dir, ignore_errors=True)
@@ -180,6 +187,8 @@ class Job:
             parse_spin(env[envvars.SPIN_US])  # the user's: checked before anything starts
         else:
             env[envvars.SPIN_US] = str(SPIN_DEFAULT_US if self._fits_cores() else 0)
+        if self.config.observe.trace:
+            env[envvars.TRACE] = self.config.observe.trace
         return env
 
     def _fits_cores(self) -> bool:

@@ -3,7 +3,7 @@ and closed together. The job state (:mod:`.state`) always; the run record
 (:mod:`.records`) unless ``runs_dir`` is empty; the dashboard and ``/metrics``
 (:mod:`.dashboard`, :mod:`.metrics`) unless ``no_dashboard``, and only where the
 ``observe`` extra is installed: without it the coordinator says how to get it and
-runs on without them.
+runs on without them; the coordinator's trace (:mod:`.timeline`) with ``trace``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from trimtab.errors import ConfigError
 from trimtab.observe.records import RunRecord, write_config
 from trimtab.observe.settings import ObserveSettings
 from trimtab.observe.state import JobState
+from trimtab.observe.timeline import CoordinatorTrace
 from trimtab.roles.coordinator.events import Events
+from trimtab.runtime.trace import Trace
 
 log = logging.getLogger("trimtab.observe")
 
@@ -56,6 +58,11 @@ class Live:
         self.metrics: Any = None
         self._starting: threading.Thread | None = None
         readers: list[Any] = [self.state]
+        #: ``--trace``: the coordinator's own trace (its events), written at close.
+        self.trace = Trace(settings.trace, "coordinator") if settings.trace else None
+        if self.trace is not None:
+            readers.append(CoordinatorTrace(self.trace))
+            self.lines.append(f"tracing to {settings.trace}")
         if settings.runs_dir:
             directory = Path(settings.runs_dir) / job
             write_config(directory, "coordinator", config)
@@ -100,14 +107,16 @@ class Live:
             sock.close()
 
     def close(self) -> None:
-        """Write the record's summary and stop the dashboard. Blocks a few seconds at
-        most; idempotent."""
+        """Write the record's summary and the trace, and stop the dashboard. Blocks a few
+        seconds at most; idempotent."""
         if self.record is not None:
             self.record.close()
         if self._starting is not None:
             self._starting.join(10)
         if self.dashboard is not None:
             self.dashboard.close()
+        if self.trace is not None:
+            self.trace.save()
 
 
 def bind(host: str, port: int) -> socket.socket:

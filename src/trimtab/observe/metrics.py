@@ -26,6 +26,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("trimtab_worker_lag_steps", "gauge", "steps a worker is behind the leader (label worker)"),
     ("trimtab_staleness_steps", "histogram", "steps behind the leader at each report"),
     ("trimtab_server_bytes_total", "counter", "bytes a server moved, in and out (label server)"),
+    ("trimtab_server_received_bytes_total", "counter", "bytes a server took in (label server)"),
+    ("trimtab_server_sent_bytes_total", "counter", "bytes a server sent out (label server)"),
     ("trimtab_server_busy_seconds_total", "counter", "a server's seconds serving (label server)"),
     ("trimtab_server_requests_total", "counter", "data requests a server served (label server)"),
     ("trimtab_server_speed_bytes_per_second", "gauge", "PSLD's speed figure (label server)"),
@@ -83,6 +85,8 @@ class Metrics:
         self.w_clock = gauge("trimtab_worker_clock", "worker")
         self.w_lag = gauge("trimtab_worker_lag_steps", "worker")
         self.s_bytes = counter("trimtab_server_bytes_total", "server")
+        self.s_in = counter("trimtab_server_received_bytes_total", "server")
+        self.s_out = counter("trimtab_server_sent_bytes_total", "server")
         self.s_busy = counter("trimtab_server_busy_seconds_total", "server")
         self.s_requests = counter("trimtab_server_requests_total", "server")
         self.s_speed = gauge("trimtab_server_speed_bytes_per_second", "server")
@@ -103,7 +107,7 @@ class Metrics:
         self.events = counter("trimtab_events_total", "kind")
         # A server's cumulative figures as last reported (LOAD is cumulative; a counter
         # grows by the difference).
-        self._loads: dict[int, tuple[float, float, int]] = {}
+        self._loads: dict[int, tuple[float, float, int, float, float]] = {}
         self._members: dict[tuple[str, int], str] = {}
         self._bytes_moved = 0
 
@@ -133,15 +137,21 @@ class Metrics:
         self.w_lag.labels(w).set(int(e["lag"]))
 
     def _on_load(self, e: Event) -> None:
-        s, now = int(e["server"]), (float(e["busy_s"]), float(e["bytes"]), int(e["requests"]))
-        before = self._loads.get(s, (0.0, 0.0, 0))
+        s = int(e["server"])
+        now = (
+            float(e["busy_s"]), float(e["bytes"]), int(e["requests"]),
+            float(e.get("bytes_in", 0)), float(e.get("bytes_out", 0)),
+        )  # fmt: skip
+        before = self._loads.get(s, (0.0, 0.0, 0, 0.0, 0.0))
         if any(n < b for n, b in zip(now, before, strict=True)):
-            before = (0.0, 0.0, 0)  # a new server process under the same index
+            before = (0.0, 0.0, 0, 0.0, 0.0)  # a new server process under the same index
         self._loads[s] = now
         label = str(s)
         self.s_busy.labels(label).inc(now[0] - before[0])
         self.s_bytes.labels(label).inc(now[1] - before[1])
         self.s_requests.labels(label).inc(now[2] - before[2])
+        self.s_in.labels(label).inc(now[3] - before[3])
+        self.s_out.labels(label).inc(now[4] - before[4])
         if e.get("speed") is not None:
             self.s_speed.labels(label).set(float(e["speed"]))
 

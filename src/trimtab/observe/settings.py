@@ -24,6 +24,8 @@ class ObserveSettings:
         no_dashboard: serve no dashboard and no ``/metrics``.
         dashboard_host: the interface the dashboard binds: loopback unless asked.
         runs_dir: run records go to ``<runs_dir>/<job id>/`` (empty: no record).
+        trace: the directory every process's trace goes to (empty: no trace;
+            :mod:`trimtab.observe.timeline`).
     """
 
     dashboard_port: int = dataclasses.field(
@@ -51,6 +53,16 @@ class ObserveSettings:
             "--runs-dir",
             f"write the run record (config, events, metrics, summary) to DIR/<job id>/ "
             f"(default {DEFAULT_RUNS_DIR}; '' for none)",
+            metavar="DIR",
+        ),
+    )
+
+    trace: str = dataclasses.field(
+        default="",
+        metadata=flag(
+            "--trace",
+            "write a Chrome-trace timeline of every process (push, merge, update, reply "
+            "per chunk) to DIR, merged into DIR/trace.json at the end (Perfetto reads it)",
             metavar="DIR",
         ),
     )

@@ -1,5 +1,6 @@
 """The launcher's status line: the job's step, throughput, servers and stragglers, kept
-from the coordinator's event stream (read from the dashboard's ``/api/events``, the
+from the coordinator's event stream, and the loss and accuracy the script reports
+(its marker lines, :mod:`.figures`) (read from the dashboard's ``/api/events``, the
 same stream the page reads). On a terminal it is a rich live line under the job's
 output; elsewhere (a CI log) a plain line every :data:`LOG_EVERY_S` seconds.
 
@@ -21,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from trimtab.observe.figures import figures_text, reported
 from trimtab.observe.state import JobState
 
 #: Without a terminal, a status line this often.
@@ -29,15 +31,16 @@ LOG_EVERY_S = 10.0
 _DASHBOARD = re.compile(r"dashboard at (http://[\d.]+:\d+/)")
 
 
-def status_text(state: JobState) -> str:
-    """One line: step, samples/s, live servers and workers, map epoch, migrations,
+def status_text(state: JobState, figures: dict[str, float] | None = None) -> str:
+    """One line: step, samples/s, the loss and accuracy the script reported last
+    (``figures``: :mod:`.figures`), live servers and workers, map epoch, migrations,
     stragglers. Never blocks."""
     snap = state.snapshot()
     slow = ", ".join(sorted(state.stragglers)) or "none"
     return (
-        f"step {snap['clock']} | {snap['throughput']:.0f} samples/s | servers "
-        f"{len(snap['live_servers'])} | workers {len(snap['live_workers'])} | epoch "
-        f"{snap['epoch']} | migrations {snap['migrations']} | stragglers {slow}"
+        f"step {snap['clock']} | {snap['throughput']:.0f} samples/s{figures_text(figures or {})}"
+        f" | servers {len(snap['live_servers'])} | workers {len(snap['live_workers'])} | "
+        f"epoch {snap['epoch']} | migrations {snap['migrations']} | stragglers {slow}"
     )
 
 
@@ -47,6 +50,8 @@ class StatusLine:
 
     def __init__(self, terminal: bool | None = None) -> None:
         self.state = JobState()
+        #: The latest loss and accuracy the workers' script reported (its marker lines).
+        self.figures: dict[str, float] = {}
         self._console = Console(highlight=False, soft_wrap=True)
         self.terminal = self._console.is_terminal if terminal is None else terminal
         self._live: Live | None = None
@@ -55,7 +60,10 @@ class StatusLine:
         self._thread: threading.Thread | None = None
 
     def __call__(self, source: str, line: str) -> None:
+        figures = reported(line) if source.startswith("worker") else None
         with self._lock:
+            if figures:
+                self.figures.update(figures)
             if self._live is not None:
                 self._live.console.print(f"[{source}] {line}", markup=False)
             else:
@@ -83,7 +91,9 @@ class StatusLine:
             for event in body["events"]:
                 self.state(event)
                 seq = event["seq"]
-            text = status_text(self.state)
+            with self._lock:
+                figures = dict(self.figures)
+            text = status_text(self.state, figures)
             if self._live is not None:
                 self._live.update(text)
             elif time.monotonic() - said >= LOG_EVERY_S:

@@ -140,19 +140,44 @@ class HeartbeatHeader(WireHeader):
     """HEARTBEAT, node -> coordinator (and the coordinator's echo): I am alive."""
 
     lo: NotRequired[int]  # a worker's routing floor (see the key legend)
+    ts: NotRequired[float]  # the sender's clock as it sent it (s), echoed back
+    tn: NotRequired[float]  # in the echo: the coordinator's clock as it answered (s)
 
 
-def heartbeat() -> HeartbeatHeader:
-    """A server's heartbeat, or the coordinator's echo."""
-    return {"o": _HEARTBEAT, "i": 0}
+def heartbeat(*, sent: float | None = None) -> HeartbeatHeader:
+    """A server's heartbeat (``sent``: its clock, for the trace's clock sync)."""
+    header: HeartbeatHeader = {"o": _HEARTBEAT, "i": 0}
+    if sent is not None:
+        header["ts"] = sent
+    return header
 
 
-def worker_heartbeat(*, job: str, floor: int | None) -> HeartbeatHeader:
+def heartbeat_echo(beat: Header, now: float) -> HeartbeatHeader:
+    """The coordinator's echo of ``beat``: its ``ts`` back (if a number) and ``now``, the
+    coordinator's clock: one round trip of NTP's arithmetic (:mod:`trimtab.runtime.trace`)."""
+    header: HeartbeatHeader = {"o": _HEARTBEAT, "i": 0}
+    sent = beat.get("ts")
+    if isinstance(sent, float):
+        header["ts"], header["tn"] = sent, now
+    return header
+
+
+def read_clock(header: Header) -> tuple[float, float] | None:
+    """An echo's (``ts``, ``tn``), or None where it carries no valid pair."""
+    sent, stamped = header.get("ts"), header.get("tn")
+    if isinstance(sent, float) and isinstance(stamped, float):
+        return sent, stamped
+    return None
+
+
+def worker_heartbeat(*, job: str, floor: int | None, sent: float | None = None) -> HeartbeatHeader:
     """A worker's heartbeat: its I/O thread sends it directly, ``j`` before ``lo``;
-    ``floor`` None (no map yet) leaves ``lo`` out."""
+    ``floor`` None (no map yet) leaves ``lo`` out; ``sent`` as :func:`heartbeat`."""
     header: HeartbeatHeader = {"o": _HEARTBEAT, "i": 0, "j": job}
     if floor is not None:
         header["lo"] = floor
+    if sent is not None:
+        header["ts"] = sent
     return header
 
 

@@ -460,14 +460,22 @@ class LoadHeader(WireHeader):
     bytes: int  # bytes moved, both ways (shared memory included)
     n: int  # data requests served
     step: int  # the job clock as this server knows it: its highest round, or what it was told
+    bo: NotRequired[int]  # of ``bytes``, those sent (values); the rest came in
 
 
-def load(*, busy_s: float, nbytes: int, requests: int, step: int) -> LoadHeader:
-    return {"o": _LOAD, "i": 0, "busy": busy_s, "bytes": nbytes, "n": requests, "step": step}
+def load(
+    *, busy_s: float, nbytes: int, requests: int, step: int, bytes_out: int | None = None
+) -> LoadHeader:
+    header: LoadHeader = {
+        "o": _LOAD, "i": 0, "busy": busy_s, "bytes": nbytes, "n": requests, "step": step
+    }  # fmt: skip
+    if bytes_out is not None:
+        header["bo"] = bytes_out
+    return header
 
 
 def read_load(header: Header) -> LoadHeader:
-    fields(header, (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)))
+    fields(header, (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)), (("bo", int),))
     return cast(LoadHeader, header)
 
 

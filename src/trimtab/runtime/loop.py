@@ -6,8 +6,9 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
-from trimtab.protocol.headers import HeartbeatHeader, heartbeat
+from trimtab.protocol.headers import HeartbeatHeader, heartbeat, read_clock
 from trimtab.protocol.messages import Header, WireHeader, encode, error_header
+from trimtab.runtime.trace import Trace
 from trimtab.transport import Frame, Peer, Transport
 
 
@@ -38,7 +39,10 @@ class NodeLoop:
 
 
 class Heartbeat:
-    """Sends HEARTBEAT to the coordinator every ``interval_s`` and notices its silence."""
+    """Sends HEARTBEAT to the coordinator every ``interval_s`` and notices its silence.
+
+    Traced, each heartbeat carries its send time and the coordinator's echo is one
+    sample of the trace's clock sync (:meth:`echoed`)."""
 
     def __init__(self, interval_s: float, timeout_s: float) -> None:
         self.interval_s = interval_s
@@ -70,6 +74,14 @@ class Heartbeat:
             return f"the coordinator has been silent for {self.silent_for():.0f}s"
         return None
 
-    def header(self) -> HeartbeatHeader:
-        """A server's HEARTBEAT (a worker's carries its floor: ``worker_heartbeat``)."""
-        return heartbeat()
+    def header(self, trace: Trace | None = None) -> HeartbeatHeader:
+        """A server's HEARTBEAT (a worker's carries its floor: ``worker_heartbeat``),
+        with its send time on ``trace``'s clock where traced."""
+        return heartbeat(sent=None if trace is None else trace.now())
+
+    @staticmethod
+    def echoed(header: Header, trace: Trace | None) -> None:
+        """The coordinator's echo of a heartbeat: a clock-sync sample of ``trace``."""
+        pair = None if trace is None else read_clock(header)
+        if trace is not None and pair is not None:
+            trace.sync.add(pair[0], pair[1], trace.now())

@@ -41,7 +41,8 @@ copied in, its value copied out).
 interleaved (:mod:`trimtab_tools.bench.replicas`).
 
 ``--observe compare`` runs only the 100 MiB trimtab job, with the live view off and on
-(viewed), interleaved (:mod:`trimtab_tools.bench.observe`).
+(viewed), interleaved (:mod:`trimtab_tools.bench.observe`); ``--trace compare`` likewise
+untraced and traced (:mod:`trimtab_tools.bench.tracecost`).
 
 ``--grads compare`` runs only the 100 MiB trimtab job, its script reading every
 ``.grad`` after each step or not, interleaved (:mod:`trimtab_tools.bench.grads`).
@@ -341,10 +342,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "off and on (viewed), interleaved, and the ratio",
     )
     p.add_argument(
+        "--trace",
+        choices=("compare",),
+        default=None,
+        help="compare: only the 100 MiB job, untraced and with --trace, interleaved, and the ratio",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=3,
-        help="with --auth, --grads or --observe compare, or --replicas: rounds (3)",
+        help="with --auth, --grads, --observe or --trace compare, or --replicas: rounds (3)",
     )
     p.add_argument(
         "--testbed",
@@ -407,6 +414,14 @@ def main(args: argparse.Namespace) -> int:
         from trimtab_tools.bench.observe import measure_observe
 
         result = measure_observe(
+            model_sizes(args.model_mib), args.steps, args.chunk_bytes, args.rounds
+        )
+        print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
+        return 0
+    if args.trace == "compare":
+        from trimtab_tools.bench.tracecost import measure_trace
+
+        result = measure_trace(
             model_sizes(args.model_mib), args.steps, args.chunk_bytes, args.rounds
         )
         print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)

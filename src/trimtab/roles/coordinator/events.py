@@ -27,7 +27,7 @@ CAPACITY = 20_000
 KINDS: dict[str, str] = {
     "job": "job, workers, servers, placement, consistency, batching, chunk_bytes",
     "step": "rank, clock, batch, compute_s, comm_s, cpu, lag (steps behind the leader)",
-    "load": "server, busy_s, bytes, requests (cumulative), speed (bytes/s or None)",
+    "load": "server, busy_s, bytes, bytes_in, bytes_out, requests (cumulative), speed (bytes/s)",
     "placement": "epoch, chunks and bytes (per server), owners (per chunk)",
     "migration": "phase (start, done, abandoned), epoch, chunks, bytes, migrations, bytes_moved",
     "straggler": "role, rank, why",

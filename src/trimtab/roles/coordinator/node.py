@@ -369,7 +369,7 @@ class Coordinator(MemberLoss):
     def _on_heartbeat(
         self, member: Member, header: Header, _: list[memoryview], out: Outbox
     ) -> None:
-        out.append(Send(member.peer, headers.heartbeat()))
+        out.append(Send(member.peer, headers.heartbeat_echo(header, time.time())))
         self._floor(member, header, out)
 
     def _on_declare(self, member: Member, header: Header, _: list[memoryview], out: Outbox) -> None:
@@ -449,7 +449,9 @@ class Coordinator(MemberLoss):
             return
         load = headers.read_load(header)
         self._speeds.observe(member.rank, float(load["busy"]), float(load["bytes"]))
-        self.watch.load(member.rank, float(load["busy"]), float(load["bytes"]), load["n"])
+        self.watch.load(
+            member.rank, float(load["busy"]), float(load["bytes"]), load["n"], load.get("bo")
+        )
         # The job's clock, so that a server owning nothing still knows the step (its
         # straggler schedule, for one, follows it).
         out.append(Send(member.peer, headers.job_clock(clock=self._steps.job_clock)))

@@ -97,12 +97,22 @@ class Watch:
             lag=max(0, lead - (clock + 1)),
         )
 
-    def load(self, server: int, busy_s: float, nbytes: float, requests: int) -> None:
-        """Server ``server`` reported its cumulative load; a server whose speed figure
-        fell below :data:`SLOW_SHARE` of the others' median is reported a straggler."""
+    def load(
+        self, server: int, busy_s: float, nbytes: float, requests: int, out: int | None = None
+    ) -> None:
+        """Server ``server`` reported its cumulative load (``out``: of its bytes, those
+        it sent, where it says); a server whose speed figure fell below
+        :data:`SLOW_SHARE` of the others' median is reported a straggler."""
         speed = self._speeds.speed(server)
+        split = {} if out is None else {"bytes_in": nbytes - out, "bytes_out": out}
         self.events.emit(
-            "load", server=server, busy_s=busy_s, bytes=nbytes, requests=requests, speed=speed
+            "load",
+            server=server,
+            busy_s=busy_s,
+            bytes=nbytes,
+            **split,
+            requests=requests,
+            speed=speed,
         )
         active = [m.rank for m in self._members.active_servers()]
         others = [v for r in active if r != server and (v := self._speeds.speed(r)) is not None]

@@ -18,6 +18,7 @@ from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.store import ChunkStore
 from trimtab.runtime.loop import Heartbeat, NodeLoop
 from trimtab.runtime.rejoin import Rejoin
+from trimtab.runtime.trace import Trace
 from trimtab.transport import Transport
 
 log = logging.getLogger("trimtab.server")
@@ -60,11 +61,12 @@ class CoordinatorLink:
         self.heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
         self.rejoin = Rejoin(config.job, config.coordinator_timeout_s)
         self._load_due = 0.0
+        self.trace: Trace | None = None  # --trace: heartbeats sync its clock
 
     def beat(self) -> None:
         """A heartbeat, if one is due."""
         if self.heartbeat.due():
-            self._loop.send(self.peer, self.heartbeat.header())
+            self._loop.send(self.peer, self.heartbeat.header(self.trace))
 
     def tick(self, serving: bool) -> str | None:
         """Call on every turn of the loop: a heartbeat and (``serving``) a load report
@@ -74,12 +76,15 @@ class CoordinatorLink:
         if serving and not self.rejoin.away and time.monotonic() >= self._load_due:
             self._load_due = time.monotonic() + LOAD_REPORT_S
             m = self._meter
-            load = headers.load(busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step)
+            load = headers.load(
+                busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step,
+                bytes_out=m.bytes_out,
+            )  # fmt: skip
             self._loop.send(self.peer, load)
         lost = self._transport.lost()  # (connections closed: seen at once)
         beat = self.heartbeat.due()
         if beat:
-            self._loop.send(self.peer, self.heartbeat.header())
+            self._loop.send(self.peer, self.heartbeat.header(self.trace))
         elif not lost:
             return None
         if self.rejoin.away:
@@ -102,6 +107,8 @@ class CoordinatorLink:
         here (if its proof holds, the job goes on under the replacement); while the
         server waits for a replacement's proof only ABORT and ERROR pass."""
         op = header["o"]
+        if op == Control.HEARTBEAT:
+            self.heartbeat.echoed(header, self.trace)
         if op == Control.REJOINED:
             shown = rejoin.read_rejoined(header)["pf"]
             if self.rejoin.end(shown, self._config.server_key):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 class LoadMeter:
-    """A server's cumulative load: busy seconds, bytes moved, requests served, and its
-    step, the figures every LOAD report carries.
+    """A server's cumulative load: busy seconds, bytes moved (and of them, those sent:
+    ``bytes_out``), requests served, and its step, the figures every LOAD report carries.
 
     Bytes are what the server moves both ways, whether a socket or a worker's shared
     memory carried them (what a network would have carried), so the speed figure
@@ -13,11 +13,12 @@ class LoadMeter:
     loop thread owns it. Nothing here blocks or raises.
     """
 
-    __slots__ = ("busy_s", "bytes", "requests", "step")
+    __slots__ = ("busy_s", "bytes", "bytes_out", "requests", "step")
 
     def __init__(self) -> None:
         self.busy_s = 0.0
         self.bytes = 0
+        self.bytes_out = 0
         self.requests = 0
         #: The highest clock completed on any chunk the server owns, or the job's clock
         #: the coordinator told it, whichever is higher.
@@ -27,6 +28,11 @@ class LoadMeter:
         """Count ``nbytes`` moved outside a served request's frames (a value sent, a
         gradient read from shared memory)."""
         self.bytes += nbytes
+
+    def sent(self, nbytes: int) -> None:
+        """Count ``nbytes`` sent (a value, rows): moved, and out."""
+        self.bytes += nbytes
+        self.bytes_out += nbytes
 
     def served(self, busy_s: float, nbytes: int) -> None:
         """Count one request served: ``busy_s`` seconds handling its ``nbytes``."""

@@ -48,6 +48,7 @@ from trimtab.runtime import credentials
 from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
 from trimtab.runtime.loop import NodeLoop
+from trimtab.runtime.trace import Trace
 from trimtab.transport import Envelope, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
@@ -115,6 +116,7 @@ class Server:
         self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
         self._stop = False
         self._abort: str | None = None
+        self.trace: Trace | None = None  # --trace: set before run(), which hands it on
 
     @property
     def address(self) -> str:
@@ -166,6 +168,7 @@ class Server:
     def run(self) -> None:
         """Serve until SHUTDOWN. Blocks. Raises :class:`JobAborted` on ABORT or silence."""
         torch.set_grad_enabled(False)  # (this thread's setting) nothing here needs autograd
+        self._store.trace = self._receipts.trace = self._link.trace = self.trace
         forget_state_dump = add_state_dump(self.describe)
         key = self.config.server_key
         ticket = join_ticket(key, self.config.job) if key else None

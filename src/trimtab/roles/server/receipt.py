@@ -32,6 +32,7 @@ from trimtab.roles.server.store import Chunk, Reply
 from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import NodeLoop
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
+from trimtab.runtime.trace import Trace
 from trimtab.transport import Peer
 
 _PUSH = int(Data.PUSH)
@@ -68,6 +69,7 @@ class Receipts:
         self.values: CreditGate[Peer, tuple[Header, list[memoryview]]] = CreditGate(
             1, ordered=ordered
         )
+        self.trace: Trace | None = None  # --trace: each reply marked on it
 
     def acknowledge(self, batch: list[Queued]) -> list[Queued]:
         """Send a CREDIT for each push of ``batch`` that asks for one (``ak``), and the
@@ -98,6 +100,8 @@ class Receipts:
         """Send a push's reply (:meth:`value`, held to its worker's window). A rank's
         new socket (a worker that joined in a lost one's place) ends the old one's
         credit. Blocks only as :meth:`NodeLoop.send` does."""
+        if self.trace is not None:  # (its push's clock: the latest of its worker's)
+            self.trace.mark("reply", r.chunk.spec.id, r.chunk.last_clock.get(r.rank, -1), r.rank)
         if r.window > 0:
             old = self._peer_of.get(r.rank)
             if old is not None and old != r.peer:
@@ -137,7 +141,7 @@ class Receipts:
         if held is not None:  # the version of the worker's hot set these rows follow
             header["hv"] = held[0]
         frames = [as_bytes(ids.contiguous()), as_bytes(t.contiguous())] if ids.numel() else []
-        self._meter.count(sum(f.nbytes for f in frames))
+        self._meter.sent(sum(f.nbytes for f in frames))
         self._loop.send(peer, header, frames)
 
     def workers(self, ranks: Iterable[int]) -> None:
@@ -181,7 +185,7 @@ class Receipts:
             frame = chunk.last_mean_bytes
         else:
             frame = as_bytes(t)
-        self._meter.count(frame.nbytes)  # what this server moves, both ways, for its speed
+        self._meter.sent(frame.nbytes)  # what this server moves, both ways, for its speed
         if slot is not None and frame.nbytes <= slot.capacity:
             # The push's gradient was consumed on arrival: its slot takes the value.
             slot.arena.buf[slot.offset : slot.offset + frame.nbytes] = frame

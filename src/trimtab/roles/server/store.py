@@ -33,6 +33,7 @@ from trimtab.roles.server.rows import (
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.runtime.rows import width_of
 from trimtab.runtime.tensors import check_tensor_frames
+from trimtab.runtime.trace import Trace
 from trimtab.transport import Peer
 
 
@@ -76,6 +77,8 @@ class ChunkStore:
         self.lane_pushes = 0  # pushes that came over the transport's local lane
         #: Called with each chunk whose round just completed (a checkpoint's snapshot).
         self.on_round: Callable[[Chunk], None] | None = None
+        #: ``--trace``: each push's merge and each round's update marked on it.
+        self.trace: Trace | None = None
 
     # -- the job and the map -----------------------------------------------------------
 
@@ -187,6 +190,8 @@ class ChunkStore:
         UNKNOWN_CHUNK), the shared-memory slot, the cut of a leaving chunk (MOVED), the
         worker (BAD_STATE), the weight (MALFORMED), the consistency policy and a second
         push of the round (BAD_STATE), the tensor (BAD_DTYPE, BAD_SHAPE, MALFORMED)."""
+        trace = self.trace
+        start = 0.0 if trace is None else trace.now()
         frames = payload_frames(header, frames)
         msg = headers.read_push(header)
         chunk = self.owned(msg["c"])
@@ -272,6 +277,8 @@ class ChunkStore:
                     chunk.any_grad = True
         chunk.arrived.add(rank)
         chunk.last_clock[rank] = clock
+        if trace is not None:  # received, checked and merged: the push's span here
+            trace.span("merge", chunk.spec.id, start, clock, rank)
         chunk.waiting.append(Reply(peer, msg["i"], rank, clock + 1, chunk, slot, msg.get("vk", 0)))
         if self.consistency.ready(chunk.arrived, self.workers):
             return self.update(chunk)
@@ -281,6 +288,8 @@ class ChunkStore:
         """Complete the chunk's round: apply the merged gradient (or hand it out, in
         summation mode), advance version and round. Returns the replies to send now:
         every waiting one (synchronous), or those the policy releases (asynchronous)."""
+        trace = self.trace
+        start = 0.0 if trace is None else trace.now()
         result: torch.Tensor | None = None
         applies = chunk.optimizer is not None and not chunk.mean_only
         ids = None
@@ -339,6 +348,8 @@ class ChunkStore:
         self.meter.advance(chunk.round)
         if self.on_round is not None:
             self.on_round(chunk)
+        if trace is not None:
+            trace.span("update", chunk.spec.id, start, chunk.round - 1)
         return replies
 
     def pull_rows(

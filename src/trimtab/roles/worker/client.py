@@ -55,6 +55,7 @@ from trimtab.roles.worker.replies import DataFuture, Reply, SharedMemoryRefused,
 from trimtab.roles.worker.turns import Turns
 from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
+from trimtab.runtime.trace import Trace
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.worker")
@@ -104,6 +105,7 @@ class WorkerClient:
         self._lost: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self.rank = -1
+        self.trace: Trace | None = None  # --trace: its pusher's events, and clock samples
         #: What proves to servers that a data request is this worker's (REGISTERED's
         #: ``t``); every data request carries it, with the rank ``r``.
         self.credential = b""
@@ -368,7 +370,8 @@ class WorkerClient:
                     # A worker between steps (at a barrier, say) sends no REPORT: its
                     # heartbeat's floor still lets a drained server retire.
                     floor = self.routing_floor() if self.map_epoch else None
-                    beat = headers.worker_heartbeat(job=self.config.job, floor=floor)
+                    sent = None if self.trace is None else self.trace.now()
+                    beat = headers.worker_heartbeat(job=self.config.job, floor=floor, sent=sent)
                     self._transport.send(self._coord, [encode(beat)])
                 env = self._transport.recv(self.config.heartbeat_s)
                 if env is None:
@@ -406,7 +409,7 @@ class WorkerClient:
             self._fail(str(header.get("why", "the job was shut down")))
             return
         if op == Control.HEARTBEAT:
-            return
+            return self._heartbeat.echoed(header, self.trace)  # a clock sample, if traced
         if peer == self._coord and op == Control.FAILOVER:
             self._server_lost(header)
             return
