@@ -231,3 +231,17 @@ def test_a_drained_server_is_not_retired_while_its_chunks_are_still_being_handed
     reb.on_handed({"o": 20, "c": [1]}, out)
     assert reb.migrating is None
     assert ops(out) == [(b"s1", Control.SHUTDOWN)]
+
+
+def test_a_late_ack_of_the_map_that_stands_is_moot_any_other_is_refused() -> None:
+    # A replacement coordinator rebuilt the job from the servers' map (epoch 1 here)
+    # while a role move's MIGRATE_ACK waited on a server for its backups to hold their
+    # chunks: it arrives with nothing in flight. Refusing it ended the job in CI (the
+    # server aborted: "coordinator refused us: no such migration in flight").
+    members, maps = placed()
+    reb = rebalancer(members, maps)
+    out: Outbox = []
+    reb.on_ack(1, {"o": 19, "epoch": 1, "cuts": {}}, out)
+    assert out == [] and reb.migrating is None and maps.epoch == 1
+    with pytest.raises(ProtocolError, match="no such migration"):
+        reb.on_ack(1, {"o": 19, "epoch": 2, "cuts": {}}, out)  # a map nobody sent

@@ -278,6 +278,13 @@ class Rebalancer:
         reach an old owner past its cut and come back *moved*."""
         if header.get("epoch") in self._abandoned:
             return  # (a server took a map a failover replaced: its ack is moot)
+        current = self.maps.map
+        if self.migrating is None and current is not None and header.get("epoch") == current.epoch:
+            # The ack of the map that stands: a replacement coordinator rebuilt the job
+            # from the servers' map while a role move's ack waited for its backups to
+            # hold their chunks (sent once they do); nothing is left to complete.
+            log.info("server %d acknowledged map epoch %d, which stands: moot", rank, current.epoch)
+            return
         before = self.migrating
         self.migrating = after = migration.ack(before, rank, header)
         if before is not None and not before.acked and after.acked:
