@@ -12,6 +12,7 @@ cannot be met raise :class:`~trimtab.errors.ConfigError`.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -180,9 +181,10 @@ class LbBsp(BatchSizingPolicy):
         tolerance: keep the current sizes while their predicted finish times are within
             this fraction of each other, so that noise in the measurements does not
             reshuffle the split every step.
-        significance: ...or within this many times the workers' measured noise, if
-            more: the median, over the workers, of the scatter of one step's speed
-            (log space, a standard deviation) over the last ``noise_window`` steps. On
+        significance: ...or within this many times the noise of two workers' finish
+            times, if more: sqrt(2) times the median, over the workers, of the scatter
+            of one step's speed (log space, a standard deviation) over the last
+            ``noise_window`` steps. On
             a shared machine a step's speed scatters by more than the 5% of
             ``tolerance``, and the split followed that scatter, a few samples to and
             fro at every step (issue 38).
@@ -240,7 +242,9 @@ class LbBsp(BatchSizingPolicy):
             finish = [
                 b / speed[r] + comm.get(r, mean_comm) for r, b in zip(ranks, current, strict=True)
             ]
-            limit = max(self.tolerance, self.significance * self._noise(history, ranks))
+            # Two workers' finish times differ by the noise of both: sqrt(2) of one's.
+            noise = math.sqrt(2) * self._noise(history, ranks)
+            limit = max(self.tolerance, self.significance * noise)
             if sum(current) == global_batch and (max(finish) - min(finish) <= limit * max(finish)):
                 self._last = dict(zip(ranks, current, strict=True))
                 return dict(self._last)

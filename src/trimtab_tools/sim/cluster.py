@@ -165,7 +165,8 @@ class Nodes:
         for server, rate in self.cluster.server_links:
             if server < self.max_servers:
                 link[server] = rate
-        return link / self._server_noise.at(clock)
+        noisy: np.ndarray = link / self._server_noise.at(clock)
+        return noisy
 
 
 class _Noise:

@@ -15,6 +15,12 @@ from trimtab.policies.psld.change import ChangeSettings, LevelTracker
 #: above what window noise moves a steady server's figure and below that jump.
 STILL_SLOW = 1.5
 
+#: A figure's relative error until its noise is measured (fewer than two windows or
+#: steps): figures 10% apart are not told apart at once (on the bed the first plan sent
+#: a chunk to one of three equally fast servers by their first step's scatter), and a
+#: straggler at a quarter of the others' speed is planned for at once.
+PRIOR_ERROR = 0.1
+
 #: Found as slow each of this many re-measurements in a row, a server straggles for
 #: good (a lasting straggler, which psld may retire when it owns nothing). Once could be
 #: a passing slowdown that outlasted one idle period; twice spans that period and a
@@ -145,8 +151,8 @@ class SpeedEstimator:
         """Each figure's relative standard error (log space) for servers
         ``0..servers-1``, from the scatter of its windows (:meth:`LevelTracker.error`):
         what a plan's predicted gain must beat to be more than noise. 0 for a server with
-        fewer than two windows or steps (nothing known of its noise yet: its figure is
-        taken as it is, so a straggler seen at the first windows is acted on at once).
+        fewer than two windows or steps gets :data:`PRIOR_ERROR` (nothing known of its
+        noise yet).
         A figure the workers' bounds corrected has their scatter over
         ``sqrt(keep_steps)``. Never blocks."""
         busy = {s: v for s in range(servers) if (v := self.speed(s)) is not None}
@@ -160,7 +166,7 @@ class SpeedEstimator:
                 upper = seen is not None and corrected[s] == seen[1]
                 scatter = self._bound_scatter(1 if upper else 0)
                 error = None if scatter is None else scatter / math.sqrt(self.keep_steps)
-            out.append(0.0 if error is None else error)
+            out.append(PRIOR_ERROR if error is None else error)
         return out
 
     def _bound_scatter(self, which: int) -> float | None:
