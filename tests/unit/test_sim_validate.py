@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import pytest
 
 from trimtab.errors import ConfigError
-from trimtab_tools.sim import validate
+from trimtab_tools.sim import agreement, validate
 from trimtab_tools.sim.engine import Simulation
 from trimtab_tools.sim.report import worker0_seconds
 
@@ -122,6 +121,41 @@ def test_the_simulator_predicts_the_bed_within_a_fifth() -> None:
         bandwidth["simulated_map_changes"][0],
     )
     assert abs(first_real - first_simulated) <= 1
+    # The decisions compared (sim/agreement.py): the straggler's batch at every one of
+    # the first 20 steps within 2 samples; PSLD's moves are printed, not asserted (the
+    # server the bed's launcher starts late joins a few steps apart). The measured run
+    # itself no longer moves chunks on noise: the first move, the joiner's, at most one
+    # more (before issue 38's rule, 4 to 5 changes in the first 20 steps).
     static = out["scenarios"]["static"]["decisions"]
-    assert statistics.median(static["measured_straggler_batch"][2:]) < 16
-    assert static["simulated_straggler_batch"][2] < 16
+    assert static["decisions_match"], static
+    assert len(bandwidth["measured_map_changes"]) <= 3, bandwidth
+
+
+def test_the_same_decisions_are_the_same_moves_within_a_step_and_batches_within_two() -> None:
+    maps = {1: [0, 1, 2, 3], 2: [0, 0, 2, 3], 3: [0, 0, 2, 2]}
+    measured = agreement.map_changes([1, 1, 2, 2, 3], maps)
+    assert measured == [
+        {"step": 2, "moves": [[1, 1, 0]]},
+        {"step": 4, "moves": [[3, 3, 2]]},
+    ]
+    later = agreement.map_changes([1, 1, 1, 2, 2, 3], maps)  # a step later each
+    assert agreement.maps_agree(measured, later)
+    elsewhere = [{"step": 2, "moves": [[1, 1, 2]]}, {"step": 4, "moves": [[3, 3, 2]]}]
+    assert not agreement.maps_agree(measured, elsewhere)
+    assert not agreement.maps_agree(measured, measured[:1])
+    assert agreement.batches_agree([[32, 12, 10]], [[32, 10, 11]])
+    assert not agreement.batches_agree([[32, 13, 10]], [[32, 10, 10]])
+
+
+def test_a_run_record_gives_the_maps_the_join_and_the_slow_server(tmp_path: Path) -> None:
+    events = [
+        {"kind": "placement", "epoch": 1, "owners": [0, 1, 2, 3], "t": 1.0},
+        {"kind": "servers_wanted", "target": 5, "t": 2.0},
+        {"kind": "straggler", "role": "server", "rank": 2, "t": 2.5},
+        {"kind": "straggler", "role": "server", "rank": 4, "t": 2.6},
+        {"kind": "member", "role": "server", "rank": 4, "state": "joined", "t": 4.25},
+    ]
+    (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    facts = agreement.record_facts(tmp_path, 4)
+    assert facts == {"maps": {"1": [0, 1, 2, 3]}, "join_s": 2.25, "slow_server": 2}
+    assert agreement.record_facts(tmp_path / "absent", 4) == {}

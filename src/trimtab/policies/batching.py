@@ -12,6 +12,7 @@ cannot be met raise :class:`~trimtab.errors.ConfigError`.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -41,6 +42,10 @@ __all__ = [
     "equal_finish_sizes",
     "equal_split",
 ]
+
+
+#: Samples every worker needs before LB-BSP measures the workers' noise.
+NOISE_SAMPLES = 5
 
 
 def equal_split(total: int, parts: int) -> list[int]:
@@ -162,6 +167,12 @@ class LbBsp(BatchSizingPolicy):
     from :func:`equal_finish_sizes`. A rank with no samples yet (just joined) is taken to
     be as fast as the mean of the others; with no samples at all the sizes are equal.
 
+    State (the one exception to purity): the sizes it last decided, which the keeping
+    rule (``tolerance``, ``significance``) judges. The workers' samples show them only
+    a step later (a size holds from the step after the next); judged by the samples'
+    sizes, the rule kept the sizes of two calls ago against the last call's, and the
+    split alternated.
+
     Args:
         predictor: ``"narx"`` or ``"average"`` (:data:`PREDICTORS`), or an instance.
         comm_window: how many recent steps the communication time is taken over.
@@ -170,10 +181,18 @@ class LbBsp(BatchSizingPolicy):
         tolerance: keep the current sizes while their predicted finish times are within
             this fraction of each other, so that noise in the measurements does not
             reshuffle the split every step.
+        significance: ...or within this many times the noise of two workers' finish
+            times, if more: sqrt(2) times the median, over the workers, of the scatter
+            of one step's speed (log space, a standard deviation) over the last
+            ``noise_window`` steps. On
+            a shared machine a step's speed scatters by more than the 5% of
+            ``tolerance``, and the split followed that scatter, a few samples to and
+            fro at every step (issue 38).
+        noise_window: steps of each worker's speeds the noise is measured over.
 
     Raises:
-        ConfigError: from the constructor for an unknown predictor, ``comm_window < 1``
-            or a negative ``tolerance``.
+        ConfigError: from the constructor for an unknown predictor, ``comm_window < 1``,
+            a negative ``tolerance`` or ``significance``, or ``noise_window < 3``.
     """
 
     name = "lbbsp"
@@ -186,11 +205,19 @@ class LbBsp(BatchSizingPolicy):
         min_batch: int = 1,
         caps: Mapping[int, int] | None = None,
         tolerance: float = 0.05,
+        significance: float = 1.5,
+        noise_window: int = 10,
     ) -> None:
         if comm_window < 1:
             raise ConfigError(f"comm_window must be >= 1, got {comm_window}")
-        if tolerance < 0:
-            raise ConfigError(f"tolerance must be >= 0, got {tolerance}")
+        if tolerance < 0 or significance < 0:
+            raise ConfigError(
+                f"tolerance and significance must be >= 0: {tolerance}, {significance}"
+            )
+        if noise_window < 3:
+            raise ConfigError(f"noise_window must be >= 3, got {noise_window}")
+        self.significance, self.noise_window = significance, noise_window
+        self._last: dict[int, int] = {}  # the sizes last decided, by rank
         self.predictor = PREDICTORS.create(predictor) if isinstance(predictor, str) else predictor
         self.comm_window, self.min_batch, self.caps = comm_window, min_batch, dict(caps or {})
         self.tolerance = tolerance
@@ -208,14 +235,19 @@ class LbBsp(BatchSizingPolicy):
         mean_speed = sum(speed.values()) / len(known) if known else 1.0
         mean_comm = sum(comm.values()) / len(known) if known else 0.0
         if len(known) == len(ranks) and ranks:
-            current = [history[r][-1].batch for r in ranks]
+            # The sizes last decided, which the workers' reports may not show yet
+            # (they hold a step later); the last reported where the ranks changed.
+            last = self._last if set(self._last) == set(ranks) else {}
+            current = [last.get(r, history[r][-1].batch) for r in ranks]
             finish = [
                 b / speed[r] + comm.get(r, mean_comm) for r, b in zip(ranks, current, strict=True)
             ]
-            if sum(current) == global_batch and (
-                max(finish) - min(finish) <= self.tolerance * max(finish)
-            ):
-                return dict(zip(ranks, current, strict=True))
+            # Two workers' finish times differ by the noise of both: sqrt(2) of one's.
+            noise = math.sqrt(2) * self._noise(history, ranks)
+            limit = max(self.tolerance, self.significance * noise)
+            if sum(current) == global_batch and (max(finish) - min(finish) <= limit * max(finish)):
+                self._last = dict(zip(ranks, current, strict=True))
+                return dict(self._last)
         sizes = equal_finish_sizes(
             [speed.get(r, mean_speed) for r in ranks],
             [comm.get(r, mean_comm) for r in ranks],
@@ -223,7 +255,19 @@ class LbBsp(BatchSizingPolicy):
             min_batch=self.min_batch,
             caps=caps,
         )
-        return dict(zip(ranks, sizes, strict=True))
+        self._last = dict(zip(ranks, sizes, strict=True))
+        return dict(self._last)
+
+    def _noise(self, history: Mapping[int, Sequence[WorkerSample]], ranks: list[int]) -> float:
+        """The median over ``ranks`` of the scatter of their last ``noise_window``
+        speeds (1.4826 times the median distance of the logs from their median); 0 while
+        a rank has fewer than :data:`NOISE_SAMPLES`."""
+        n = min(self.noise_window, min(len(history[r]) for r in ranks))
+        if n < NOISE_SAMPLES or self.significance == 0:
+            return 0.0
+        logs = np.log(np.array([[s.speed for s in history[r][-n:]] for r in ranks]))
+        spread = np.median(np.abs(logs - np.median(logs, axis=1, keepdims=True)), axis=1)
+        return float(1.4826 * np.median(spread))
 
 
 @BATCHING.register("lbbsp-gpu")

@@ -109,18 +109,34 @@ class NarxPredictor(SpeedPredictor):
     (``ridge`` times the row count) pulls towards "no change" whatever the speed's scale,
     and a short, noisy window does not make it predict swings that are not there.
 
+    The fit starts from the speeds' level, not their last value: the lagged speeds, and
+    the speed a step's change is counted from, go through a running median of
+    ``despike`` steps (1: raw), and the change fitted is the next raw speed's from that
+    level. One odd step, a pause or another process's burst on a shared machine, is
+    then no level to start from, while the CPU share (raw) still announces what it
+    announces.
+
     With fewer than ``p + q + 3`` samples it returns :class:`MovingAverage`'s answer. A
     prediction is clamped to ``[0.25, 4]`` times the last observed speed, so a bad fit
-    never yields a non-positive or absurd speed.
+    never yields a non-positive or absurd speed, and to the speeds of its window (the
+    slowest and the fastest seen): beyond them a fit of a few noisy rows extrapolates
+    noise. On the test bed a fast worker's one slow step made the fit predict it a
+    third faster than it had ever run: its batch went from 39 to 64 and back at the
+    next step (issue 38).
 
     Raises:
-        ConfigError: from the constructor if ``p < 1``, ``q < 0``, ``ridge < 0`` or
-            ``window < p + q + 3``.
+        ConfigError: from the constructor if ``p < 1``, ``q < 0``, ``ridge < 0``,
+            ``window < p + q + 3`` or ``despike < 1``.
     """
 
     name = "narx"
 
-    def __init__(self, p: int = 2, q: int = 2, window: int = 20, ridge: float = 0.1) -> None:
+    def __init__(
+        self, p: int = 2, q: int = 2, window: int = 20, ridge: float = 0.1, despike: int = 3
+    ) -> None:
+        if despike < 1:
+            raise ConfigError(f"NarxPredictor despike must be >= 1, got {despike}")
+        self.despike = despike
         if p < 1 or q < 0:
             raise ConfigError(f"NarxPredictor needs p >= 1 and q >= 0, got p={p}, q={q}")
         if not (math.isfinite(ridge) and ridge >= 0):
@@ -136,11 +152,12 @@ class NarxPredictor(SpeedPredictor):
         recent = history[-self.window :]
         if len(recent) < self.p + self.q + 3:
             return self._fallback.predict(recent)
-        v = np.array([s.speed for s in recent])
+        raw = np.array([s.speed for s in recent])
+        v = self._filtered(raw)
         u = np.array([s.cpu_share for s in recent])
         first = max(self.p, self.q) - 1  # the first step with all lags available
         x = np.array([self._features(v, u, t) for t in range(first, len(v) - 1)])
-        y = v[first + 1 :] - v[first:-1]
+        y = raw[first + 1 :] - v[first:-1]
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0  # a constant column centres to zero and gets no weight
         z = (x - mean) / scale
@@ -153,6 +170,7 @@ class NarxPredictor(SpeedPredictor):
         guess = last + float(y.mean() + now @ weights)
         if not math.isfinite(guess):
             return self._fallback.predict(recent)
+        guess = min(max(guess, float(raw.min())), float(raw.max()))
         return min(max(guess, 0.25 * last), 4.0 * last)
 
     def predict_many(self, histories: Sequence[Sequence[WorkerSample]]) -> list[float]:
@@ -180,14 +198,15 @@ class NarxPredictor(SpeedPredictor):
         """The predictions of ``histories[members]`` (each with ``n`` recent samples
         used); None where the fit is not finite (the caller falls back)."""
         recent = [histories[i][-n:] for i in members]
-        v = np.array([[s.speed for s in h] for h in recent])
+        raw = np.array([[s.speed for s in h] for h in recent])
+        v = self._filtered(raw)
         u = np.array([[s.cpu_share for s in h] for h in recent])
         first = max(self.p, self.q) - 1
         rows = n - 1 - first
         columns = [v[:, first - k : n - 1 - k] for k in range(self.p)]
         columns += [u[:, first - k : n - 1 - k] for k in range(self.q)]
         x = np.stack(columns, axis=2)  # (workers, rows, features)
-        y = v[:, first + 1 :] - v[:, first:-1]
+        y = raw[:, first + 1 :] - v[:, first:-1]
         mean, scale = x.mean(axis=1, keepdims=True), x.std(axis=1, keepdims=True)
         scale[scale == 0] = 1.0
         z = (x - mean) / scale
@@ -198,10 +217,24 @@ class NarxPredictor(SpeedPredictor):
         now_z = (np.stack(now, axis=1) - mean[:, 0, :]) / scale[:, 0, :]
         last = v[:, -1]
         guesses = last + y.mean(axis=1) + np.einsum("wf,wf->w", now_z, weights)
+        guesses = np.clip(guesses, raw.min(axis=1), raw.max(axis=1))
         return [
             min(max(float(g), 0.25 * float(b)), 4.0 * float(b)) if math.isfinite(g) else None
             for g, b in zip(guesses, last, strict=True)
         ]
+
+    def _filtered(self, v: np.ndarray) -> np.ndarray:
+        """``v`` (speeds along the last axis) through the running median of
+        :attr:`despike` steps, the first steps over those there are."""
+        k = self.despike
+        if k <= 1 or v.shape[-1] < 2:
+            return v
+        pad = np.repeat(v[..., :1], k - 1, axis=-1)  # the first speed stands for before
+        windows = np.lib.stride_tricks.sliding_window_view(
+            np.concatenate([pad, v], axis=-1), k, axis=-1
+        )
+        out: np.ndarray = np.median(windows, axis=-1)
+        return out
 
     def _features(self, v: np.ndarray, u: np.ndarray, t: int) -> np.ndarray:
         return np.concatenate([v[t - self.p + 1 : t + 1][::-1], u[t - self.q + 1 : t + 1][::-1]])

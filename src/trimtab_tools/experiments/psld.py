@@ -27,6 +27,7 @@ import contextlib
 import json
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError
@@ -159,6 +160,10 @@ def run_job(
         "servers": r["servers"],
         "step_times": [round(t, 4) for t in times],
         "epochs": epochs,
+        # The run's record (trimtab.observe): its maps, joins and stragglers, by event.
+        "record": str(Path(config.observe.runs_dir) / config.job)
+        if config.observe.runs_dir
+        else None,
     }
 
 

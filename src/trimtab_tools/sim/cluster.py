@@ -51,6 +51,10 @@ class ClusterModel:
             log-normal factor of this standard deviation (0: steady machines; a shared
             machine's noise makes PSLD's trials fail and retry).
         seed: the jitter's random seed (runs are repeatable).
+        server_links: ``(server, bytes/s)``: links the kernel shapes below the NIC
+            (the test bed's ``tc``), each way. Unlike a ``bandwidth`` straggler (a
+            throttle in the server's process, whose pacing its handlers count as busy),
+            a server does not see its shaped link in its busy seconds.
         message_s: CPU seconds each message (a chunk's push or reply) costs the node
             that sends it and the one that takes it, beside its bytes (on a few shared
             cores the TCP path is bound by CPU per message; ``validate-sim`` fits it
@@ -72,6 +76,7 @@ class ClusterModel:
     message_s: float = 0.0
     jitter: float = 0.0
     seed: int = 0
+    server_links: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -153,6 +158,15 @@ class Nodes:
                 proc[s.index] /= 1.0 + s.value
         noise = self._server_noise.at(clock)
         return proc / noise, cap / noise, delay
+
+    def server_links(self, clock: int) -> np.ndarray:
+        """Per server at step ``clock``: its shaped link, bytes/s (inf: none)."""
+        link = np.full(self.max_servers, np.inf)
+        for server, rate in self.cluster.server_links:
+            if server < self.max_servers:
+                link[server] = rate
+        noisy: np.ndarray = link / self._server_noise.at(clock)
+        return noisy
 
 
 class _Noise:

@@ -101,6 +101,7 @@ class StepInput:
         update_bps, worker_nic_bps, server_nic_bps, latency_s, message_s: the
             cluster's.
         workers_per_host, servers_per_host: nodes sharing a NIC.
+        link: each server's shaped link bytes/s, not busy time (S,; None: none).
     """
 
     starts: np.ndarray
@@ -119,6 +120,7 @@ class StepInput:
     workers_per_host: int = 1
     servers_per_host: int = 1
     message_s: float = 0.0
+    link: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +174,9 @@ def step_times(x: StepInput) -> StepTimes:
     out_w = fifo(worker_host, ready.ravel(), flat_sizes / x.worker_nic_bps + per_message, backward)
     arrive = out_w + x.latency_s
     order = queue_order(server_host, arrive)
-    in_s = fifo(server_host, arrive, flat_sizes / x.server_nic_bps, order)
+    link = np.full(s_count, np.inf) if x.link is None else x.link
+    nic_in = np.maximum(1 / x.server_nic_bps, 1 / link[np.tile(owners, w_count)])
+    in_s = fifo(server_host, arrive, flat_sizes * nic_in, order)
     merge_each = (
         sizes * np.maximum(1 / x.proc[owners], 1 / x.cap[owners])
         + sizes * x.delay[owners]
@@ -191,7 +195,8 @@ def step_times(x: StepInput) -> StepTimes:
     # Replies: the updated chunk to every worker at once, sharing the server NIC out
     # (and its cap) fairly, so that no worker's replies come first by rank; then the
     # latency and the worker's NIC in.
-    reply_each = sizes * np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners]) + per_message
+    slowest = np.maximum(np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners]), 1 / link[owners])
+    reply_each = sizes * slowest + per_message
     sent = fifo(owners // x.servers_per_host, updated, reply_each * w_count)
     columns = np.argsort(sent)
     got = fifo(
@@ -201,7 +206,10 @@ def step_times(x: StepInput) -> StepTimes:
         _per_worker_order(w_count, columns) if alone else None,
     ).reshape(w_count, c_count)
     ends = np.maximum(compute_ends, got.max(axis=1, initial=0.0))
-    busy = np.bincount(owners, (merge_each + reply_each) * w_count + update_each, s_count)
+    # A server's busy seconds are its handlers' (as its LoadMeter counts them): the
+    # merge, the update, a reply's CPU and a throttle's pacing, not its NIC's time.
+    reply_busy = sizes / x.cap[owners] + per_message
+    busy = np.bincount(owners, (merge_each + reply_busy) * w_count + update_each, s_count)
     nbytes = np.bincount(owners, sizes * 2 * w_count, s_count)
     read = np.maximum(got, compute_ends[:, None])  # replies are read during the wait
     span, tail = _spans(ready, read, compute_ends, owners, s_count)

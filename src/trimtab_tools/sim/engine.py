@@ -44,6 +44,8 @@ __all__ = ["Decision", "Simulation", "Trace"]
 #: Samples kept per worker for the batch-sizing policy (as the coordinator's
 #: ``steps.HISTORY_STEPS``).
 HISTORY_STEPS = 50
+#: The trace keeps every map of a job of at most this many chunks.
+MAPS_CHUNKS = 1024
 
 
 class Simulation:
@@ -94,6 +96,8 @@ class Simulation:
         self.busy = np.zeros(s.max_servers)
         self.moved = np.zeros(s.max_servers)
         self.trace = Trace()
+        if len(chunks) <= MAPS_CHUNKS:
+            self.trace.maps[0] = list(owners)
         #: What the consistency policy did (asynchronous jobs; none here).
         self.counters: collections.Counter[str] = collections.Counter()
         #: Workers the straggler detector named (asynchronous jobs; none here).
@@ -116,6 +120,10 @@ class Simulation:
     def run(self) -> Trace:
         """Simulate every step; return the trace. Blocks (CPU). Raises what a policy
         raises (:class:`~trimtab.errors.ConfigError` for a batch it cannot split)."""
+        # A server reports its counters from when it joins, before the first step: the
+        # first step's reports then make a window each, as the runtime's do.
+        for srv in range(len(self.active)):
+            self.policies.call("speeds.observe", self.policies.speeds.observe, srv, 0.0, 0.0)
         self._at(0.0, lambda now: self._step(0, np.zeros(self.job.settings.workers)))
         while self._queue:
             now, _, action = heapq.heappop(self._queue)
@@ -165,6 +173,7 @@ class Simulation:
             workers_per_host=c.workers_per_host,
             servers_per_host=c.servers_per_host,
             message_s=c.message_s,
+            link=self.nodes.server_links(k),
         )
         t = step_times(x)
         # A handover delays only the first step under the new map: by the next, every
@@ -221,8 +230,13 @@ class Simulation:
         last = self._last_step
         cut = last.updated if last is not None else np.zeros(len(self.sizes))
         _, cap, _ = self.nodes.server_rates(self._started)
+        link = self.nodes.server_links(self._started)
         rate = np.minimum(
-            c.server_nic_bps, np.minimum(cap[self.owners[moving]], cap[owners[moving]])
+            c.server_nic_bps,
+            np.minimum(
+                np.minimum(cap[self.owners[moving]], cap[owners[moving]]),
+                np.minimum(link[self.owners[moving]], link[owners[moving]]),
+            ),
         )
         self.available = np.full(len(self.sizes), -np.inf)
         self.available[moving] = (
@@ -233,6 +247,8 @@ class Simulation:
         self.owners = owners
         self._pending = None
         self._epoch += 1
+        if owners.size <= MAPS_CHUNKS:
+            self.trace.maps[self._epoch] = owners.tolist()
         done = float(self.available[moving].max(initial=now)) + c.latency_s
         self._at(done, self._migrated)
 
@@ -320,6 +336,7 @@ class Simulation:
             return
         speeds = p.call("speeds.speeds", p.speeds.speeds, n)
         probe = frozenset(p.call("speeds.unknown", p.speeds.unknown, n))
+        errors = p.call("speeds.errors", p.speeds.errors, n)
         new = p.call(
             "psld.decide",
             p.psld.decide,
@@ -329,6 +346,7 @@ class Simulation:
             speeds,
             active=self.active,
             probe=probe,
+            errors=errors,
         )
         serving = sum(self.active)
         if (

@@ -36,6 +36,8 @@ class Trace:
     #: Every worker's batch size at each step, in jobs of at most 16 workers.
     batches: list[list[int]] = dataclasses.field(default_factory=list)
     decisions: list[Decision] = dataclasses.field(default_factory=list)
+    #: Each map's epoch and owners, in jobs of at most 1,024 chunks (epoch 0 the first).
+    maps: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     sizes_last: list[int] = dataclasses.field(default_factory=list)
     bytes_moved: int = 0
     migrations: int = 0

@@ -9,6 +9,11 @@ speeds:
 * **exploitation**: the predicted time of a server is the bytes it handles per step over
   its measured speed; chunks move, best fit first, from the server predicted slowest to
   the one where they finish soonest, while that lowers the slowest server's time;
+* **significance**: servers whose speed figures lie within twice their standard
+  error (from the scatter of their windows or steps) of the median figure plan as
+  equally fast: on a shared machine a figure moves by a fifth from step to step, and
+  plans made on that scatter shuffled chunks among equally fast servers every few
+  steps;
 * **cost-awareness**: a plan is kept only if the time it saves over the next
   ``horizon`` steps beats the time its migration takes (the moved bytes at the speeds of
   the two servers involved);

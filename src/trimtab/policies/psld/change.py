@@ -87,6 +87,24 @@ class LevelTracker:
         keep = self.settings.keep
         return statistics.median(list(self._level)[-keep:]) if self._level else None
 
+    def error(self) -> float | None:
+        """The figure's relative standard error (log space), or None with fewer than two
+        windows: one window's scatter (1.4826 times the median distance of the windows
+        judged from their level; before any was judged, of the level's own windows from
+        their median) times 1.2533 (a median's) over the root of the windows the figure
+        is the median of. Two servers whose figures differ by less than this are not
+        told apart by their windows."""
+        level = list(self._level)[-self.settings.keep :]
+        if len(level) < 2:
+            return None
+        if len(self._noise) >= self.settings.history:
+            scatter = statistics.median(self._noise)
+        else:
+            logs = [math.log(w) for w in level]
+            centre = statistics.median(logs)
+            scatter = statistics.median(abs(x - centre) for x in logs)
+        return 1.4826 * 1.2533 * scatter / math.sqrt(len(level))
+
     def observe(self, window: float) -> bool:
         """Take a window (> 0); return whether it completes a change (the level then
         restarts from the windows that showed it)."""

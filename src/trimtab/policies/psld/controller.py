@@ -5,10 +5,13 @@ coordinator feeds it step times and speeds and asks it at step boundaries."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import statistics
 from collections.abc import Sequence
 
 from trimtab.policies.psld.model import (
+    Plan,
     drain_move,
     explore_move,
     rebalance,
@@ -58,6 +61,13 @@ class PsldController:
             if predicted at most this much slower.
         min_servers: the policy drains no server below this many active ones (the
             job's starting count: the servers it adds are the ones it may give back).
+        significance: figures within this many standard errors (``decide``'s
+            ``errors``) of each other are taken as equal (:meth:`pooled`), and a plan
+            must save more than this many errors of the figures it compares. Without
+            it, plans
+            followed the scatter of the figures, not the servers' speeds: on a shared
+            machine PSLD moved chunks among equally fast servers every few steps, each
+            move a trial that noise then kept or rolled back (issue 38).
     """
 
     def __init__(
@@ -71,8 +81,10 @@ class PsldController:
         explore_every: int = 20,
         explore_slack: float = 0.05,
         min_servers: int = 1,
+        significance: float = 2.0,
     ) -> None:
         self.min_servers = min_servers
+        self.significance = significance
         self.drains = 0
         self.explore_every = explore_every
         self.explore_slack = explore_slack
@@ -124,9 +136,16 @@ class PsldController:
         *,
         active: Sequence[bool] | None = None,
         probe: frozenset[int] = frozenset(),
+        errors: Sequence[float] | None = None,
     ) -> tuple[int, ...] | None:
         """The new owners to migrate to at ``clock``, or None to stay. Pure given the
-        observations so far."""
+        observations so far. ``errors``: each speed figure's relative standard error
+        (:meth:`SpeedEstimator.errors`; None: figures taken as exact): servers not
+        told apart plan as equally fast (:meth:`pooled`), and a plan must save more
+        than :attr:`significance` times the error of the figures it compares. Never
+        blocks; raises nothing of its own."""
+        if speeds is not None and errors is not None:
+            speeds, errors = self.pooled(speeds, errors)
         if self._trial is not None and self._overtaken(self._trial, sizes, speeds):
             # A server the plan gave nothing slowed down during the trial (a straggler
             # arrived): the trial can no longer be judged, and waiting it out leaves the
@@ -194,6 +213,8 @@ class PsldController:
             )
         ):
             return self._explore(clock, sizes, owners, speeds, active)
+        if not draining and not probing and not self._significant(plan, owners, errors):
+            return self._explore(clock, sizes, owners, speeds, active)
         self._quiet_since = clock
         before = self._median_step(clock - self.window, clock + 1)
         latest = max(self._steps) if self._steps else None
@@ -208,6 +229,53 @@ class PsldController:
         if before is not None and not draining and not probing:
             self._trial = _Trial(tuple(owners), plan.owners, before, clock, tuple(speeds))
         return plan.owners
+
+    def pooled(
+        self, speeds: Sequence[float], errors: Sequence[float]
+    ) -> tuple[list[float], list[float]]:
+        """``speeds`` with the servers the measurements do not tell apart taken as
+        equally fast, and each figure's error after that. Pure.
+
+        Sorted by figure, neighbours whose figures differ (log space) by at most
+        :attr:`significance` times their combined error form one group (a chain); each
+        server of a group plans with the group's median figure, whose error is the
+        members' largest over the root of their count. So equally fast servers' chunk
+        counts, which are exact, decide between them, and a straggler beyond its noise
+        keeps its own figure and error."""
+        n = len(speeds)
+        if self.significance <= 0 or n == 0 or min(speeds) <= 0:
+            return list(speeds), list(errors)
+        order = sorted(range(n), key=lambda s: speeds[s])
+        groups: list[list[int]] = [[order[0]]]
+        for a, b in itertools.pairwise(order):
+            gap = math.log(speeds[b] / speeds[a])
+            if gap <= self.significance * math.hypot(errors[a], errors[b]):
+                groups[-1].append(b)
+            else:
+                groups.append([b])
+        out, err = list(speeds), list(errors)
+        for group in groups:
+            figure = statistics.median(speeds[s] for s in group)
+            error = max(errors[s] for s in group) / math.sqrt(len(group))
+            for s in group:
+                out[s], err[s] = figure, error
+        return out, err
+
+    def _significant(
+        self, plan: Plan, owners: Sequence[int], errors: Sequence[float] | None
+    ) -> bool:
+        """Whether the plan's predicted gain, a fraction of the slowest server's time,
+        beats :attr:`significance` times the error of the figures it compares (the
+        largest among the servers giving chunks and among those taking them, combined
+        as independent errors)."""
+        if errors is None or self.significance <= 0 or plan.before_s <= 0:
+            return True
+        moved = [(was, now) for was, now in zip(owners, plan.owners, strict=True) if was != now]
+        if not moved:
+            return True
+        giving = max(errors[was] for was, _ in moved)
+        taking = max(errors[now] for _, now in moved)
+        return plan.gain_s > self.significance * math.hypot(giving, taking) * plan.before_s
 
     def _banned(self, owners: tuple[int, ...], clock: int) -> bool:
         return self._bans.get(owners, (0, 0))[0] > clock

@@ -4,6 +4,7 @@ and corrected by what the workers observe (pure; every input is an argument)."""
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 
 from trimtab.policies.psld.change import ChangeSettings, LevelTracker
@@ -13,6 +14,12 @@ from trimtab.policies.psld.change import ChangeSettings, LevelTracker
 #: straggler comes back several times faster than its slow figure; the threshold sits
 #: above what window noise moves a steady server's figure and below that jump.
 STILL_SLOW = 1.5
+
+#: A figure's relative error until its noise is measured (fewer than two windows or
+#: steps): figures 10% apart are not told apart at once (on the bed the first plan sent
+#: a chunk to one of three equally fast servers by their first step's scatter), and a
+#: straggler at a quarter of the others' speed is planned for at once.
+PRIOR_ERROR = 0.1
 
 #: Found as slow each of this many re-measurements in a row, a server straggles for
 #: good (a lasting straggler, which psld may retire when it owns nothing). Once could be
@@ -47,6 +54,12 @@ class SpeedEstimator:
     with the default of 1 the last step alone corrects, so a straggler is planned for
     one step after it shows, and an odd step's plan is judged by its trial like any.
 
+    **Noise** (:meth:`errors`): each figure's relative standard error, what a plan's
+    gain must beat. A busy-time figure's comes from the scatter of its windows; a
+    figure the workers corrected, from the scatter of the workers' bounds over the last
+    ``scatter_steps`` steps, each server's from its own median, pooled over the servers
+    (the machine's noise is shared; a few steps of one server would not tell it).
+
     Not thread-safe.
     """
 
@@ -58,8 +71,12 @@ class SpeedEstimator:
         keep_steps: int = 1,
         disagree: float = 2.0,
         change: ChangeSettings | None = None,
+        scatter_steps: int = 16,
     ) -> None:
         self.keep = keep
+        self.scatter_steps = scatter_steps
+        # Per server: the logs of the workers' (lower, upper) bounds, step by step.
+        self._scatter: dict[int, collections.deque[tuple[float, float]]] = {}
         history = max(2, min(5, keep))
         self.change = change or ChangeSettings(keep=max(keep, history), history=history)
         self.min_busy_s = min_busy_s
@@ -119,11 +136,53 @@ class SpeedEstimator:
             self._steps.setdefault(server, collections.deque(maxlen=self.keep_steps)).append(
                 (nbytes / span_s, upper)
             )
+            if math.isfinite(upper):
+                logs = (math.log(nbytes / span_s), math.log(upper))
+                self._scatter.setdefault(
+                    server, collections.deque(maxlen=self.scatter_steps)
+                ).append(logs)
 
     def speed(self, server: int) -> float | None:
         """The server-reported estimate, or None before any full window."""
         w = self._windows.get(server)
         return w.figure() if w is not None else None
+
+    def errors(self, servers: int) -> list[float]:
+        """Each figure's relative standard error (log space) for servers
+        ``0..servers-1``, from the scatter of its windows (:meth:`LevelTracker.error`):
+        what a plan's predicted gain must beat to be more than noise. 0 for a server with
+        fewer than two windows or steps gets :data:`PRIOR_ERROR` (nothing known of its
+        noise yet).
+        A figure the workers' bounds corrected has their scatter over
+        ``sqrt(keep_steps)``. Never blocks."""
+        busy = {s: v for s in range(servers) if (v := self.speed(s)) is not None}
+        corrected = self._corrected(busy)
+        out = []
+        for s in range(servers):
+            w = self._windows.get(s)
+            error = w.error() if w is not None else None
+            if s in busy and corrected[s] != busy[s]:  # one of the workers' bounds
+                seen = self.observed(s)
+                upper = seen is not None and corrected[s] == seen[1]
+                scatter = self._bound_scatter(1 if upper else 0)
+                error = None if scatter is None else scatter / math.sqrt(self.keep_steps)
+            out.append(PRIOR_ERROR if error is None else error)
+        return out
+
+    def _bound_scatter(self, which: int) -> float | None:
+        """The scatter (log space, a standard deviation) of one step's worker-observed
+        bound (0: lower, 1: upper) about its server's median over the last
+        ``scatter_steps`` steps, pooled over the servers; None with fewer than four
+        deviations."""
+        deviations: list[float] = []
+        for steps in self._scatter.values():
+            if len(steps) >= 2:
+                logs = [x[which] for x in steps]
+                centre = statistics.median(logs)
+                deviations.extend(abs(x - centre) for x in logs)
+        if len(deviations) < 4:
+            return None
+        return 1.4826 * statistics.median(deviations)
 
     def observed(self, server: int) -> tuple[float, float] | None:
         """The worker-observed bounds ``(lower, upper)`` of the server's speed over the

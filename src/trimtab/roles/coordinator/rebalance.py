@@ -106,7 +106,10 @@ class Rebalancer:
             costs = chunk_costs(self.maps.sizes, self.members.num_workers)
             speeds = self.speeds.speeds(n)
             probe = frozenset(self.speeds.unknown(n))
-            new = self.psld.decide(clock, costs, owners, speeds, active=active, probe=probe)
+            errors = self.speeds.errors(n)
+            new = self.psld.decide(
+                clock, costs, owners, speeds, active=active, probe=probe, errors=errors
+            )
             self._maybe_grow(speeds, active)
             idle = self.scaling.idle_server(
                 clock,
@@ -150,10 +153,12 @@ class Rebalancer:
         seen = [self.speeds.observed(s) for s in range(n)]
         bounds = [None if v is None else [round(x / 1e6, 1) for x in v] for v in seen]
         log.info(
-            "psld at clock %d: speeds %s MB/s (workers saw between %s), chunks per server %s -> %s",
+            "psld at clock %d: speeds %s MB/s (workers saw between %s; errors %s), "
+            "chunks per server %s -> %s",
             clock,
             [round(v / 1e6, 1) for v in speeds],
             bounds,
+            [round(e, 3) for e in self.speeds.errors(n)],
             [owners.count(s) for s in range(n)],
             [new.count(s) for s in range(n)],
         )

@@ -1,0 +1,136 @@
+"""Whether a simulated run made the same decisions as a measured one (``validate-sim``).
+
+"The same decisions" in the first :data:`FIRST` steps, precisely:
+
+* **maps** (PSLD): the steps after which the map the workers route by changed, each
+  with its moves ``[chunk, from, to]``. They agree when both runs changed the map as
+  often, each change of one within :data:`STEP_SLACK` step of the other's (a worker's
+  report races the coordinator's step boundary), with the same moves: every chunk
+  from the same server to the same server.
+* **batches** (LB-BSP): the straggler's batch size at each step (the straggler
+  decision: how much of the global batch the slow worker is given). They agree when,
+  at every step, the sizes differ by at most :data:`BATCH_SLACK` samples or
+  :data:`BATCH_SHARE` of the measured size, whichever is more (the sizes are split to
+  the sample from speeds measured to a few percent). Every worker's sizes are compared
+  by the same rule too, and reported beside it (the fast workers' sizes also follow
+  their own noise, which a model of their median speeds does not have).
+
+Pure functions, and one that reads a run record's events (:func:`record_facts`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BATCH_SHARE",
+    "BATCH_SLACK",
+    "FIRST",
+    "STEP_SLACK",
+    "batches_agree",
+    "map_changes",
+    "maps_agree",
+    "record_facts",
+]
+
+#: Steps whose decisions are compared.
+FIRST = 20
+#: Steps by which a map change may come earlier or later and still be the same.
+STEP_SLACK = 1
+#: Samples, and share of the measured size, by which a batch may differ.
+BATCH_SLACK, BATCH_SHARE = 2, 0.1
+
+
+def map_changes(
+    epochs: Sequence[int], maps: Mapping[int, Sequence[int]], first: int = FIRST
+) -> list[dict[str, Any]]:
+    """The steps (within ``first``) after which the map changed: ``epochs[i]`` is the
+    epoch of the map routed by after step ``i``, ``maps`` each epoch's owners. Each
+    change: ``{"step": i, "moves": [[chunk, from, to], ...]}`` (moves None where a map
+    is unknown). Pure."""
+    out: list[dict[str, Any]] = []
+    for i in range(1, min(first, len(epochs))):
+        if epochs[i] == epochs[i - 1]:
+            continue
+        old, new = maps.get(epochs[i - 1]), maps.get(epochs[i])
+        moves = (
+            [[c, a, b] for c, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+            if old is not None and new is not None and len(old) == len(new)
+            else None
+        )
+        out.append({"step": i, "moves": moves})
+    return out
+
+
+def maps_agree(measured: list[dict[str, Any]], simulated: list[dict[str, Any]]) -> bool:
+    """Whether two runs' :func:`map_changes` are the same decisions (module docstring).
+    Pure."""
+    if len(measured) != len(simulated):
+        return False
+    for m, s in zip(measured, simulated, strict=True):
+        if abs(m["step"] - s["step"]) > STEP_SLACK or m["moves"] is None:
+            return False
+        if sorted(map(tuple, m["moves"])) != sorted(map(tuple, s["moves"] or [])):
+            return False
+    return True
+
+
+def batches_agree(measured: Sequence[Sequence[int]], simulated: Sequence[Sequence[int]]) -> bool:
+    """Whether two runs' batch sizes (per worker, per step: ``sizes[rank][step]``) are
+    the same decisions over the steps both have (module docstring). Pure."""
+    if len(measured) != len(simulated):
+        return False
+    for real, sim in zip(measured, simulated, strict=True):
+        for a, b in zip(real, sim, strict=False):
+            if abs(a - b) > max(BATCH_SLACK, BATCH_SHARE * a):
+                return False
+    return True
+
+
+def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
+    """What a run record (``runs/<job>/events.jsonl``) says of a PSLD run: ``maps``
+    (epoch -> owners, keys as strings, as JSON keeps them), ``join_s`` (seconds from
+    the first server wanted to its joining; None if none joined) and ``slow_server``
+    (of the first ``servers``, the one the coordinator named a straggler most often;
+    None if none). Blocks (reads a file); an absent or unreadable record gives
+    ``{}``."""
+    if record is None:
+        return {}
+    try:
+        lines = (Path(record) / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return {}
+    maps: dict[str, list[int]] = {}
+    wanted: float | None = None
+    joined: float | None = None
+    named: collections.Counter[int] = collections.Counter()
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        kind = e.get("kind")
+        if kind == "placement" and "owners" in e:
+            maps[str(e["epoch"])] = list(e["owners"])
+        elif kind == "servers_wanted" and wanted is None:
+            wanted = float(e["t"])
+        elif (
+            kind == "member"
+            and e.get("role") == "server"
+            and e.get("state") == "joined"
+            and e.get("rank", 0) >= servers
+            and wanted is not None
+            and joined is None
+        ):
+            joined = float(e["t"])
+        elif kind == "straggler" and e.get("role") == "server" and e.get("rank", servers) < servers:
+            named[int(e["rank"])] += 1
+    return {
+        "maps": maps,
+        "join_s": None if wanted is None or joined is None else round(joined - wanted, 3),
+        "slow_server": named.most_common(1)[0][0] if named else None,
+    }
