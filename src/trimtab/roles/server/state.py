@@ -18,6 +18,7 @@ from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.server.growing import PREFIX, take_grown
 from trimtab.roles.server.handover import encode_state
 from trimtab.roles.server.store import Chunk, ChunkStore
 from trimtab.runtime.tensors import check_tensor_frames, tensor_from
@@ -43,7 +44,7 @@ def state_reply(store: ChunkStore, header: Header) -> tuple[headers.StateHeader,
     chunk = _server_mode(store, msg["c"])
     assert chunk.optimizer is not None
     frames: list[Frame] = []
-    hp, meta = encode_state(chunk.optimizer, frames)
+    hp, meta = encode_state(chunk.optimizer, frames, grown=False)
     reply = headers.state(
         rid=header["i"],
         chunk=chunk.spec.id,
@@ -71,12 +72,12 @@ def decode_tensors(
         dtype, shape = info
         if dtype not in DTYPE_SIZES:
             raise ProtocolError(ErrorCode.BAD_DTYPE.value, f"state {key!r}: no dtype {dtype!r}")
-        if shape not in ([], [numel]):
+        if shape not in ([], [numel]) and not (key.startswith(PREFIX) and len(shape) == 1):
             raise ProtocolError(
                 ErrorCode.BAD_SHAPE.value,
                 f"state {key!r} has shape {shape}: a chunk's state is a scalar or {numel} elements",
             )
-        n = numel if shape else 1
+        n = shape[0] if shape else 1
         if not rest or rest[0].nbytes != n * DTYPE_SIZES[dtype]:
             raise ProtocolError(
                 ErrorCode.BAD_SHAPE.value,
@@ -103,11 +104,13 @@ def load_state(store: ChunkStore, header: Header, frames: Sequence[memoryview]) 
     if "dt" in msg:
         value = check_tensor_frames(header, rest[:1], chunk.spec.dtype, chunk.spec.numel)
         rest = rest[1:]
-    state = decode_tensors(msg["st"], rest, chunk.spec.numel)
+    state, grown = take_grown(decode_tensors(msg["st"], rest, chunk.spec.numel))
     if value is not None:
         chunk.value.copy_(value)
     if "hp" in msg:
         opt.set_hparams(msg["hp"])
     opt.optimizer.state.pop(opt.param, None)  # an empty st clears it (a fresh start)
+    if grown is not None:  # (a worker's state holds none: the map stays as it is)
+        opt.grown = grown
     if state:
         opt.optimizer.state[opt.param] = state
