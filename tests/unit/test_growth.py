@@ -92,3 +92,19 @@ def test_caps_share_max_rows_in_proportion_and_sum_to_it() -> None:
 def test_bad_settings_are_refused_saying_what_to_do(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         Growth(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"growing": {"admit_after": 2}}, "growing must be a trimtab.nn.Growth"),
+        ({"growing": Growth(max_rows=200)}, r"max_rows \(200\) exceeds the table's 100 rows"),
+        ({"growing": Growth(), "hot_rows": 10}, "cannot replicate hot rows"),
+        ({"growing": Growth(), "padding_idx": 0}, "no padding row"),
+    ],
+)
+def test_a_growing_table_with_bad_settings_is_refused(kwargs: dict, match: str) -> None:
+    import trimtab.nn
+
+    with pytest.raises(ConfigError, match=match):
+        trimtab.nn.EmbeddingBag(100, 4, **kwargs)

@@ -175,9 +175,19 @@ def encode_grown(grown: Grown, meta: StateMeta, frames: list[Frame]) -> None:
     meta[PREFIX + "cfg"] = ["v", grown.wire()]
     meta[PREFIX + "counters"] = ["v", state["counters"]]
     for key in _LISTS:
-        t = torch.tensor(state[key], dtype=torch.int64)
+        # int64 travels as float64's bytes (the wire has no integer dtype); only copied.
+        t = torch.tensor(state[key], dtype=torch.int64).view(torch.float64)
         meta[PREFIX + key] = ["t", WIRE_DTYPES[t.dtype], [t.numel()]]
         frames.append(as_bytes(t) if t.numel() else b"")
+
+
+def _ints(t: torch.Tensor) -> list[int]:
+    if t.numel() == 0:
+        return []
+    if t.dtype != torch.float64:
+        raise ValueError(f"a list travels as float64's bytes, not {t.dtype}")
+    out: list[int] = t.reshape(-1).view(torch.int64).tolist()
+    return out
 
 
 def take_grown(state: dict[str, Any]) -> tuple[dict[str, Any], Grown | None]:
@@ -189,7 +199,7 @@ def take_grown(state: dict[str, Any]) -> tuple[dict[str, Any], Grown | None]:
         return rest, None
     try:
         raw, cap, first, end, seed, mean, std = mine["cfg"]
-        lists = {k: [int(x) for x in mine[k].view(-1).tolist()] for k in _LISTS}
+        lists = {k: _ints(mine[k]) for k in _LISTS}
         growth = Growth.from_wire(raw)
         rows = RowMap.restore(
             growth, range(first, end), cap, {**lists, "counters": list(mine["counters"])}

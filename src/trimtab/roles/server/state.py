@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
@@ -21,7 +23,7 @@ from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.roles.server.growing import PREFIX, take_grown
 from trimtab.roles.server.handover import encode_state
 from trimtab.roles.server.store import Chunk, ChunkStore
-from trimtab.runtime.tensors import check_tensor_frames, tensor_from
+from trimtab.runtime.tensors import TORCH_DTYPES, check_tensor_frames, tensor_from
 from trimtab.transport import Frame
 
 
@@ -83,7 +85,9 @@ def decode_tensors(
                 ErrorCode.BAD_SHAPE.value,
                 f"state {key!r}: expected a frame of {n * DTYPE_SIZES[dtype]} bytes",
             )
-        state[key] = tensor_from(rest.pop(0), dtype, n).clone().view(shape)
+        frame = rest.pop(0)
+        t = tensor_from(frame, dtype, n) if n else torch.empty(0, dtype=TORCH_DTYPES[dtype])
+        state[key] = t.clone().view(shape)
     if rest:
         raise ProtocolError(ErrorCode.MALFORMED.value, f"{len(rest)} frames more than 'st' says")
     return state
