@@ -117,6 +117,7 @@ def main() -> None:
         "rank": rank,
         "samples_per_s": samples / elapsed,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "dense_bytes": sum(p.numel() * p.element_size() for p in dense),
     }
     if rank == 0:
         ids, x, y = data.batch(-1, HELD_OUT)

@@ -38,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uniform", action="store_true", help="uniform ids instead of Zipf(1.1)")
     p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--table-gib",
+        type=float,
+        default=0.0,
+        help="the memory run: tables of this many GiB in all (float32; --rows follows from "
+        "it and --dim), trimtab alone (hot rows as --hot), each worker's peak RSS against "
+        "a quarter of the tables plus the dense model",
+    )
 
 
 def _common(args: argparse.Namespace) -> list[str]:
@@ -112,7 +120,40 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _memory(args: argparse.Namespace) -> int:
+    """The memory run (``--table-gib``): prints each worker's peak RSS beside the bound."""
+    args.rows = int(args.table_gib * 2**30) // (4 * args.dim * 4)
+    runs = _trimtab(args, args.hot)
+    table_bytes = 4 * args.rows * args.dim * 4
+    dense = max(r["dense_bytes"] for r in runs)
+    bound_mb = (table_bytes / 4 + dense) / 2**20
+    peaks = [round(r["peak_rss_mb"], 1) for r in sorted(runs, key=lambda r: r["rank"])]
+    report = {
+        "workload": {
+            "tables": 4, "rows_per_table": args.rows, "dim": args.dim, "steps": args.steps,
+            "global_batch": args.batch, "workers": 2, "servers": 2, "hot_rows": args.hot,
+        },
+        "table_bytes": table_bytes,
+        "dense_model_bytes": dense,
+        "peak_rss_mb": peaks,
+        "bound_mb": round(bound_mb, 1),
+        "below_bound": max(peaks) < bound_mb,
+        "samples_per_s": min(r["samples_per_s"] for r in runs),
+        "log_loss": next(r["log_loss"] for r in runs if r["rank"] == 0),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"tables: 4 x {args.rows} rows x {args.dim} = {table_bytes / 2**30:.2f} GiB on 2 "
+          f"servers; dense model {dense} bytes")  # fmt: skip
+    print(f"peak RSS per worker: {peaks} MiB; bound (a quarter of the tables plus the dense "
+          f"model): {bound_mb:.0f} MiB; below: {report['below_bound']}")  # fmt: skip
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.table_gib:
+        return _memory(args)
     one = _summary(_processes(args, "one", 1))
     results = {
         "hot": _summary(_trimtab(args, args.hot)),
