@@ -460,6 +460,7 @@ class LoadHeader(WireHeader):
     bytes: int  # bytes moved, both ways (shared memory included)
     n: int  # data requests served
     step: int  # the job clock as this server knows it: its highest round, or what it was told
+    gr: NotRequired[dict[str, int]]  # a growing table's counters on its chunks (summed)
 
 
 def load(*, busy_s: float, nbytes: int, requests: int, step: int) -> LoadHeader:
@@ -467,7 +468,9 @@ def load(*, busy_s: float, nbytes: int, requests: int, step: int) -> LoadHeader:
 
 
 def read_load(header: Header) -> LoadHeader:
-    fields(header, (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)))
+    fields(
+        header, (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)), (("gr", dict),)
+    )
     return cast(LoadHeader, header)
 
 

@@ -449,7 +449,8 @@ class Coordinator(MemberLoss):
             return
         load = headers.read_load(header)
         self._speeds.observe(member.rank, float(load["busy"]), float(load["bytes"]))
-        self.watch.load(member.rank, float(load["busy"]), float(load["bytes"]), load["n"])
+        grown = load.get("gr")
+        self.watch.load(member.rank, float(load["busy"]), float(load["bytes"]), load["n"], grown)
         # The job's clock, so that a server owning nothing still knows the step (its
         # straggler schedule, for one, follows it).
         out.append(Send(member.peer, headers.job_clock(clock=self._steps.job_clock)))

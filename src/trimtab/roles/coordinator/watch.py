@@ -97,12 +97,27 @@ class Watch:
             lag=max(0, lead - (clock + 1)),
         )
 
-    def load(self, server: int, busy_s: float, nbytes: float, requests: int) -> None:
-        """Server ``server`` reported its cumulative load; a server whose speed figure
-        fell below :data:`SLOW_SHARE` of the others' median is reported a straggler."""
+    def load(
+        self,
+        server: int,
+        busy_s: float,
+        nbytes: float,
+        requests: int,
+        growing: dict[str, int] | None = None,
+    ) -> None:
+        """Server ``server`` reported its cumulative load (and ``growing``, its growing
+        tables' counters); a server whose speed figure fell below :data:`SLOW_SHARE` of
+        the others' median is reported a straggler."""
         speed = self._speeds.speed(server)
+        extra = {"growing": growing} if growing else {}
         self.events.emit(
-            "load", server=server, busy_s=busy_s, bytes=nbytes, requests=requests, speed=speed
+            "load",
+            server=server,
+            busy_s=busy_s,
+            bytes=nbytes,
+            requests=requests,
+            speed=speed,
+            **extra,
         )
         active = [m.rank for m in self._members.active_servers()]
         others = [v for r in active if r != server and (v := self._speeds.speed(r)) is not None]

@@ -60,6 +60,8 @@ class CoordinatorLink:
         self.heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
         self.rejoin = Rejoin(config.job, config.coordinator_timeout_s)
         self._load_due = 0.0
+        #: A growing table's counters on this server's chunks, for the load reports.
+        self.growing: Callable[[], dict[str, int]] = dict
 
     def beat(self) -> None:
         """A heartbeat, if one is due."""
@@ -75,6 +77,9 @@ class CoordinatorLink:
             self._load_due = time.monotonic() + LOAD_REPORT_S
             m = self._meter
             load = headers.load(busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step)
+            growing = self.growing()
+            if growing:
+                load["gr"] = growing
             self._loop.send(self.peer, load)
         lost = self._transport.lost()  # (connections closed: seen at once)
         beat = self.heartbeat.due()
