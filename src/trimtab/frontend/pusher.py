@@ -44,7 +44,7 @@ log = logging.getLogger("trimtab")
 
 #: A request whose chunk moved this many times in a row gives up.
 MAX_MOVES = 8
-SEED_WINDOW = 64 << 20  # the most bytes of starting values in flight while seeding
+SEED_WINDOW = 16 << 20  # the most bytes of starting values in flight while seeding
 #: Values of chunks up to this size are written into the parameter as bytes (a slice of
 #: a byte view kept per parameter: about 1 us) rather than through a torch slice and
 #: copy_ (about 13 us of dispatch here); above it torch's copy is the faster (4 MiB:
