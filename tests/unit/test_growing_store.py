@@ -157,3 +157,24 @@ def test_a_growing_tables_map_is_checkpointed_and_restored(tmp_path: Path) -> No
     (rows, values), (rows_before, values_before) = (read(s, [21, 22, 30]) for s in (fresh, store))
     assert rows == rows_before == [2, 3, -1]  # (the cap of 2: 30 finds no room)
     assert torch.equal(values, values_before)
+
+
+def test_the_counters_reach_the_load_report_and_the_metrics() -> None:
+    pytest.importorskip("prometheus_client")
+    from trimtab.observe.metrics import Metrics
+    from trimtab.roles.server.growing import totals
+
+    store = store_of()
+    read(store, [1, 2, 3])  # a cap of 2: 3 finds no room
+    grown = totals(store.chunks.values())
+    assert grown == {"admitted": 2, "refused": 1, "evicted": 0, "evicted_for_cap": 0,
+                     "full": 1, "live": 2}  # fmt: skip
+    load = headers.load(busy_s=1.0, nbytes=10, requests=3, step=0)
+    load["gr"] = grown
+    assert headers.read_load(dict(load))["gr"] == grown
+    metrics = Metrics()
+    metrics({"kind": "load", "server": 1, "busy_s": 1.0, "bytes": 10, "requests": 3,
+             "speed": None, "growing": grown})  # fmt: skip
+    text = metrics.exposition().decode()
+    assert 'trimtab_server_growing_rows{count="live",server="1"} 2.0' in text
+    assert 'trimtab_server_growing_rows{count="full",server="1"} 1.0' in text
