@@ -12,7 +12,7 @@ from trimtab.errors import ConfigError
 from trimtab.frontend.compression import compressor
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.state import scatter
-from trimtab.frontend.tables import is_table, link
+from trimtab.frontend.tables import eager_state, is_table, link
 from trimtab.protocol import headers
 from trimtab.protocol.messages import INLINE_MAX
 from trimtab.roles.server.optim import ON_SERVERS, OptimizerMode, hyperparameters
@@ -90,8 +90,10 @@ def declare_table(
         return pusher, table
     if mode is OptimizerMode.SERVER:
         # The root's state goes to the servers before seed's barrier.
-        if ctx.rank == 0 and any(inner.state.values()):
-            scatter(pusher, inner.state)
+        if ctx.rank == 0 and any(inner.state.values()):  # (a table's start stays out)
+            eager = {id(p): p for p, s in inner.state.items() if eager_state(p, s)}
+            rest = {p: s for p, s in inner.state.items() if id(p) not in eager}
+            scatter(pusher, rest, skip=eager.values())
         inner.state.clear()
     pusher.seed(tensors, root_rank=headers.SEED_ROOT)
     return pusher, table

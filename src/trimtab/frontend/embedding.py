@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, UsageError
+from trimtab.frontend.growing import GrowingRows, check_growth
 from trimtab.frontend.hotrows import HotRows
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.tables import (
@@ -30,6 +31,7 @@ from trimtab.frontend.tables import (
     rows_from,
     table_parameter,
 )
+from trimtab.policies.growth import Growth
 from trimtab.policies.hotkeys import HotKeys
 
 
@@ -44,9 +46,11 @@ class _Rows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        table = torch.sparse_coo_tensor(
-            ctx.ids.view(1, -1), grad.contiguous(), ctx.shape, check_invariants=False
-        )
+        ids, grad = ctx.ids, grad.contiguous()
+        kept = ids >= 0  # (a growing table's ids not admitted: their gradient dropped)
+        if not bool(kept.all()):
+            ids, grad = ids[kept], grad[kept]
+        table = torch.sparse_coo_tensor(ids.view(1, -1), grad, ctx.shape, check_invariants=False)
         return table, None, None
 
 
@@ -65,6 +69,7 @@ class _ServerTable(nn.Module):
         seed: int,
         hot_rows: int,
         hot_refresh: int,
+        growing: Growth | None = None,
     ) -> None:
         super().__init__()
         if max_norm is not None:
@@ -77,6 +82,10 @@ class _ServerTable(nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = None if padding_idx is None else padding_idx % num_embeddings
         init = TableInit(seed=seed, padding_idx=self.padding_idx)
+        self._growing = None
+        if growing is not None:
+            growth = check_growth(growing, num_embeddings, hot_rows, padding_idx)
+            self._growing = GrowingRows(growth, (num_embeddings, embedding_dim), init)
         dtype = dtype or torch.get_default_dtype()
         shape = (num_embeddings, embedding_dim)
         hot = HotRows(shape, dtype, HotKeys(size=hot_rows, refresh_steps=hot_refresh))
@@ -93,6 +102,8 @@ class _ServerTable(nn.Module):
         sent earlier is answered before this step's update and read again). Never
         blocks; raises :class:`~trimtab.UsageError` before the optimizer is built."""
         pusher: Pusher = linked(self.weight)
+        if self._growing is not None:
+            raise UsageError("a growing table reads its ids as they come: call no prefetch")
         unique = torch.unique(ids.detach().cpu())
         unique = unique[~torch.isin(unique, self._hot.ids)]  # (the hot are here)
         requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
@@ -153,6 +164,14 @@ class _ServerTable(nn.Module):
         answered = [(c, m, r) for (c, _, _, m), r in zip(requests, replies, strict=True)]
         return rows_from(p, unique, answered)
 
+    def growth_report(self) -> dict[str, int]:
+        """A growing table's counters (:meth:`GrowingRows.report`: admitted, refused,
+        evicted, evicted_for_cap, full, live, dropped). Raises :class:`UsageError` for
+        a table that does not grow."""
+        if self._growing is None:
+            raise UsageError("this table does not grow: build it with growing=Growth(...)")
+        return self._growing.report()
+
     def hot_report(self) -> dict[str, float]:
         """The hot set (rows, version) and the share of row reads it served."""
         return self._hot.report()
@@ -161,6 +180,8 @@ class _ServerTable(nn.Module):
         """The rows ``input`` reads, as a tensor of the graph; ``input`` in those rows'
         numbering; the padding row's number there (None: not among them)."""
         unique, local = torch.unique(input.detach().cpu(), return_inverse=True)
+        if self._growing is not None:
+            return self._read_grown(unique, local.to(input.device), input.device)
         if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.num_embeddings):
             raise IndexError(f"index out of range in a table of {self.num_embeddings} rows")
         rows = self._rows(unique).to(input.device)
@@ -171,6 +192,20 @@ class _ServerTable(nn.Module):
             hit = (unique == self.padding_idx).nonzero()
             padding = int(hit[0]) if hit.numel() else None
         return rows, local.to(input.device), padding
+
+    def _read_grown(
+        self, unique: torch.Tensor, local: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """:meth:`_read` of a growing table: ids of any value, mapped to rows by their
+        buckets' servers (an id not admitted reads as zeros; its gradient is dropped)."""
+        assert self._growing is not None
+        p = self.weight
+        slots, rows = self._growing.read(linked(p), p, unique)
+        rows = rows.to(device)
+        if torch.is_grad_enabled() and p.requires_grad:
+            self._growing.dropped += int((slots < 0).sum())
+            rows = _Rows.apply(p, rows, slots)  # type: ignore[no-untyped-call]
+        return rows, local, None
 
     def full_weight(self) -> torch.Tensor:
         """The whole table, read from the servers (for a test or an evaluation: it is
@@ -184,7 +219,12 @@ class Embedding(_ServerTable):
     gradient is always rows (``sparse`` is accepted and ignored): train it with SGD
     (no momentum), Adagrad or SparseAdam. ``hot_rows``: the most rows replicated here
     (NuPS's hot set, chosen every ``hot_refresh`` forwards by access count; 0: every
-    read goes to the servers). Raises :class:`ConfigError` for ``max_norm``."""
+    read goes to the servers). ``growing``: a :class:`~trimtab.nn.Growth` makes the
+    table grow: its ids are any 64-bit values, each mapped to one of the
+    ``num_embeddings`` rows on its admission, rows evicted by the rules (docs/sparse.md
+    section 5; ``growth_report()`` gives the counters). Raises :class:`ConfigError` for
+    ``max_norm``, and for a growing table with hot rows, a padding row or ``max_rows``
+    above ``num_embeddings``."""
 
     def __init__(
         self,
@@ -200,9 +240,18 @@ class Embedding(_ServerTable):
         seed: int = 0,
         hot_rows: int = 0,
         hot_refresh: int = 10,
+        growing: Growth | None = None,
     ) -> None:
         super().__init__(
-            num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed, hot_rows, hot_refresh
+            num_embeddings,
+            embedding_dim,
+            padding_idx,
+            max_norm,
+            dtype,
+            seed,
+            hot_rows,
+            hot_refresh,
+            growing,
         )
         self.scale_grad_by_freq = scale_grad_by_freq
 
@@ -234,9 +283,18 @@ class EmbeddingBag(_ServerTable):
         seed: int = 0,
         hot_rows: int = 0,
         hot_refresh: int = 10,
+        growing: Growth | None = None,
     ) -> None:
         super().__init__(
-            num_embeddings, embedding_dim, padding_idx, max_norm, dtype, seed, hot_rows, hot_refresh
+            num_embeddings,
+            embedding_dim,
+            padding_idx,
+            max_norm,
+            dtype,
+            seed,
+            hot_rows,
+            hot_refresh,
+            growing,
         )
         self.scale_grad_by_freq = scale_grad_by_freq
         self.mode = mode

@@ -4,9 +4,8 @@ A :class:`Pusher` holds the chunk table of an optimizer's parameters and moves t
 :meth:`Pusher.push` sends a parameter's gradient, chunk by chunk, to each chunk's owner
 (through the worker's shared memory where the server shares it, else inline);
 :meth:`Pusher.arrive` waits for the answers and writes them back, resending a push whose
-chunk moved meanwhile. Each chunk's work is done in one loop body of one function, with
-no object made per chunk beyond its header and future: this is the per-chunk hot path
-(``trimtab bench datapath``).
+chunk moved meanwhile. Each chunk's work is one loop body of one function, with no object
+made per chunk beyond its header and future: the per-chunk hot path (``bench datapath``).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ log = logging.getLogger("trimtab")
 
 #: A request whose chunk moved this many times in a row gives up.
 MAX_MOVES = 8
+SEED_WINDOW = 16 << 20  # the most bytes of starting values in flight while seeding
 #: Values of chunks up to this size are written into the parameter as bytes (a slice of
 #: a byte view kept per parameter: about 1 us) rather than through a torch slice and
 #: copy_ (about 13 us of dispatch here); above it torch's copy is the faster (4 MiB:
@@ -472,6 +472,8 @@ class Pusher:
                         frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
                     fut = ctx.client.request(ctx.server_of(c.id), header, frames)
                     sent.append((fut, c, header, frames))
+                    while sum(f[0].nbytes for _, _, _, f in sent) > SEED_WINDOW:
+                        self._await(*sent.pop(0), None)  # (a table is never made whole)
             for fut, c, header, frames in sent:
                 self._await(fut, c, header, frames, None)
         ctx.barrier()

@@ -83,14 +83,19 @@ def scatter(
     hp_of: Mapping[torch.Tensor, Mapping[str, Any]] | None = None,
     *,
     values: bool = False,
+    skip: Iterable[torch.Tensor] = (),
 ) -> None:
     """Make every chunk's server hold its part of ``states`` (a parameter missing from
     it: no state), with its group's hyperparameters ``hp_of[p]`` where given, and with
-    ``values``, the parameter's current value too. Blocks until every server
-    acknowledged; raises as :meth:`Pusher.ask`."""
+    ``values``, the parameter's current value too; the chunks of ``skip``'s parameters
+    are left as they are. Blocks until every server acknowledged; raises as
+    :meth:`Pusher.ask`."""
     requests: list[tuple[Any, ChunkRequest, list[Any]]] = []
     keep: list[torch.Tensor] = []  # the tensors the frames view, alive until sent
+    skipped = {id(p) for p in skip}
     for p, chunks in pusher.chunks_of.items():
+        if id(p) in skipped:
+            continue
         state = states.get(p, {})
         flat: dict[str, torch.Tensor] = {}
         for key, v in state.items():

@@ -36,6 +36,37 @@ _HOT = "_trimtab_hot"
 _POINTERS: set[int] = set()  # the one element of each server table's parameter
 
 
+_LIKE = {torch.full_like, torch.zeros_like, torch.ones_like, torch.empty_like}
+
+
+class _TableParameter(torch.nn.Parameter):
+    """A server table's parameter: ``torch.*_like`` of it gives one element expanded to
+    its shape, as the parameter itself is, never a tensor of the table's size (an
+    optimizer's eager state, Adagrad's accumulator: the servers keep the real one). Every
+    other function sees a plain tensor."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _LIKE and args and isinstance(args[0], _TableParameter):
+            p = args[0]
+            fill = args[1] if func is torch.full_like else int(func is torch.ones_like)
+            one = torch.full((1,), fill, dtype=kwargs.get("dtype") or p.dtype)
+            return one.expand(p.shape)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def eager_state(p: torch.Tensor, state: Any) -> bool:
+    """Whether ``state`` is what an optimizer made of server table ``p`` at its start
+    (every tensor one element expanded, by :class:`_TableParameter`): the servers'
+    optimizer makes the same, so it need not travel. Pure."""
+    return is_table(p) and all(
+        not isinstance(t, torch.Tensor) or t.dim() == 0 or not any(t.stride())
+        for t in dict(state).values()
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class TableInit:
     """How a server table's values start: ``normal(mean, std)`` (torch's embeddings'
@@ -53,7 +84,7 @@ def table_parameter(
 ) -> torch.nn.Parameter:
     """A server table's parameter: shape ``[rows, dim]``, one element of memory, with
     the worker's ``hot`` rows of it (:func:`hot_of`). Pure."""
-    p = torch.nn.Parameter(torch.zeros(1, dtype=dtype).expand(rows, dim))
+    p = _TableParameter(torch.zeros(1, dtype=dtype).expand(rows, dim))
     _POINTERS.add(p.data_ptr())
     setattr(p, _ATTR, init)
     setattr(p, _HOT, hot)

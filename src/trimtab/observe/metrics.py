@@ -46,6 +46,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("trimtab_checkpoints_total", "counter", "checkpoints completed"),
     ("trimtab_refused_total", "counter", "requests refused with an error (label code)"),
     ("trimtab_events_total", "counter", "events in the stream (label kind)"),
+    ("trimtab_server_growing_rows", "gauge", "growing tables: counts (labels server, count)"),
 )
 
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -105,6 +106,7 @@ class Metrics:
         self.checkpoints = counter("trimtab_checkpoints_total")
         self.refused = counter("trimtab_refused_total", "code")
         self.events = counter("trimtab_events_total", "kind")
+        self.growing = gauge("trimtab_server_growing_rows", "server", "count")
         # A server's cumulative figures as last reported (LOAD is cumulative; a counter
         # grows by the difference).
         self._loads: dict[int, tuple[float, float, int, float, float]] = {}
@@ -154,6 +156,8 @@ class Metrics:
         self.s_out.labels(label).inc(now[4] - before[4])
         if e.get("speed") is not None:
             self.s_speed.labels(label).set(float(e["speed"]))
+        for count, value in dict(e.get("growing") or {}).items():
+            self.growing.labels(label, str(count)).set(int(value))
 
     def _on_placement(self, e: Event) -> None:
         self.epoch.set(int(e["epoch"]))

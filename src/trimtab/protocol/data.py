@@ -199,6 +199,7 @@ class PullHeader(WireHeader):
     e: int  # the sender's map epoch
     gm: NotRequired[int]  # the round whose mean gradient is asked for
     sr: NotRequired[int]  # rows of a table: their count (a frame: their ids, int64)
+    gw: NotRequired[list[Any]]  # with sr: a growing table's ids (any int64): its rules
 
 
 def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
@@ -209,7 +210,7 @@ def pull(*, chunk: int, epoch: int, mean_of: int | None = None) -> PullHeader:
 
 
 def read_pull(header: Header) -> PullHeader:
-    fields(header, (("c", int), ("e", int)), (("gm", int), ("sr", int)))
+    fields(header, (("c", int), ("e", int)), (("gm", int), ("sr", int), ("gw", list)))
     return cast(PullHeader, header)
 
 
@@ -228,6 +229,7 @@ class ValueHeader(InlineHeader):
     ak: NotRequired[bool]  # the server counts it against the push's vk: CREDIT it on receipt
     sr: NotRequired[int]  # a row reply: the changed rows' count (frames: ids, elements)
     hv: NotRequired[int]  # the version of the worker's hot set the rows are filtered by
+    gc: NotRequired[list[int]]  # a growing table's chunk: its counters (policies/growth.py)
 
 
 def value(

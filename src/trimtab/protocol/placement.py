@@ -461,6 +461,7 @@ class LoadHeader(WireHeader):
     n: int  # data requests served
     step: int  # the job clock as this server knows it: its highest round, or what it was told
     bo: NotRequired[int]  # of ``bytes``, those sent (values); the rest came in
+    gr: NotRequired[dict[str, int]]  # a growing table's counters on its chunks (summed)
 
 
 def load(
@@ -475,7 +476,11 @@ def load(
 
 
 def read_load(header: Header) -> LoadHeader:
-    fields(header, (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)), (("bo", int),))
+    fields(
+        header,
+        (("busy", NUMBER), ("bytes", NUMBER), ("n", int), ("step", int)),
+        (("bo", int), ("gr", dict)),
+    )
     return cast(LoadHeader, header)
 
 

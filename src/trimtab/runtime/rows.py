@@ -28,6 +28,12 @@ def row_span(width: int, offset: int, numel: int) -> tuple[int, int]:
     return offset // width, (offset + numel + width - 1) // width
 
 
+def whole_rows(width: int, offset: int, numel: int) -> tuple[int, int]:
+    """The rows ``[first, end)`` wholly inside the chunk ``[offset, offset + numel)`` of
+    a table with rows of ``width`` elements (a growing table's rows to give out). Pure."""
+    return (offset + width - 1) // width, (offset + numel) // width
+
+
 def elements(ids: torch.Tensor, width: int, offset: int, numel: int) -> torch.Tensor:
     """The positions within the chunk (int64, in row order) of every element of the rows
     ``ids`` (int64, each in :func:`row_span`) that lies inside the chunk. Pure."""
@@ -50,7 +56,8 @@ def split(
     if g.sparse_dim() != 1:  # element-wise coordinates: make them rows
         g = g.to_dense().to_sparse(1).coalesce()
     ids = g.indices()[0].contiguous()
-    values = g.values().reshape(ids.numel(), -1)
+    values = g.values()  # (flattened per row; a gradient of no rows has a shape too)
+    values = values.unsqueeze(1) if values.dim() == 1 else values.flatten(1)
     out = []
     for width, offset, numel in spans:
         first, end = row_span(width, offset, numel)

@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--addr", default="127.0.0.1", help="DDP's rank 0 address")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = CTR(args.rows, tables=args.tables, s=args.s)
@@ -90,7 +91,7 @@ def main() -> None:
 
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world
+            "gloo", init_method=f"tcp://{args.addr}:{args.port}", rank=rank, world_size=world
         )
         net = nn.parallel.DistributedDataParallel(model)
         opts = inner
@@ -117,6 +118,7 @@ def main() -> None:
         "rank": rank,
         "samples_per_s": samples / elapsed,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "dense_bytes": sum(p.numel() * p.element_size() for p in dense),
     }
     if rank == 0:
         ids, x, y = data.batch(-1, HELD_OUT)

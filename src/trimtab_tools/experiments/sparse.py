@@ -8,14 +8,18 @@ bags, an MLP) trained side by side, 2 servers x 2 workers, in one run:
   tables (the allreduce way);
 
 and one process over the same global batches, whose held-out log loss the others should
-match. Prints samples/s, held-out log loss and AUC, and each worker's peak RSS (the
-tables' size beside it). ``--json``: one object (``results.hot``, ``.classic``,
+match. ``--testbed``: the two distributed runs on a bed of 4 hosts (network namespaces,
+:mod:`trimtab.launch.testbed`): each server and each worker on its own host, DDP's two
+workers on the workers' hosts; one process on this machine. Needs root. Prints
+samples/s, held-out log loss and AUC, and each worker's peak RSS (the tables' size
+beside it). ``--json``: one object (``results.hot``, ``.classic``,
 ``.ddp``, each with ``samples_per_s`` and ``log_loss``, and ``one_process_log_loss``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -23,7 +27,9 @@ import subprocess
 import sys
 from typing import Any
 
+from trimtab.launch.hosts import Layout, place
 from trimtab.launch.job import Job, LaunchConfig
+from trimtab.launch.testbed import Testbed, unavailable
 
 WORKER = "trimtab_tools.experiments._sparse_worker"
 RESULT = "SPARSE-RESULT "
@@ -38,6 +44,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uniform", action="store_true", help="uniform ids instead of Zipf(1.1)")
     p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--testbed", action="store_true", help="each role on a host of a bed (root)")
+    p.add_argument(
+        "--table-gib",
+        type=float,
+        default=0.0,
+        help="the memory run: tables of this many GiB in all (float32; --rows follows from "
+        "it and --dim), trimtab alone (hot rows as --hot), each worker's peak RSS against "
+        "a quarter of the tables plus the dense model",
+    )
 
 
 def _common(args: argparse.Namespace) -> list[str]:
@@ -51,45 +66,58 @@ def _parse(lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line[len(RESULT) :]) for line in lines if line.startswith(RESULT)]
 
 
-def _trimtab(args: argparse.Namespace, hot: int) -> list[dict[str, Any]]:
+def _trimtab(
+    args: argparse.Namespace, hot: int, bed: Testbed | None = None
+) -> list[dict[str, Any]]:
     lines: list[str] = []
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=args.chunk_bytes, deadline_s=1800.0)
     command = [sys.executable, "-m", WORKER, "--mode", "trimtab", "--hot", str(hot)]
-    status = Job(config, command + _common(args), output=lambda s, line: lines.append(line)).run()
+    where = None if bed is None else _layout(bed)
+    job = Job(
+        config,
+        command + _common(args),
+        output=lambda s, line: lines.append(line),
+        testbed=bed,
+        layout=where,
+    )
+    status = job.run()
     results = _parse(lines)
     if status != 0 or len(results) != 2:
         raise RuntimeError(f"the trimtab run failed ({status}):\n" + "\n".join(lines[-30:]))
     return results
 
 
-def _processes(args: argparse.Namespace, mode: str, world: int) -> list[dict[str, Any]]:
+def _layout(bed: Testbed) -> Layout:
+    """Servers on hosts 0 and 1 (the coordinator with server 0), workers on 2 and 3."""
+    return place(bed.hosts, servers=2, workers=2)
+
+
+def _processes(
+    args: argparse.Namespace, mode: str, world: int, bed: Testbed | None = None
+) -> list[dict[str, Any]]:
+    """``world`` worker processes of ``mode`` (DDP's on the bed's workers' hosts)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                WORKER,
-                "--mode",
-                mode,
-                "--rank",
-                str(r),
-                "--world",
-                str(world),
-                "--port",
-                str(port),
-                *_common(args),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
+    layout = Layout() if bed is None else _layout(bed)
+    addr = layout.address(layout.worker(0), "127.0.0.1")
+    nic = "lo" if bed is None else "eth0"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": nic}
+    procs = []
+    for r in range(world):
+        command = [
+            sys.executable, "-m", WORKER, "--mode", mode, "--rank", str(r),
+            "--world", str(world), "--port", str(port), "--addr", addr, *_common(args),
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                layout.run(layout.worker(r), command),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
         )
-        for r in range(world)
-    ]
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     results = _parse([line for out in outs for line in out.splitlines()])
     if any(p.returncode for p in procs) or len(results) != world:
@@ -112,13 +140,53 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _memory(args: argparse.Namespace) -> int:
+    """The memory run (``--table-gib``): prints each worker's peak RSS beside the bound."""
+    args.rows = int(args.table_gib * 2**30) // (4 * args.dim * 4)
+    runs = _trimtab(args, args.hot)
+    table_bytes = 4 * args.rows * args.dim * 4
+    dense = max(r["dense_bytes"] for r in runs)
+    bound_mb = (table_bytes / 4 + dense) / 2**20
+    peaks = [round(r["peak_rss_mb"], 1) for r in sorted(runs, key=lambda r: r["rank"])]
+    report = {
+        "workload": {
+            "tables": 4, "rows_per_table": args.rows, "dim": args.dim, "steps": args.steps,
+            "global_batch": args.batch, "workers": 2, "servers": 2, "hot_rows": args.hot,
+        },
+        "table_bytes": table_bytes,
+        "dense_model_bytes": dense,
+        "peak_rss_mb": peaks,
+        "bound_mb": round(bound_mb, 1),
+        "below_bound": max(peaks) < bound_mb,
+        "samples_per_s": min(r["samples_per_s"] for r in runs),
+        "log_loss": next(r["log_loss"] for r in runs if r["rank"] == 0),
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"tables: 4 x {args.rows} rows x {args.dim} = {table_bytes / 2**30:.2f} GiB on 2 "
+          f"servers; dense model {dense} bytes")  # fmt: skip
+    print(f"peak RSS per worker: {peaks} MiB; bound (a quarter of the tables plus the dense "
+          f"model): {bound_mb:.0f} MiB; below: {report['below_bound']}")  # fmt: skip
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.table_gib:
+        return _memory(args)
     one = _summary(_processes(args, "one", 1))
-    results = {
-        "hot": _summary(_trimtab(args, args.hot)),
-        "classic": _summary(_trimtab(args, 0)),
-        "ddp": _summary(_processes(args, "ddp", 2)),
-    }
+    with contextlib.ExitStack() as stack:
+        bed = None
+        if args.testbed:
+            why = unavailable()
+            if why is not None:
+                raise SystemExit(f"trimtab experiment sparse --testbed: no test bed here: {why}")
+            bed = stack.enter_context(Testbed(4))
+        results = {
+            "hot": _summary(_trimtab(args, args.hot, bed)),
+            "classic": _summary(_trimtab(args, 0, bed)),
+            "ddp": _summary(_processes(args, "ddp", 2, bed)),
+        }
     table_mb = 4 * args.rows * args.dim * 4 / 2**20
     speed = {name: r["samples_per_s"] for name, r in results.items()}
     report = {
@@ -126,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
             "tables": 4, "rows_per_table": args.rows, "dim": args.dim,
             "ids": "uniform" if args.uniform else "zipf(1.1)", "steps": args.steps,
             "global_batch": args.batch, "workers": 2, "servers": 2,
-            "tables_mb": round(table_mb, 1),
+            "tables_mb": round(table_mb, 1), "testbed": bool(args.testbed),
         },
         "results": results,
         "one_process_log_loss": one["log_loss"],

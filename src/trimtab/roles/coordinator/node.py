@@ -450,8 +450,9 @@ class Coordinator(MemberLoss):
         load = headers.read_load(header)
         self._speeds.observe(member.rank, float(load["busy"]), float(load["bytes"]))
         self.watch.load(
-            member.rank, float(load["busy"]), float(load["bytes"]), load["n"], load.get("bo")
-        )
+            member.rank, float(load["busy"]), float(load["bytes"]), load["n"], load.get("bo"),
+            load.get("gr"),
+        )  # fmt: skip
         # The job's clock, so that a server owning nothing still knows the step (its
         # straggler schedule, for one, follows it).
         out.append(Send(member.peer, headers.job_clock(clock=self._steps.job_clock)))

@@ -98,13 +98,21 @@ class Watch:
         )
 
     def load(
-        self, server: int, busy_s: float, nbytes: float, requests: int, out: int | None = None
+        self,
+        server: int,
+        busy_s: float,
+        nbytes: float,
+        requests: int,
+        out: int | None = None,
+        growing: dict[str, int] | None = None,
     ) -> None:
         """Server ``server`` reported its cumulative load (``out``: of its bytes, those
-        it sent, where it says); a server whose speed figure fell below
-        :data:`SLOW_SHARE` of the others' median is reported a straggler."""
+        it sent, where it says; ``growing``: its growing tables' counters); a server
+        whose speed figure fell below :data:`SLOW_SHARE` of the others' median is
+        reported a straggler."""
         speed = self._speeds.speed(server)
         split = {} if out is None else {"bytes_in": nbytes - out, "bytes_out": out}
+        extra = {"growing": growing} if growing else {}
         self.events.emit(
             "load",
             server=server,
@@ -113,6 +121,7 @@ class Watch:
             **split,
             requests=requests,
             speed=speed,
+            **extra,
         )
         active = [m.rank for m in self._members.active_servers()]
         others = [v for r in active if r != server and (v := self._speeds.speed(r)) is not None]

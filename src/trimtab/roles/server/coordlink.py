@@ -62,6 +62,8 @@ class CoordinatorLink:
         self.rejoin = Rejoin(config.job, config.coordinator_timeout_s)
         self._load_due = 0.0
         self.trace: Trace | None = None  # --trace: heartbeats sync its clock
+        #: A growing table's counters on this server's chunks, for the load reports.
+        self.growing: Callable[[], dict[str, int]] = dict
 
     def beat(self) -> None:
         """A heartbeat, if one is due."""
@@ -80,6 +82,9 @@ class CoordinatorLink:
                 busy_s=m.busy_s, nbytes=m.bytes, requests=m.requests, step=m.step,
                 bytes_out=m.bytes_out,
             )  # fmt: skip
+            growing = self.growing()
+            if growing:
+                load["gr"] = growing
             self._loop.send(self.peer, load)
         lost = self._transport.lost()  # (connections closed: seen at once)
         beat = self.heartbeat.due()

@@ -25,6 +25,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header
 from trimtab.protocol.replica import ReplicateHeader
 from trimtab.roles.server.cuts import cut_of, rounds_under_way, spread
+from trimtab.roles.server.growing import encode_grown, take_grown
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.optim import ChunkOptimizer, hyperparameters
 from trimtab.roles.server.replica_shm import ReplicaArenas
@@ -48,11 +49,12 @@ QUEUED_PER_WORKER = 4
 
 
 def encode_state(
-    opt: ChunkOptimizer, frames: list[Frame]
+    opt: ChunkOptimizer, frames: list[Frame], grown: bool = True
 ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """A chunk optimizer's hyperparameters and state, for a HANDOVER's ``hp`` and
     ``st`` (per key, ``["t", dtype, shape]`` for a tensor, whose bytes are appended to
-    ``frames``, or ``["v", value]``). Never blocks."""
+    ``frames``, or ``["v", value]``), with a growing table's map unless not ``grown``
+    (roles/server/growing.py). Never blocks."""
     hp = hyperparameters(opt.optimizer.param_groups[0])
     state = opt.optimizer.state.get(opt.param, {})
     meta: dict[str, list[Any]] = {}
@@ -63,6 +65,8 @@ def encode_state(
             frames.append(as_bytes(t.view(-1)) if t.numel() else b"")
         else:
             meta[key] = ["v", value]
+    if grown and opt.grown is not None:
+        encode_grown(opt.grown, meta, frames)
     return hp, meta
 
 
@@ -94,6 +98,9 @@ def decode_state(
             state[key] = t.clone().view(shape)
         else:
             state[key] = info[0]
+    state, grown = take_grown(state)
+    if grown is not None:
+        opt.grown = grown
     if state:
         opt.optimizer.state[opt.param] = state
 

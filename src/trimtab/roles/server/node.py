@@ -32,6 +32,7 @@ from trimtab.roles.server import checkpoint
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.coordlink import LOAD_REPORT_S, CoordinatorLink, held_job_map
 from trimtab.roles.server.dump import describe, stats
+from trimtab.roles.server.growing import totals
 from trimtab.roles.server.handover import Handover
 from trimtab.roles.server.joining import Joining
 from trimtab.roles.server.lifecycle import ServerState
@@ -94,6 +95,7 @@ class Server:
         self._coord = self._link.peer
         self._arenas = SharedArenas(config.job)
         self._store = ChunkStore(self.meter, self._arenas)
+        self._link.growing = lambda: totals(self._store.chunks.values())
         self._credentials = Credentials(config.job)
         self._receipts = Receipts(
             self._loop,

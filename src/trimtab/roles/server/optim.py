@@ -106,6 +106,9 @@ class ChunkOptimizer:
         # server registers no hooks and needs no grad, so it calls the class's own step
         # with grad off: the same arithmetic, bit for bit (tests/unit/test_optim.py).
         self._step = inspect.unwrap(cls.step)
+        #: A growing table's chunk: its id -> row map (roles/server/growing.py's
+        #: ``Grown``), kept here so that it travels with the optimizer's state.
+        self.grown: Any = None
         self.set_hparams(hparams)
 
     def set_hparams(self, hparams: Mapping[str, Any]) -> None:

@@ -25,6 +25,7 @@ import torch
 from trimtab.protocol import headers
 from trimtab.protocol.credit import credit
 from trimtab.protocol.messages import Data, Header, decode, inline
+from trimtab.roles.server.growing import counters
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.priority import Queued
 from trimtab.roles.server.slots import Slot
@@ -140,6 +141,9 @@ class Receipts:
         held = chunk.hot.get(rank)
         if held is not None:  # the version of the worker's hot set these rows follow
             header["hv"] = held[0]
+        grown = counters(chunk)
+        if grown is not None:
+            header["gc"] = grown
         frames = [as_bytes(ids.contiguous()), as_bytes(t.contiguous())] if ids.numel() else []
         self._meter.sent(sum(f.nbytes for f in frames))
         self._loop.send(peer, header, frames)

@@ -14,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from trimtab.core.dtypes import DTYPE_SIZES
 from trimtab.errors import ProtocolError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.roles.server.growing import PREFIX, take_grown
 from trimtab.roles.server.handover import encode_state
 from trimtab.roles.server.store import Chunk, ChunkStore
-from trimtab.runtime.tensors import check_tensor_frames, tensor_from
+from trimtab.runtime.tensors import TORCH_DTYPES, check_tensor_frames, tensor_from
 from trimtab.transport import Frame
 
 
@@ -43,7 +46,7 @@ def state_reply(store: ChunkStore, header: Header) -> tuple[headers.StateHeader,
     chunk = _server_mode(store, msg["c"])
     assert chunk.optimizer is not None
     frames: list[Frame] = []
-    hp, meta = encode_state(chunk.optimizer, frames)
+    hp, meta = encode_state(chunk.optimizer, frames, grown=False)
     reply = headers.state(
         rid=header["i"],
         chunk=chunk.spec.id,
@@ -71,18 +74,20 @@ def decode_tensors(
         dtype, shape = info
         if dtype not in DTYPE_SIZES:
             raise ProtocolError(ErrorCode.BAD_DTYPE.value, f"state {key!r}: no dtype {dtype!r}")
-        if shape not in ([], [numel]):
+        if shape not in ([], [numel]) and not (key.startswith(PREFIX) and len(shape) == 1):
             raise ProtocolError(
                 ErrorCode.BAD_SHAPE.value,
                 f"state {key!r} has shape {shape}: a chunk's state is a scalar or {numel} elements",
             )
-        n = numel if shape else 1
+        n = shape[0] if shape else 1
         if not rest or rest[0].nbytes != n * DTYPE_SIZES[dtype]:
             raise ProtocolError(
                 ErrorCode.BAD_SHAPE.value,
                 f"state {key!r}: expected a frame of {n * DTYPE_SIZES[dtype]} bytes",
             )
-        state[key] = tensor_from(rest.pop(0), dtype, n).clone().view(shape)
+        frame = rest.pop(0)
+        t = tensor_from(frame, dtype, n) if n else torch.empty(0, dtype=TORCH_DTYPES[dtype])
+        state[key] = t.clone().view(shape)
     if rest:
         raise ProtocolError(ErrorCode.MALFORMED.value, f"{len(rest)} frames more than 'st' says")
     return state
@@ -103,11 +108,13 @@ def load_state(store: ChunkStore, header: Header, frames: Sequence[memoryview]) 
     if "dt" in msg:
         value = check_tensor_frames(header, rest[:1], chunk.spec.dtype, chunk.spec.numel)
         rest = rest[1:]
-    state = decode_tensors(msg["st"], rest, chunk.spec.numel)
+    state, grown = take_grown(decode_tensors(msg["st"], rest, chunk.spec.numel))
     if value is not None:
         chunk.value.copy_(value)
     if "hp" in msg:
         opt.set_hparams(msg["hp"])
     opt.optimizer.state.pop(opt.param, None)  # an empty st clears it (a fresh start)
+    if grown is not None:  # (a worker's state holds none: the map stays as it is)
+        opt.grown = grown
     if state:
         opt.optimizer.state[opt.param] = state

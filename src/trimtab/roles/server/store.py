@@ -19,6 +19,7 @@ from trimtab.roles.server.chunk import Chunk as Chunk
 from trimtab.roles.server.chunk import Reply as Reply
 from trimtab.roles.server.chunk import keep_mean as keep_mean
 from trimtab.roles.server.chunk import mean_of as mean_of
+from trimtab.roles.server.growing import read_grown, totals
 from trimtab.roles.server.lifecycle import ChunkPhase, Move
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import OptimizerMode
@@ -356,14 +357,19 @@ class ChunkStore:
         self, peer: Peer, rid: int, msg: headers.PullHeader, frames: Sequence[memoryview]
     ) -> Reply:
         """Answer a row PULL (``msg`` read, with ``sr``; ``frames``: its ids): the reply
-        carrying those rows' current elements in the chunk. Raises as :meth:`owned`, and
-        a MALFORMED :class:`ProtocolError` as :func:`~.rows.read_ids`. Never blocks."""
+        carrying those rows' current elements in the chunk (with ``gw``, ids of a
+        growing table: :func:`~.growing.read_grown`). Raises as :meth:`owned`, and a
+        MALFORMED :class:`ProtocolError` as :func:`~.rows.read_ids`. Never blocks."""
         chunk = self.owned(msg["c"])
         width = width_of(self.tensors[chunk.spec.tensor].shape)
+        reply = Reply(peer, rid, -1, 0, chunk, None)
+        reply.round = chunk.round
+        if "gw" in msg:  # ids of a growing table: its rows, as the map gives them
+            reply.rows, reply.value = read_grown(chunk, width, msg, frames)
+            return reply
         frame = frames[0] if len(frames) == 1 else memoryview(b"")
         ids, positions = read_ids(chunk, width, int(msg.get("sr", 0)), frame)
-        reply = Reply(peer, rid, -1, 0, chunk, None)
-        reply.rows, reply.value, reply.round = ids, chunk.value[positions], chunk.round
+        reply.rows, reply.value = ids, chunk.value[positions]
         return reply
 
     def set_workers(self, ranks: Iterable[int]) -> list[Reply]:
@@ -435,7 +441,9 @@ class ChunkStore:
     def stats(self) -> dict[str, Any]:
         """Versions and counters of the chunks held, as ``Server.stats`` reports them."""
         held = self.chunks.values()
+        grown = totals(held)
         return {
+            **({"growing": grown} if grown else {}),
             "versions": {str(c): ch.version for c, ch in self.chunks.items()},
             "pushes": sum(ch.pushes for ch in held),
             "shared": self.shared_pushes,
