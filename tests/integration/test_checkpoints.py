@@ -74,6 +74,7 @@ def _gone(job: str) -> None:
     assert processes_of(job) == []
 
 
+@pytest.mark.slow  # (a kill and a resume, 20 to 28 s; test_state_recipes resumes by default)
 @pytest.mark.timeout(180)
 def test_a_killed_bsp_job_resumed_from_its_checkpoint_matches_one_never_stopped(
     tmp_path: Path,
@@ -265,7 +266,9 @@ def _file_size_limit() -> None:  # in the child: every file it (and its children
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("failures", [2, 0])
+@pytest.mark.parametrize(  # (0: trains to its end failing each time, 12 to 18 s: slow tier)
+    "failures", [2, pytest.param(0, marks=pytest.mark.slow)]
+)
 def test_checkpoints_that_cannot_be_written_end_the_job_non_zero_leaving_nothing(
     tmp_path: Path, failures: int
 ) -> None:

@@ -281,10 +281,12 @@ MIGRATION_CASES = [
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # (the second, 3 x 3 with Adam, 12 to 18 s: in the slow tier)
     ("optimizer", "sizes", "servers"),
-    MIGRATION_CASES,
-    ids=[f"{o}-{len(b)}w{s}s" for o, b, s in MIGRATION_CASES],
+    [
+        pytest.param(o, b, s, id=f"{o}-{len(b)}w{s}s", marks=pytest.mark.slow if n else ())
+        for n, (o, b, s) in enumerate(MIGRATION_CASES)
+    ],
 )
 def test_bsp_with_live_migrations_matches_one_process(
     tmp_path: Path, optimizer: str, sizes: tuple[int, ...], servers: int

@@ -102,6 +102,7 @@ def test_lean_ps_window_holds_all_but_one_and_releases_the_first_layers_first() 
     assert w.admit(b"a", 1)
 
 
+@pytest.mark.slow  # (the benchmark's baseline between processes: 7 to 14 s)
 @pytest.mark.timeout(120)
 def test_lean_ps_runs_the_step_between_processes_and_checks_its_result() -> None:
     # 2 servers x 2 workers on loopback; each worker checks that its parameters hold the
