@@ -10,7 +10,6 @@ import re
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
@@ -19,25 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import processes_of
+from tests.observe_script import training_script
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.observe.settings import ObserveSettings
 
 pytest.importorskip("starlette", reason="the dashboard needs the observe extra")
 pytest.importorskip("prometheus_client", reason="/metrics needs the observe extra")
 
-SCRIPT = textwrap.dedent("""
-    import sys, time, torch, trimtab
-    trimtab.init()
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
-    opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       model.named_parameters())
-    for step in range(int(sys.argv[1])):
-        model(torch.ones(8, 64)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        time.sleep(0.03)
-    print("trained", flush=True)
-""")
+SCRIPT = training_script(0.03)
 
 DASHBOARD = re.compile(r"dashboard at (http://127\.0\.0\.1:\d+/)")
 

@@ -9,28 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 
 from tests.conftest import processes_of
+from tests.observe_script import training_script
 from trimtab.launch.job import Job, LaunchConfig
 from trimtab.observe.settings import ObserveSettings
 
 # Long enough (about 2 s of steps) for each member's heartbeat echo to sync its clock.
-SCRIPT = textwrap.dedent("""
-    import sys, time, torch, trimtab
-    trimtab.init()
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
-    opt = trimtab.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       model.named_parameters())
-    for step in range(int(sys.argv[1])):
-        model(torch.ones(8, 64)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        time.sleep(0.08)
-    print("trained", flush=True)
-""")
+SCRIPT = training_script(0.08)
 
 STEPS = 25
 # Each time is a float of microseconds since the epoch: it resolves about 0.25 us, so
