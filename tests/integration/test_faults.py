@@ -102,8 +102,15 @@ def done(records: list[dict[str, Any]], clock: int) -> bool:
     return any(r["clock"] == clock and "done" in r for r in records)
 
 
+#: Where in its step a worker dies.
+PHASES = ["before-push", "mid-push", "after-reply"]
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("phase", ["before-push", "mid-push", "after-reply"])
+@pytest.mark.parametrize(  # (mid-push in the default run; the other two in the slow tier)
+    "phase",
+    [pytest.param(p, marks=pytest.mark.slow if p != "mid-push" else ()) for p in PHASES],
+)
 def test_a_worker_dies_at_its_step_and_phase(tmp_path: Path, phase: str) -> None:
     job = start(tmp_path, f"worker:1:kill@{STEP}:{phase}")
     try:

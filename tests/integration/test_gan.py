@@ -31,7 +31,8 @@ CASES = [
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     ("gen", "disc", "sizes", "every"),
-    CASES,
+    # (the case without moves in the slow tier: the case with them runs the same path)
+    [pytest.param(*c, marks=pytest.mark.slow if not c[3] else ()) for c in CASES],
     ids=[f"{g}-{d}{f'-moves{e}' if e else ''}" for g, d, _, e in CASES],
 )
 def test_two_optimizers_over_tcp_match_one_process(

@@ -107,7 +107,10 @@ def test_crashed_server_ends_the_job(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     ("sig", "status", "said"),
-    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    [  # (SIGTERM in the slow tier: the same teardown as Ctrl-C's)
+        (signal.SIGINT, 130, "interrupted"),
+        pytest.param(signal.SIGTERM, 143, "terminated", marks=pytest.mark.slow),
+    ],
 )
 def test_ctrl_c_or_sigterm_stops_everything(
     tmp_path: Path, sig: signal.Signals, status: int, said: str

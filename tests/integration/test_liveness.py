@@ -145,6 +145,7 @@ def hand_job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[HandJob
         job.stop()
 
 
+@pytest.mark.slow  # (22 s; a killed worker and a killed server stay in the default run)
 @pytest.mark.timeout(180)
 def test_a_worker_that_raises_ends_the_job_at_once(hand_job: HandJob) -> None:
     hand_job.start("raise", steps=100_000)
@@ -204,6 +205,7 @@ def test_a_killed_worker_ends_the_job_within_seconds(hand_job: HandJob) -> None:
     assert statuses["coordinator"] == 1 and statuses["server 0"] == 1
 
 
+@pytest.mark.slow  # (18 s of waiting out the members' timeout; failover is in the default run)
 @pytest.mark.timeout(180)
 def test_a_killed_coordinator_nobody_replaces_gives_workers_job_aborted(
     hand_job: HandJob,

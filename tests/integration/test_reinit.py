@@ -31,7 +31,8 @@ CASES = [
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     ("optimizer", "sizes", "ranks"),
-    CASES,
+    # (one worker re-initing, in the slow tier: both re-init in the default run)
+    [pytest.param(*c, marks=pytest.mark.slow if len(c[2]) == 1 else ()) for c in CASES],
     ids=[f"{o}-reinit{''.join(map(str, r))}" for o, _, r in CASES],
 )
 def test_training_after_shutdown_and_init_matches_one_process_never_stopped(
