@@ -144,7 +144,8 @@ def test_bsp_over_tcp_matches_one_process(
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "case",
-    OVERLAP_CASES,
+    # (the 3-worker Adam case with migrations is a job of its own, 20 s: the slow tier)
+    [pytest.param(c, marks=pytest.mark.slow if c.rebalance_every else ()) for c in OVERLAP_CASES],
     ids=[f"{c.optimizer}-{len(c.sizes)}w-migrate{c.rebalance_every}" for c in OVERLAP_CASES],
 )
 def test_forward_waiting_per_module_matches_one_process(

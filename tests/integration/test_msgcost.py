@@ -25,6 +25,7 @@ def test_it_measures_both_and_splits_the_cpu_by_role() -> None:
     )
 
 
+@pytest.mark.slow  # (a benchmark's mode, 12 s; the in-process mode stays in the default run)
 @pytest.mark.timeout(180)
 def test_with_processes_each_server_runs_apart_and_is_counted_there() -> None:
     result = msgcost.measure(steps=5, rounds=1, processes=True)

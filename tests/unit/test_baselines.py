@@ -49,6 +49,7 @@ def test_ps_arithmetic_refuses_sizes_that_are_not_float32(
         baselines.ps_arithmetic_cpu_s(total, chunk, workers=workers)
 
 
+@pytest.mark.slow  # (7 s; the end-to-end check of a wrong result runs gloo by default)
 @pytest.mark.timeout(120)
 def test_gloo_allreduce_small_returns_positive_times() -> None:
     r = baselines.gloo_allreduce_s([1000, 5000], repeats=2, verify=True)
