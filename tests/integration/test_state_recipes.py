@@ -44,17 +44,26 @@ def _job(out: Path, cases: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], dict[str, Any]]:
-    """Both jobs, one after the other: the output directory, the first job's lines, and
-    each checkpoint as the first job saved it (the second overwrites it)."""
+def first(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], dict[str, Any]]:
+    """The first job: the output directory, its lines, and each checkpoint as it saved
+    it (the second job overwrites it)."""
     out = tmp_path_factory.mktemp("state")
     lines = _job(out, FIRST)
     saved = {
         name: torch.load(out / f"{name}-plain" / "checkpoint.pt", weights_only=True)
         for name in ("adam", "rmsprop")
     }
-    _job(out, RESUMED)
     return out, lines, saved
+
+
+@pytest.fixture(scope="module")
+def jobs(
+    first: tuple[Path, list[str], dict[str, Any]],
+) -> tuple[Path, list[str], dict[str, Any]]:
+    """Both jobs: the second resumes the first's checkpoints. (Two fixtures, so that
+    each job is the setup of its own test: the tests of the first job come first.)"""
+    _job(first[0], RESUMED)
+    return first
 
 
 def _params(out: Path) -> list[list[torch.Tensor]]:
@@ -62,31 +71,14 @@ def _params(out: Path) -> list[list[torch.Tensor]]:
 
 
 @pytest.mark.timeout(200)
-# (SGD with momentum's checkpoint: tests/integration/test_horovod_patterns.py)
-@pytest.mark.parametrize("name", ["adam", "rmsprop"])
-def test_checkpoint_resumed_in_a_new_job_equals_an_unstopped_run(
-    jobs: tuple[Path, list[str], dict[str, Any]], name: str
-) -> None:
-    """Job 1: 4 steps, rank 0 saves {"model", "optimizer"}. Job 2 (new coordinator and
-    servers): rank 0 loads both, broadcast_parameters + broadcast_optimizer_state (the
-    other rank's optimizer is fresh), 4 more steps. Both ranks end where one process
-    running 8 steps does."""
-    out, _, saved = jobs
-    assert saved[name]["optimizer"]["state"], "the checkpoint holds no optimizer state"
-    expected = reference(name, 8)
-    for got in _params(out / f"{name}-plain"):
-        assert max_difference(got, expected) < 1e-5
-
-
-@pytest.mark.timeout(200)
 @pytest.mark.parametrize("recipe", ["clip", "amp"])
 def test_horovod_recipes_changing_gradients_after_synchronize(
-    jobs: tuple[Path, list[str], dict[str, Any]], recipe: str
+    first: tuple[Path, list[str], dict[str, Any]], recipe: str
 ) -> None:
     """synchronize(); clip_grad_norm_ (or GradScaler.unscale_ of a 2**16-scaled loss);
     with skip_synchronize(): step(). The same as one process doing it with plain torch;
     the job says it switched to summation mode."""
-    out, lines, _ = jobs
+    out, lines, _ = first
     expected = reference("adam", 6, recipe)
     for got in _params(out / f"adam-{recipe}"):
         assert max_difference(got, expected) < 1e-5
@@ -109,15 +101,32 @@ def _summed_reference(steps: int) -> list[torch.Tensor]:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(("op", "predivide"), [("Sum", "1"), ("Average", "4")])
 def test_sum_and_predivide_and_horovods_warning(
-    jobs: tuple[Path, list[str], dict[str, Any]], op: str, predivide: str
+    first: tuple[Path, list[str], dict[str, Any]], op: str, predivide: str
 ) -> None:
     """op=Sum: the servers' update uses the sum of the two workers' gradients; with
     gradient_predivide_factor=4 the mean again. The last step calls synchronize() and
     then step() without skip_synchronize(): Horovod's warning, and no second push (the
     parameters are still right)."""
-    out, lines, _ = jobs
+    out, lines, _ = first
     expected = _summed_reference(5) if op == "Sum" else reference("sgd", 5)
     for got in _params(out / f"sgd-resync-{op}-{predivide}"):
         assert max_difference(got, expected) < 1e-5
     assert sum(f"sgd-resync-{op}-{predivide} mode server" in line for line in lines) == 2
     assert any(RESYNC_WARNING[:60] in line for line in lines)
+
+
+@pytest.mark.timeout(200)
+# (SGD with momentum's checkpoint: tests/integration/test_horovod_patterns.py)
+@pytest.mark.parametrize("name", ["adam", "rmsprop"])
+def test_checkpoint_resumed_in_a_new_job_equals_an_unstopped_run(
+    jobs: tuple[Path, list[str], dict[str, Any]], name: str
+) -> None:
+    """Job 1: 4 steps, rank 0 saves {"model", "optimizer"}. Job 2 (new coordinator and
+    servers): rank 0 loads both, broadcast_parameters + broadcast_optimizer_state (the
+    other rank's optimizer is fresh), 4 more steps. Both ranks end where one process
+    running 8 steps does."""
+    out, _, saved = jobs
+    assert saved[name]["optimizer"]["state"], "the checkpoint holds no optimizer state"
+    expected = reference(name, 8)
+    for got in _params(out / f"{name}-plain"):
+        assert max_difference(got, expected) < 1e-5
