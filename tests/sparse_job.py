@@ -142,7 +142,8 @@ def train_worker(
     hot: int = 0,
 ) -> list[torch.Tensor]:
     """Train as worker ``rank`` of ``len(sizes)`` (the job is the default one unless
-    ``context``), with the import swapped: ``trimtab.DistributedOptimizer``. With a
+    ``context``), with the import swapped: ``trimtab.DistributedOptimizer``, from the
+    optimizers' clock (a job resumed from a checkpoint skips the steps before it). With a
     ``server`` table, ``prefetch`` "after" (or "before") step() announces the next
     batch's ids, ``hot`` rows of it are replicated here; ``counters`` gets the table's
     rows read and prefetched, and its hot set's report."""
@@ -153,7 +154,9 @@ def train_worker(
         trimtab.DistributedOptimizer(inner, named, context=context)  # type: ignore[arg-type]
         for inner, named in optimizers(name, model)
     ]
-    if context is None:  # Horovod's recipe (a table on the servers is left out of it)
+    # Horovod's recipe (a table on the servers is left out of it); not in a job resumed
+    # from a checkpoint, whose servers hold the values (docs/running.md)
+    if context is None and opts[0].clock == 0:
         trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
         for o in opts:
             trimtab.broadcast_optimizer_state(o, root_rank=0)
@@ -161,7 +164,10 @@ def train_worker(
     end = start + sizes[rank]
     batches = global_batches(steps)
     table: Any = model.table
+    first = opts[0].clock  # 0, or a resumed job's checkpoint's clock
     for step, (bags, x, y) in enumerate(batches):
+        if step < first:  # done before the checkpoint this job resumed from
+            continue
         for o in opts:
             o.batch_size = sizes[rank]
             o.zero_grad()

@@ -8,13 +8,15 @@ the servers, its next rows prefetched after each step), OPTIMIZER:hot for the sa
 40 hot rows replicated on the workers. Saves each worker's parameters
 as OUT_DIR/CASE/rank<r>.pt (``-`` for ``:``).
 After each step of KILL_AFTER of the first optimizer, rank 0 writes OUT_DIR/kill<n> and
-waits for OUT_DIR/killed<n> (the test kills a server meanwhile). Rank 0 saves the
+waits for OUT_DIR/killed<n> (the test kills a server meanwhile). With SPARSE_STEP_S,
+every step takes at least that many seconds (a job to checkpoint and kill mid-run). Rank 0 saves the
 servers' counters and the job's status as OUT_DIR/stats.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +35,12 @@ kills = [int(k) for k in sys.argv[2].split(",") if k]
 trimtab.init()
 
 
+#: SPARSE_STEP_S=0.1: each step takes at least that long (a job to checkpoint mid-run).
+step_s = float(os.environ.get("SPARSE_STEP_S", "0"))
+
+
 def on_step(step: int) -> None:
+    time.sleep(step_s)
     if trimtab.rank() != 0 or step not in kills:
         return
     n = kills.index(step)
@@ -51,7 +58,7 @@ for i, case in enumerate(sys.argv[3:]):
         name,
         SIZES,
         trimtab.rank(),
-        on_step=on_step if i == 0 else None,
+        on_step=on_step if i == 0 or step_s else None,
         server=kind in ("server", "hot"),
         prefetch="after" if kind in ("server", "hot") else "",
         hot=40 if kind == "hot" else 0,

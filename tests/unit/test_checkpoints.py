@@ -23,6 +23,7 @@ from trimtab.roles.coordinator.checkpoint import (
 )
 from trimtab.roles.server.checkpoint import MAGIC, ServerCheckpoints, file_name, read_file
 from trimtab.runtime.files import checksum_of, write_atomic
+from trimtab.runtime.tensors import as_bytes
 from trimtab.settings import CheckpointSettings
 
 SGD = {"mode": "server", "cls": "SGD", "groups": [{"lr": 0.5, "momentum": 0.9}]}
@@ -231,3 +232,26 @@ def test_a_server_checks_each_file_against_the_manifest_s_checksum_as_it_reads(
     loading.control(restore)  # type: ignore[arg-type]
     loading.mapped()
     assert "checksum" in said.sent[0]["err"]
+
+
+def test_a_restored_chunk_takes_the_resumed_jobs_first_adoption(tmp_path: Path) -> None:
+    """A resumed job's coordinator numbers its adoptions from 1 again (the stopped job's
+    grants name the stopped job, and do not verify): a chunk the stopped job adopted
+    takes the resumed job's first broadcast, and still refuses a replay of it."""
+    store, ckpt, _ = server()
+    init = {**headers.init(chunk=0, epoch=1, dtype="float32", numel=4), "i": 1}
+    store.init(init, [as_bytes(torch.full((4,), 3.0))], 0, 1)  # the stopped job's adoption 1
+    step(store, 0)
+    ckpt.control(headers.snapshot(number=1, clock=1, directory=str(tmp_path)))  # type: ignore[arg-type]
+    settle(ckpt)
+
+    fresh, loading, said = server()
+    loading.control(headers.restore(directory=str(tmp_path), files=[file_name(0)]))  # type: ignore[arg-type]
+    fresh.apply_map(map_header([0, 0], opt=SGD))
+    loading.mapped()
+    assert said.sent == [headers.restored(chunks=2)]
+    fresh.init(init, [as_bytes(torch.full((4,), 5.0))], 0, 1)  # the resumed job's adoption 1
+    assert fresh.chunks[0].value.tolist() == [5.0] * 4
+    with pytest.raises(ProtocolError, match="not newer"):  # a replay of it
+        fresh.init(init, [as_bytes(torch.full((4,), 9.0))], 0, 1)
+    assert fresh.chunks[0].value.tolist() == [5.0] * 4

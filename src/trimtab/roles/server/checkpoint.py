@@ -186,7 +186,8 @@ def restore_chunk(store: ChunkStore, entry: Header, frames: list[memoryview]) ->
         version, round_, counts = int(entry["v"]), int(entry["k"]), [int(x) for x in entry["p"]]
         last_clock = {int(r): int(c) for r, c in entry["lc"]}
         last_weight = {int(r): float(w) for r, w in entry["lw"]}
-        last_sum, adopted = float(entry["ls"]), int(entry["ad"])
+        last_sum = float(entry["ls"])
+        int(entry["ad"])  # (the stopped job's last adoption: read as ever, not applied)
         pushes, dropped, discounted = counts
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(
@@ -197,7 +198,11 @@ def restore_chunk(store: ChunkStore, entry: Header, frames: list[memoryview]) ->
     chunk.version, chunk.round = version, round_
     chunk.pushes, chunk.dropped, chunk.discounted = pushes, dropped, discounted
     chunk.last_clock, chunk.last_weight = last_clock, last_weight
-    chunk.last_sum, chunk.adopted = last_sum, adopted
+    chunk.last_sum = last_sum
+    # The stopped job's adoption numbers are not this job's: its coordinator numbers its
+    # adoptions from 1 again, and a grant of the stopped job does not verify here (the
+    # job id is in it). Kept, the first broadcast of a resumed job was refused.
+    chunk.adopted = 0
     chunk.seeded = True  # no INIT may overwrite it
 
 
