@@ -3,8 +3,10 @@ and says what happened, one line each: ``READY`` after two steps, ``ABORTED <typ
 when it catches :class:`trimtab.JobAborted` (then ``AT <time.time()>``), ``STEP_MAX
 <seconds>`` and ``FINISHED`` at the end of a job that ran its course.
 
-Usage: liveness_worker.py MODE STEPS, MODE one of ``train`` (just train), ``raise`` (rank
-1 raises an uncaught ValueError at step 2)."""
+Usage: liveness_worker.py MODE STEPS, MODE one of ``train`` (train, between two
+``broadcast_parameters``: Horovod's at the start, and one at the end, which a job whose
+coordinator was replaced meanwhile must take too), ``raise`` (rank 1 raises an uncaught
+ValueError at step 2)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ model = torch.nn.Linear(16, 4)
 opt = trimtab.DistributedOptimizer(
     torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters()
 )
+if mode == "train":
+    trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
 longest = 0.0
 try:
     for step in range(steps):
@@ -35,6 +39,8 @@ try:
         opt.step()
         longest = max(longest, time.monotonic() - started)
         time.sleep(0.02)
+    if mode == "train":
+        trimtab.broadcast_parameters(model.state_dict(), root_rank=0)
 except trimtab.JobAborted as exc:
     print(f"ABORTED {type(exc).__name__}: {exc}", flush=True)
     print(f"AT {time.time():.2f}", flush=True)

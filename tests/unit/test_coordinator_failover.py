@@ -13,6 +13,7 @@ from trimtab.errors import JobAborted, ProtocolError
 from trimtab.policies.placement import PLACEMENTS
 from trimtab.protocol import rejoin
 from trimtab.protocol.messages import Control
+from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Members, MemberState
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
@@ -33,7 +34,13 @@ def job_map(epoch: int = 1) -> dict[str, Any]:
 
 
 def server_rejoin(
-    rank: int, nonce: bytes, *, epoch: int = 1, key: bytes = MEMBER_KEY, moving: bool = False
+    rank: int,
+    nonce: bytes,
+    *,
+    epoch: int = 1,
+    key: bytes = MEMBER_KEY,
+    moving: bool = False,
+    adopted: int = 0,
 ) -> dict[str, Any]:
     mask = credentials.key_mask(SERVER_KEY, JOB, nonce)
     return dict(
@@ -45,6 +52,7 @@ def server_rejoin(
             job_map=job_map(epoch),
             moving=moving,
             ticket=credentials.join_ticket(SERVER_KEY, JOB),
+            adopted=adopted,
         )
     )
 
@@ -114,6 +122,21 @@ def test_the_job_is_rebuilt_once_every_member_is_back_and_each_proof_holds() -> 
         assert member.away and member.end(reply.header["pf"], secret) and not member.away
 
 
+def test_adoptions_go_on_from_the_newest_a_server_s_chunk_took() -> None:
+    """The dead coordinator's adoptions are counted in the servers' chunks: the
+    replacement's next adoption is newer than any (an older number is a replay there)."""
+    rejoins, members, maps = fresh()
+    assert rejoins.adoptions() == 0
+    back(rejoins, members, maps, b"s0", server_rejoin(0, nonce(1), adopted=3))
+    back(rejoins, members, maps, b"s1", server_rejoin(1, nonce(2)))  # (none: no "ad")
+    assert rejoins.adoptions() == 3
+    collectives = Collectives(2)
+    collectives.adoptions = rejoins.adoptions()  # as the rebuilt coordinator takes it
+    collectives.adopt(b"w0", 1, 0, lambda root, n: b"g")
+    (sent,) = collectives.adopt(b"w1", 1, 0, lambda root, n: b"g")[:1]
+    assert isinstance(sent, Send) and sent.header["ad"] == 4
+
+
 def test_a_worker_without_its_credential_neither_rejoins_nor_displaces_the_real_one() -> None:
     rejoins, members, maps = fresh()
     forged = worker_rejoin(0, nonce(9), token=b"x" * credentials.CREDENTIAL_BYTES)
@@ -179,6 +202,7 @@ def test_workers_that_ended_are_done_and_missing_members_end_the_job_in_time() -
         ({"mk": b"k" * 31}, "'mk' must be"),
         ({"jm": None}, "jm"),
         ({"rank": -1}, "'rank' must be >= 0"),
+        ({"ad": -1}, "'ad' must be >= 0"),
     ],
 )
 def test_a_malformed_rejoin_is_refused(change: dict[str, Any], why: str) -> None:

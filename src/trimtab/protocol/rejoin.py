@@ -45,6 +45,7 @@ class RejoinHeader(WireHeader):
     mk: NotRequired[bytes]  # a server's: the member key, masked (see the module)
     jm: NotRequired[dict[str, Any]]  # a server's job map: the newest it took
     mv: NotRequired[bool]  # a server's: chunks of a migration are on their way here or away
+    ad: NotRequired[int]  # a server's: the newest adoption any of its chunks took (0: none)
     pf: NotRequired[bytes]  # a worker's proof of its credential
     lo: NotRequired[int]  # a worker's routing floor
 
@@ -58,6 +59,7 @@ def rejoin_server(
     job_map: dict[str, Any],
     moving: bool,
     ticket: bytes | None,
+    adopted: int = 0,
 ) -> RejoinHeader:
     header: RejoinHeader = {
         "o": _REJOIN,
@@ -72,6 +74,8 @@ def rejoin_server(
     }
     if ticket is not None:
         header["tk"] = ticket
+    if adopted:
+        header["ad"] = adopted
     return header
 
 
@@ -104,6 +108,8 @@ def read_rejoin(header: Header) -> RejoinHeader:
         field(header, "jm", dict)
         field(header, "mv", bool)
         optional(header, "tk", bytes)
+        if (optional(header, "ad", int) or 0) < 0:
+            raise ProtocolError(ErrorCode.MALFORMED.value, "REJOIN: 'ad' must be >= 0")
         if len(field(header, "mk", bytes)) != KEY_BYTES:
             raise ProtocolError(
                 ErrorCode.MALFORMED.value, f"REJOIN: 'mk' must be {KEY_BYTES} bytes"

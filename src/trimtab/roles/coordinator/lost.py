@@ -70,6 +70,11 @@ class MemberLoss:
             out += self._rejoins.poll(self._members, self._maps)
             if self._rejoins.rebuilt and self._rejoins.key is not None:
                 self._key = self._rejoins.key  # the job's: every credential is made from it
+                # Adoptions go on from the newest a server's chunk took: a number the dead
+                # coordinator granted already would be refused as a replay.
+                self._collectives.adoptions = max(
+                    self._collectives.adoptions, self._rejoins.adoptions()
+                )
                 if self._elastic is not None:  # its workers as the servers count them
                     self._elastic.rebuilt(self._rejoins.taking_part())
         except JobAborted as exc:

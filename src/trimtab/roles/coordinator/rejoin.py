@@ -212,6 +212,11 @@ class Rejoins:
         peers.update(p for by_peer in self.workers.values() for p in by_peer)
         return [Send(p, headers.abort(why=why)) for p in peers]
 
+    def adoptions(self) -> int:
+        """The newest adoption any rejoined server's chunk took (0: none): the dead
+        coordinator's count of adoptions, as far as the servers know it. Never blocks."""
+        return max((r.get("ad", 0) for _, r in self.servers.values()), default=0)
+
     def rebuild(self, members: Members, maps: Maps) -> Outbox:
         """Lay out the members and the map from the REJOINs (call once
         :meth:`missing` is empty): members as they were, the servers the map names but

@@ -359,6 +359,7 @@ class Server:
             job_map=held_job_map(self._store, self._replicas.replicas.backup_of),
             moving=bool(self._store.moves),
             ticket=credentials.join_ticket(server_key, job) if server_key else None,
+            adopted=max((c.adopted for c in self._store.chunks.values()), default=0),
         )
 
     # -- data plane ----------------------------------------------------------------
