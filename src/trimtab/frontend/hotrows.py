@@ -103,6 +103,20 @@ class HotRows:
         flat = self.values.view(self.ids.numel(), -1)
         flat[at[mine], (positions % width)[mine]] = values[mine].to(flat.dtype)
 
+    def write_rows(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Take a round's changed rows ``ids`` (sorted) whole, ``rows`` their new
+        elements (``[len(ids), width]``): those of held rows (:meth:`write` for the
+        elements of a chunk that cuts rows)."""
+        if self.ids.numel() == 0 or ids.numel() == 0:
+            return
+        at = torch.searchsorted(self.ids, ids).clamp_(max=self.ids.numel() - 1)
+        mine = self.ids[at] == ids
+        flat = self.values.view(self.ids.numel(), -1)
+        if bool(mine.all()):  # (a server answers a worker's hot rows only)
+            flat[at] = rows.to(flat.dtype)
+        else:
+            flat[at[mine]] = rows[mine].to(flat.dtype)
+
     def report(self) -> dict[str, float]:
         """The hot set's size and version, reads and the share the hot set served."""
         return {
