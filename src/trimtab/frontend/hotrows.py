@@ -114,7 +114,7 @@ class HotRows:
     def write_rows(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Take a round's changed rows ``ids`` (sorted) whole, ``rows`` their new
         elements (``[len(ids), width]``): those of held rows (:meth:`write` for the
-        elements of a chunk that cuts rows)."""
+        elements of a chunk that cuts rows). Never blocks."""
         if self.ids.numel() == 0 or ids.numel() == 0:
             return
         at = torch.searchsorted(self.ids, ids).clamp_(max=self.ids.numel() - 1)
