@@ -145,8 +145,9 @@ def train_worker(
     ``context``), with the import swapped: ``trimtab.DistributedOptimizer``, from the
     optimizers' clock (a job resumed from a checkpoint skips the steps before it). With a
     ``server`` table, ``prefetch`` "after" (or "before") step() announces the next
-    batch's ids, ``hot`` rows of it are replicated here; ``counters`` gets the table's
-    rows read and prefetched, and its hot set's report."""
+    batch's ids ("half": half of them, after), ``hot`` rows of it are replicated here;
+    ``counters`` gets the table's rows read (``first``: by the first forward) and
+    prefetched, and its hot set's report."""
     import trimtab
 
     model = Model(42 if rank == 0 else 1000 + rank, server, hot=hot)  # the root's values must win
@@ -179,8 +180,12 @@ def train_worker(
             o.step()
         if prefetch == "after" and coming is not None:
             table.prefetch(coming)
+        if prefetch == "half" and coming is not None:  # (the forward reads the rest)
+            table.prefetch(coming[: coming.numel() // 2])
         if on_step is not None:
             on_step(step)
+        if step == 0 and counters is not None and server:
+            counters["first"] = table.rows_read  # (no prefetch before the first step)
     if counters is not None and server:
         counters.update(read=table.rows_read, prefetched=table.rows_prefetched)
         counters["storage"] = table.weight.untyped_storage().nbytes()

@@ -23,18 +23,19 @@ from trimtab.runtime.tensors import as_bytes
 
 ROWS, WIDTH = 5, 4  # 20 elements in chunks of 7, 7, 6: rows 1 and 3 straddle two
 OPT = {"mode": "server", "cls": "SparseAdam", "groups": [{"lr": 0.1}]}
+WHOLE = 32  # chunk bytes for chunks of 8, 8, 4 elements: whole rows (a row view steps)
 
 
-def table_store() -> ChunkStore:
+def table_store(chunk_bytes: int = 28, cls: str = "SparseAdam") -> ChunkStore:
     store = ChunkStore(LoadMeter(), SharedArenas("job"))
     store.index = 0
     store.apply_map(
         {
             "tensors": [["emb", [ROWS, WIDTH], "float32", 0]],
-            "chunk_bytes": 28,
+            "chunk_bytes": chunk_bytes,
             "workers": [0, 1],
             "servers": ["inproc://s0"],
-            "opt": OPT,
+            "opt": {**OPT, "cls": cls},
             "owners": [0, 0, 0],
             "epoch": 1,
             "consistency": "bsp",
@@ -69,17 +70,27 @@ def table_of(store: ChunkStore) -> torch.Tensor:
     return torch.cat([store.chunks[c].value for c in sorted(store.chunks)]).view(ROWS, WIDTH)
 
 
-def test_rows_across_chunks_step_as_torchs_sparse_adam_on_the_whole_table() -> None:
-    store = table_store()
+@pytest.mark.parametrize("cls", ["SparseAdam", "Adagrad", "SGD"])
+@pytest.mark.parametrize("chunk_bytes", [28, WHOLE], ids=["rows-cut", "whole-rows"])
+def test_rows_across_chunks_step_as_torchs_optimizers_on_the_whole_table(
+    chunk_bytes: int, cls: str
+) -> None:
+    """torch's sparse optimizers on a table's chunks: rows cut in two by chunks, or
+    chunks of whole rows (stepped on a row view of the chunk), as on the whole table."""
+    store = table_store(chunk_bytes, cls)
     reference = torch.nn.Parameter(torch.zeros(ROWS, WIDTH))
-    adam = torch.optim.SparseAdam([reference], lr=0.1)
+    optimizer = getattr(torch.optim, cls)([reference], lr=0.1)
     for clock, (a, b) in enumerate([([1, 3], [3, 4]), ([0], [1, 2]), ([4], [4])]):
         ga, gb = row_grad(a, clock), row_grad(b, 100 + clock)
         assert push_rows(store, 0, ga, clock) == []  # waits for worker 1
         replies = push_rows(store, 1, gb, clock)
         reference.grad = (ga + gb) / 2  # the mean, as the servers weigh equal batches
-        adam.step()
+        optimizer.step()
         assert torch.allclose(table_of(store), reference.detach(), atol=1e-6)
+        for c in store.chunks.values():  # (the state keeps the chunk's shape)
+            assert c.value.shape == (c.spec.numel,)
+            state = c.optimizer.optimizer.state[c.optimizer.param]
+            assert all(v.dim() <= 1 for v in state.values() if isinstance(v, torch.Tensor))
         # Each answer names the rows that changed in its chunk, with their new elements.
         changed = sorted({int(r) for reply in replies for r in reply.rows.tolist()})
         assert changed == sorted(set(a) | set(b))

@@ -34,12 +34,13 @@ def test_sparse_bsp_matches_one_process(cluster_factory, name: str, server: bool
         assert max_difference(got, expected) < 1e-5
 
 
-@pytest.mark.parametrize("when", ["after", pytest.param("before", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("when", ["after", "half", pytest.param("before", marks=pytest.mark.slow)])
 def test_prefetched_rows_are_taken_only_when_current(cluster_factory, when: str) -> None:
     """``table.prefetch(next ids)`` after step(): the next forward takes those rows; sent
     before step(), those answered before their chunk's update are read again (the
-    others, answered after the round completed, are taken): the same result either way,
-    and the worker never holds the table (one element of storage)."""
+    others, answered after the round completed, are taken); announcing half the ids, the
+    forward takes those and reads the rest: the same result every way, and the worker
+    never holds the table (one element of storage)."""
     sizes = (10, 14)
     cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
     counts: list[dict] = [{}, {}]
@@ -54,17 +55,23 @@ def test_prefetched_rows_are_taken_only_when_current(cluster_factory, when: str)
         assert count["storage"] == 4  # a float32: the weight's one element
         if when == "after":  # (the first step's rows only are read by the forward)
             assert count["prefetched"] > 0 and count["read"] < count["prefetched"]
+        if when == "half":  # (before, the forward read every row or none of these)
+            assert count["prefetched"] > 0 and count["read"] > count["first"]
 
 
-@pytest.mark.parametrize("name", ["sgd", "sparseadam"])
+@pytest.mark.parametrize(
+    ("name", "chunk_bytes"), [("sgd", 256), ("sparseadam", 256), ("sparseadam", 192)]
+)
 def test_hot_rows_replicated_on_workers_change_nothing_under_bsp(
-    cluster_factory, name: str
+    cluster_factory, name: str, chunk_bytes: int
 ) -> None:
     """NuPS's hot set (40 rows, chosen again every 3 steps) read from each worker's
     replicas, kept in step by the servers' answers: the same parameters as one process,
-    most reads served by the replicas, and the next rows prefetched as well."""
+    most reads served by the replicas, and the next rows prefetched as well. Chunks of
+    256 bytes cut rows of 6 floats in two; of 192, they hold whole rows (the answers'
+    rows are then taken whole)."""
     sizes = (10, 14)
-    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=256)
+    cluster = cluster_factory(workers=2, servers=2, chunk_bytes=chunk_bytes)
     counts: list[dict] = [{}, {}]
     results = cluster.run_workers(
         lambda ctx: train_worker(

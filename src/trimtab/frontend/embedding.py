@@ -40,8 +40,10 @@ class _Rows(torch.autograd.Function):
     sparse gradient of the table (rows ``ids``), as torch's sparse embeddings make."""
 
     @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> Any:
-        ctx.ids, ctx.shape = ids, weight.shape
+    def forward(
+        ctx: Any, weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, ordered: bool
+    ) -> Any:
+        ctx.ids, ctx.shape, ctx.ordered = ids, weight.shape, ordered
         return rows
 
     @staticmethod
@@ -50,8 +52,12 @@ class _Rows(torch.autograd.Function):
         kept = ids >= 0  # (a growing table's ids not admitted: their gradient dropped)
         if not bool(kept.all()):
             ids, grad = ids[kept], grad[kept]
-        table = torch.sparse_coo_tensor(ids.view(1, -1), grad, ctx.shape, check_invariants=False)
-        return table, None, None
+        # ``ordered``: the ids are unique and sorted (torch.unique's), so the gradient is
+        # coalesced as made and the row push does not sort it again.
+        table = torch.sparse_coo_tensor(
+            ids.view(1, -1), grad, ctx.shape, check_invariants=False, is_coalesced=ctx.ordered
+        )
+        return table, None, None, None
 
 
 class _ServerTable(nn.Module):
@@ -122,8 +128,7 @@ class _ServerTable(nn.Module):
         hot.count(unique)
         new = hot.choose() if hot.due() else None
         if new is not None or hot.stale:
-            ids = hot.ids if new is None else new
-            hot.hold(ids, self._pull(ids), new_set=new is not None)
+            return self._rehold(pusher, unique, new)
         is_hot, held = hot.split(unique)
         if bool(is_hot.all()):
             return held
@@ -132,28 +137,59 @@ class _ServerTable(nn.Module):
         out[~is_hot] = self._cold(pusher, unique[~is_hot])
         return out
 
+    def _rehold(
+        self, pusher: Pusher, unique: torch.Tensor, new: torch.Tensor | None
+    ) -> torch.Tensor:
+        """:meth:`_rows` where the hot set changes to ``new`` (None: the same set, some
+        of whose servers lacked it): the set's rows not held current here are read in
+        the same requests as the forward's cold rows (one round trip, not two). Rows
+        held stay (every update of them came back); after a stale answer all are read
+        again. Blocks."""
+        hot, p = self._hot, self.weight
+        ids = hot.ids if new is None else new
+        kept = torch.zeros(ids.numel(), dtype=torch.bool)
+        if not hot.stale and hot.ids.numel():
+            kept = torch.isin(ids, hot.ids)
+        cold = unique[~torch.isin(unique, ids)]
+        wanted = torch.unique(torch.cat([ids[~kept], cold]))
+        values = self._cold(pusher, wanted)
+        held = torch.empty(ids.numel(), *p.shape[1:], dtype=p.dtype)
+        held[kept] = hot.values[torch.searchsorted(hot.ids, ids[kept])]
+        held[~kept] = values[torch.searchsorted(wanted, ids[~kept])]
+        hot.hold(ids, held, new_set=new is not None)
+        is_hot, mine = hot.split(unique)
+        out = torch.empty(unique.numel(), *p.shape[1:], dtype=p.dtype)
+        out[is_hot] = mine
+        out[~is_hot] = values[torch.searchsorted(wanted, unique[~is_hot])]
+        return out
+
     def _cold(self, pusher: Pusher, unique: torch.Tensor) -> torch.Tensor:
-        """Rows ``unique`` (sorted), prefetched where they were and current, else read
-        now. Blocks."""
+        """Rows ``unique`` (sorted): those prefetched, if the prefetch is current, from
+        its answers, the others read now. Blocks."""
         p = self.weight
         prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None:
-            ids, requests, sent = prefetched
-            replies = pusher.wait_all(sent)
-            at = torch.searchsorted(ids, unique).clamp_(max=max(ids.numel() - 1, 0))
-            covered = ids.numel() > 0 and bool((ids[at] == unique).all())
-            current = all(
-                int(r.header.get("k", 0)) > pusher.rounds.get(c.id, -1)
-                for (c, _, _, _), r in zip(requests, replies, strict=True)
-            )
-            if covered and current:
-                self.rows_prefetched += unique.numel()
-                answered = [
-                    (c, mine, r) for (c, _, _, mine), r in zip(requests, replies, strict=True)
-                ]
-                return rows_from(p, ids, answered)[at]
-        self.rows_read += unique.numel()
-        return self._pull(unique)
+        if prefetched is None:
+            self.rows_read += unique.numel()
+            return self._pull(unique)
+        ids, requests, sent = prefetched
+        replies = pusher.wait_all(sent)  # (raises what a read raises, even if unused)
+        current = all(
+            int(r.header.get("k", 0)) > pusher.rounds.get(c.id, -1)
+            for (c, _, _, _), r in zip(requests, replies, strict=True)
+        )
+        if not current or ids.numel() == 0 or unique.numel() == 0:
+            self.rows_read += unique.numel()
+            return self._pull(unique)
+        at = torch.searchsorted(ids, unique).clamp_(max=ids.numel() - 1)
+        covered = ids[at] == unique
+        answered = [(c, mine, r) for (c, _, _, mine), r in zip(requests, replies, strict=True)]
+        out = rows_from(p, ids, answered)[at]
+        n = int(covered.sum())
+        self.rows_prefetched += n
+        if n < unique.numel():  # (ids the prefetch did not name: read now)
+            self.rows_read += unique.numel() - n
+            out[~covered] = self._pull(unique[~covered])
+        return out
 
     def _pull(self, unique: torch.Tensor) -> torch.Tensor:
         """Rows ``unique`` (sorted) read from their servers now. Blocks."""
@@ -186,7 +222,7 @@ class _ServerTable(nn.Module):
             raise IndexError(f"index out of range in a table of {self.num_embeddings} rows")
         rows = self._rows(unique).to(input.device)
         if torch.is_grad_enabled() and self.weight.requires_grad:
-            rows = _Rows.apply(self.weight, rows, unique)  # type: ignore[no-untyped-call]
+            rows = _Rows.apply(self.weight, rows, unique, True)  # type: ignore[no-untyped-call]
         padding = None
         if self.padding_idx is not None:
             hit = (unique == self.padding_idx).nonzero()
@@ -204,7 +240,7 @@ class _ServerTable(nn.Module):
         rows = rows.to(device)
         if torch.is_grad_enabled() and p.requires_grad:
             self._growing.dropped += int((slots < 0).sum())
-            rows = _Rows.apply(p, rows, slots)  # type: ignore[no-untyped-call]
+            rows = _Rows.apply(p, rows, slots, False)  # type: ignore[no-untyped-call]
         return rows, local, None
 
     def full_weight(self) -> torch.Tensor:

@@ -160,10 +160,11 @@ def row_requests(
     """The row PULLs that read rows ``ids`` (unique, sorted) of table ``p``: one per
     chunk any of them reaches into, ``(chunk, header, frames, its ids)``. Pure."""
     width = width_of(tuple(p.shape))
+    spans = [row_span(width, c.offset, c.numel) for c in chunks]
+    bounds = torch.searchsorted(ids, torch.tensor(spans, dtype=ids.dtype).view(-1)).tolist()
     out = []
-    for c in chunks:
-        first, end = row_span(width, c.offset, c.numel)
-        lo, hi = torch.searchsorted(ids, torch.tensor([first, end])).tolist()
+    for i, c in enumerate(chunks):
+        lo, hi = bounds[2 * i], bounds[2 * i + 1]  # (one search for every chunk)
         if lo == hi:
             continue
         mine = ids[lo:hi].contiguous()

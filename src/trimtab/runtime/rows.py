@@ -59,9 +59,10 @@ def split(
     values = g.values()  # (flattened per row; a gradient of no rows has a shape too)
     values = values.unsqueeze(1) if values.dim() == 1 else values.flatten(1)
     out = []
-    for width, offset, numel in spans:
-        first, end = row_span(width, offset, numel)
-        lo, hi = torch.searchsorted(ids, torch.tensor([first, end])).tolist()
+    firsts = [row_span(width, offset, numel) for width, offset, numel in spans]
+    bounds = torch.searchsorted(ids, torch.tensor(firsts, dtype=ids.dtype).view(-1)).tolist()
+    for i, (width, offset, numel) in enumerate(spans):
+        lo, hi = bounds[2 * i], bounds[2 * i + 1]  # (one search for every chunk)
         mine = ids[lo:hi]
         rows = values[lo:hi].reshape(-1)
         if offset % width or (offset + numel) % width:

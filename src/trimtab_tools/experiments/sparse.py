@@ -44,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uniform", action="store_true", help="uniform ids instead of Zipf(1.1)")
     p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="trimtab's workers read each batch's rows in its forward (no table.prefetch "
+        "of the next batch's ids after step())",
+    )
     p.add_argument("--testbed", action="store_true", help="each role on a host of a bed (root)")
     p.add_argument(
         "--table-gib",
@@ -72,6 +78,8 @@ def _trimtab(
     lines: list[str] = []
     config = LaunchConfig(workers=2, servers=2, chunk_bytes=args.chunk_bytes, deadline_s=1800.0)
     command = [sys.executable, "-m", WORKER, "--mode", "trimtab", "--hot", str(hot)]
+    if args.no_prefetch:
+        command.append("--no-prefetch")
     where = None if bed is None else _layout(bed)
     job = Job(
         config,
@@ -195,6 +203,7 @@ def main(args: argparse.Namespace) -> int:
             "ids": "uniform" if args.uniform else "zipf(1.1)", "steps": args.steps,
             "global_batch": args.batch, "workers": 2, "servers": 2,
             "tables_mb": round(table_mb, 1), "testbed": bool(args.testbed),
+            "prefetch": not args.no_prefetch,
         },
         "results": results,
         "one_process_log_loss": one["log_loss"],

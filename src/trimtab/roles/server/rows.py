@@ -92,13 +92,17 @@ def answer_for(
     chunk: Chunk, width: int, rank: int, ids: torch.Tensor, values: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What worker ``rank`` gets of a round that changed rows ``ids`` (``values``: their
-    elements): all of it, or, where it holds hot rows, those of them (their new
-    elements, read from the chunk)."""
+    new elements, in row order): all of it, or, where it holds hot rows, those of them
+    (their new elements)."""
     held = chunk.hot.get(rank)
     if held is None:
         return ids, values
-    mine = ids[torch.isin(ids, held[1])]
-    return mine, chunk.value[elements(mine, width, chunk.spec.offset, chunk.spec.numel)]
+    keep = torch.isin(ids, held[1])
+    spec = chunk.spec
+    if spec.offset % width == 0 and spec.numel % width == 0:  # whole rows: pick them
+        return ids[keep], values.view(-1, width)[keep].view(-1)
+    mine = ids[keep]
+    return mine, chunk.value[elements(mine, width, spec.offset, spec.numel)]
 
 
 def read_ids(
@@ -152,6 +156,8 @@ def apply_rows(
         values = torch.zeros(0, dtype=chunk.merge.dtype)
     if factor != 1.0:
         values.mul_(factor)
+    if spec.offset % width == 0 and spec.numel % width == 0 and width > 1:
+        return _apply_whole_rows(chunk, width, positions, values, applies)
     grad = torch.sparse_coo_tensor(
         positions.view(1, -1), values, (spec.numel,), check_invariants=False
     ).coalesce()
@@ -162,3 +168,27 @@ def apply_rows(
     assert chunk.optimizer is not None
     chunk.optimizer.step(grad.to(chunk.value.dtype))
     return ids, chunk.value[positions]
+
+
+def _apply_whole_rows(
+    chunk: Chunk, width: int, positions: torch.Tensor, values: torch.Tensor, applies: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rows` for a chunk of whole rows: the pushes' elements are whole rows
+    in row order (:func:`read_rows`), so the gradient is one of rows (``[rows, width]``),
+    which the optimizer steps on a row view of the chunk (:meth:`ChunkOptimizer.step_rows`:
+    the same arithmetic, a quarter of the time)."""
+    spec = chunk.spec
+    local = positions.view(-1, width)[:, 0] // width  # (each row's first element)
+    grad = torch.sparse_coo_tensor(
+        local.view(1, -1),
+        values.view(-1, width),
+        (spec.numel // width, width),
+        check_invariants=False,
+    ).coalesce()
+    local = grad.indices()[0]
+    ids = local + spec.offset // width
+    if not applies:
+        return ids, grad.values().reshape(-1)
+    assert chunk.optimizer is not None
+    chunk.optimizer.step_rows(grad.to(chunk.value.dtype))
+    return ids, chunk.value.view(-1, width)[local].reshape(-1)
