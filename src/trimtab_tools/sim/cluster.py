@@ -20,6 +20,7 @@ import numpy as np
 
 from trimtab.errors import ConfigError
 from trimtab.faults.stragglers import StragglerSpec, WorkerStraggler
+from trimtab_tools.sim.noise import RecordedNoise
 
 __all__ = ["ClusterModel", "Nodes"]
 
@@ -59,6 +60,12 @@ class ClusterModel:
             that sends it and the one that takes it, beside its bytes (on a few shared
             cores the TCP path is bound by CPU per message; ``validate-sim`` fits it
             to a run measured in the same sitting).
+        join_steps: where given, a server asked for serves this many of the job's
+            steps after the step whose reports asked for it (``validate-sim``
+            calibrates the join in steps, from the run record), instead of ``join_s``.
+        measurement_noise: deviations of PSLD's speed figures to draw, per step and
+            server, on top of what the model's timings give (:mod:`.noise`: the busy
+            windows' and the workers' bounds', recorded on a real run); none by default.
     """
 
     sample_s: float = 0.001
@@ -77,6 +84,8 @@ class ClusterModel:
     jitter: float = 0.0
     seed: int = 0
     server_links: tuple[tuple[int, float], ...] = ()
+    join_steps: int | None = None
+    measurement_noise: RecordedNoise = dataclasses.field(default_factory=RecordedNoise)
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -90,6 +99,8 @@ class ClusterModel:
             raise ConfigError(f"--jitter must be in [0, 2], got {self.jitter}")
         if self.workers_per_host < 1 or self.servers_per_host < 1:
             raise ConfigError("--workers-per-host and --servers-per-host must be >= 1")
+        if self.join_steps is not None and self.join_steps < 0:
+            raise ConfigError(f"join_steps must be >= 0, got {self.join_steps}")
         if self.state_factor < 1:
             raise ConfigError(f"state_factor must be >= 1, got {self.state_factor}")
 

@@ -37,6 +37,7 @@ from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_
 from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
 from trimtab_tools.sim.members import Members
+from trimtab_tools.sim.noise import MIN_BUSY_S, Draws
 from trimtab_tools.sim.trace import Decision, Trace
 
 __all__ = ["Decision", "Simulation", "Trace"]
@@ -95,6 +96,10 @@ class Simulation:
         self.batches = np.array([first[r] for r in ranks], dtype=float)
         self.busy = np.zeros(s.max_servers)
         self.moved = np.zeros(s.max_servers)
+        # PSLD's figures' measurement noise (recorded on a real run; none by default).
+        self.draws = Draws(job.cluster.measurement_noise, job.cluster.seed + 2, s.max_servers)
+        self._joins: list[int] = []  # the steps after whose reports a server joins
+        self._window_last: dict[int, tuple[float, float]] = {}
         self.trace = Trace()
         if len(chunks) <= MAPS_CHUNKS:
             self.trace.maps[0] = list(owners)
@@ -181,7 +186,8 @@ class Simulation:
         self.available = np.full(len(self.sizes), -np.inf)
         ends = t.ends + c.step_overhead_s
         self._last_step, self._last_factors = t, factors
-        self.busy[: t.busy_s.size] += t.busy_s
+        _, windows = self.draws.at(k)  # a window's speed scatters: its busy time does
+        self.busy[: t.busy_s.size] += t.busy_s / windows[: t.busy_s.size]
         self.moved[: t.nbytes.size] += t.nbytes
         tr = self.trace
         tr.starts.append(float(starts.min()))
@@ -281,7 +287,10 @@ class Simulation:
                     "psld.observe_step", p.psld.observe_step, k, sample.compute_s + sample.comm_s
                 )
         servers = len(self.active)
+        keep = servers <= 16  # the trace keeps PSLD's figures (validate-sim's noise)
         for srv in range(servers):  # each server's load report (its counters)
+            if keep:
+                self._keep_window(srv)
             p.call(
                 "speeds.observe",
                 p.speeds.observe,
@@ -289,17 +298,20 @@ class Simulation:
                 float(self.busy[srv]),
                 float(self.moved[srv]),
             )
-        if p.psld is not None:
+        if p.psld is not None or keep:
+            bounds, _ = self.draws.at(k)  # the workers' spans scatter more than the model's
             for srv in np.flatnonzero(t.seen_bytes[:servers] > 0).tolist():
-                p.call(
-                    "speeds.observe_step",
-                    p.speeds.observe_step,
-                    srv,
-                    float(t.seen_bytes[srv]),
-                    float(t.span_s[srv]),
-                    float(t.tail_s[srv]),
-                )
+                nbytes = float(t.seen_bytes[srv])
+                span = float(t.span_s[srv]) / bounds[srv, 0]
+                tail = float(t.tail_s[srv]) / bounds[srv, 1]
+                if keep and span > 0 and tail > 0:
+                    self.trace.bounds.setdefault(srv, []).append((nbytes / span, nbytes / tail))
+                if p.psld is not None:
+                    p.call("speeds.observe_step", p.speeds.observe_step, srv, nbytes, span, tail)
         self._boundary(k + 1, now)
+        if any(j <= k for j in self._joins):  # a server calibrated to join in steps
+            self._joins = [j for j in self._joins if j > k]
+            self._joined(now)
         if self.elastic:  # Elastic._boundary: joiners in, every live rank's share
             joined = self.members.joining(now)
             if joined:
@@ -356,7 +368,10 @@ class Simulation:
         ):
             self.target_servers = serving + 1
             self._decide("server_wanted", clock, now, {"server": n})
-            self._at(now + self.job.cluster.join_s, self._joined)
+            if self.job.cluster.join_steps is None:
+                self._at(now + self.job.cluster.join_s, self._joined)
+            else:  # clock - 1: the step whose reports asked for it
+                self._joins.append(clock - 1 + self.job.cluster.join_steps)
         lasting = p.call("speeds.lasting", p.speeds.lasting, n)
         idle = p.call(
             "scaling.idle_server",
@@ -375,6 +390,15 @@ class Simulation:
         if new is not None and new != owners:
             self._last_decision = clock
             self._migrate(np.array(new, dtype=np.int64), clock, now)
+
+    def _keep_window(self, srv: int) -> None:
+        """Keep server ``srv``'s busy window since its last in the trace (as
+        ``SpeedEstimator.observe`` takes it: at least ``MIN_BUSY_S`` busy seconds)."""
+        last = self._window_last.get(srv, (0.0, 0.0))
+        busy, nbytes = float(self.busy[srv]) - last[0], float(self.moved[srv]) - last[1]
+        if busy >= MIN_BUSY_S and nbytes > 0:
+            self.trace.windows.setdefault(srv, []).append(nbytes / busy)
+            self._window_last[srv] = (float(self.busy[srv]), float(self.moved[srv]))
 
     def _chunk_costs(self) -> list[int]:
         return chunk_costs(self.chunk_bytes, len(self.ranks))
