@@ -83,8 +83,7 @@ class Coordinator(MemberLoss):
             "batching": config.batching,
             "consistency": config.consistency,
             "report_s": report_interval_s(per_step),
-            # Only a live placement reads the workers' per-server timings.
-            "time_servers": psld is not None,
+            "time_servers": True,  # PSLD reads them; every run's record keeps them (traffic)
             "consistency_args": consistency.job_args(config.staleness),
             "elastic": config.settings().elastic_workers and consistency.synchronous,
         }
