@@ -75,23 +75,28 @@ def _record(**extra: object) -> dict[str, object]:
     }
 
 
-def test_the_simulated_figures_scatter_as_the_recorded_ones_once_drawn() -> None:
-    record = _record(noise=noise.recorded(_noisy_events(0.15, steps=200)).to_json())
-    calm = Simulation(validate.bandwidth_job(record, 50e-6, calm=True, jitter=0.05))
+def test_the_simulated_figures_scatter_as_the_recorded_ones_whatever_the_jitter() -> None:
+    record = _record(noise=noise.recorded(_noisy_events(0.06, steps=200)).to_json())
+    # A loaded machine's step times fit a jitter of 0.25: figures made of those timings
+    # scatter more than the bed's own (0.06 here, as on the bed at such a load).
+    calm = Simulation(validate.bandwidth_job(record, 50e-6, calm=True, jitter=0.25))
     calm.run()
     own = noise.from_figures(calm.trace.bounds, calm.trace.windows).scatters()
-    assert own["lower"] < 0.1  # the model's own noise is the jitter's, not the bed's
-    drawn = validate.measurement_noise(record, 50e-6, 0.05)
+    assert own["lower"] > 0.08
+    drawn = validate.measurement_noise(record, 50e-6, 0.25)
     runs = []
     for _ in range(2):
-        sim = Simulation(validate.bandwidth_job(record, 50e-6, calm=True, jitter=0.05, noise=drawn))
+        sim = Simulation(validate.bandwidth_job(record, 50e-6, calm=True, jitter=0.25, noise=drawn))
         runs.append(sim.run())
+    # PSLD's figures are the jitter-free model's with the record's noise drawn on them.
     total = noise.from_figures(runs[0].bounds, runs[0].windows).scatters()
-    assert total["lower"] == pytest.approx(0.15, rel=0.25)
-    assert total["upper"] == pytest.approx(0.15, rel=0.25)
-    assert total["windows"] == pytest.approx(0.15, rel=0.25)
+    assert total["lower"] == pytest.approx(0.06, rel=0.25)
+    assert total["upper"] == pytest.approx(0.06, rel=0.25)
+    # (A step's busy time here is under the 5 ms a window needs: windows span two or
+    # three steps, and their draws average.)
+    assert 0.02 < total["windows"] < 0.075
     assert runs[0].bounds == runs[1].bounds  # seeded: a run repeats
-    # The noise is in PSLD's figures, not in the timings: the steps stay as they were.
+    # The timings keep the jitter: the steps are the calm run's.
     assert runs[0].ends == calm.trace.ends
 
 

@@ -66,6 +66,10 @@ class ClusterModel:
         measurement_noise: deviations of PSLD's speed figures to draw, per step and
             server, on top of what the model's timings give (:mod:`.noise`: the busy
             windows' and the workers' bounds', recorded on a real run); none by default.
+        clean_figures: PSLD's figures are those of the step without ``jitter`` (the
+            timings keep it), so that their noise is ``measurement_noise``'s alone:
+            the jitter fitted to the step times need not scatter the figures as a
+            real run's do (on a loaded machine it made them scatter more).
     """
 
     sample_s: float = 0.001
@@ -86,6 +90,7 @@ class ClusterModel:
     server_links: tuple[tuple[int, float], ...] = ()
     join_steps: int | None = None
     measurement_noise: RecordedNoise = dataclasses.field(default_factory=RecordedNoise)
+    clean_figures: bool = False
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -139,8 +144,9 @@ class Nodes:
         self._worker_noise = _Noise(cluster.jitter, cluster.seed, workers)
         self._server_noise = _Noise(cluster.jitter, cluster.seed + 1, max_servers)
 
-    def worker_factors(self, clock: int) -> np.ndarray:
-        """Each worker's slowdown at step ``clock`` (1.0: none)."""
+    def worker_factors(self, clock: int, *, jitter: bool = True) -> np.ndarray:
+        """Each worker's slowdown at step ``clock`` (1.0: none; ``jitter``: with the
+        machine's noise)."""
         out = np.ones(self.num_workers)
         for r, straggler in self._workers.items():
             out[r] = straggler.factor(clock)
@@ -148,12 +154,14 @@ class Nodes:
             # N busy processes sharing the worker's core make it 1 + N times slower.
             cpu = sum(s.value for s in straggler.specs if s.kind == "cpu" and s.active(clock))
             out[r] *= 1.0 + cpu
-        noisy: np.ndarray = out * self._worker_noise.at(clock)
+        noisy: np.ndarray = out * self._worker_noise.at(clock) if jitter else out
         return noisy
 
-    def server_rates(self, clock: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def server_rates(
+        self, clock: int, *, jitter: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per server at step ``clock``: (processing bytes/s, link cap bytes/s or inf,
-        extra seconds per byte)."""
+        extra seconds per byte; ``jitter``: with the machine's noise)."""
         c = self.cluster
         proc = np.full(self.max_servers, c.server_bps)
         cap = np.full(self.max_servers, np.inf)
@@ -167,16 +175,17 @@ class Nodes:
                 delay[s.index] += s.value
             else:  # cpu
                 proc[s.index] /= 1.0 + s.value
-        noise = self._server_noise.at(clock)
+        noise = self._server_noise.at(clock) if jitter else 1.0
         return proc / noise, cap / noise, delay
 
-    def server_links(self, clock: int) -> np.ndarray:
-        """Per server at step ``clock``: its shaped link, bytes/s (inf: none)."""
+    def server_links(self, clock: int, *, jitter: bool = True) -> np.ndarray:
+        """Per server at step ``clock``: its shaped link, bytes/s (inf: none; ``jitter``:
+        with the machine's noise)."""
         link = np.full(self.max_servers, np.inf)
         for server, rate in self.cluster.server_links:
             if server < self.max_servers:
                 link[server] = rate
-        noisy: np.ndarray = link / self._server_noise.at(clock)
+        noisy: np.ndarray = link / self._server_noise.at(clock) if jitter else link
         return noisy
 
 

@@ -24,6 +24,7 @@ during step ``k + 1`` holds from step ``k + 2``, as in the runtime. Not thread-s
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -181,13 +182,14 @@ class Simulation:
             link=self.nodes.server_links(k),
         )
         t = step_times(x)
+        seen = t if not c.clean_figures else self._clean_step(k, x)  # what PSLD sees
         # A handover delays only the first step under the new map: by the next, every
         # moved chunk was merged at its new owner.
         self.available = np.full(len(self.sizes), -np.inf)
         ends = t.ends + c.step_overhead_s
         self._last_step, self._last_factors = t, factors
         _, windows = self.draws.at(k)  # a window's speed scatters: its busy time does
-        self.busy[: t.busy_s.size] += t.busy_s / windows[: t.busy_s.size]
+        self.busy[: seen.busy_s.size] += seen.busy_s / windows[: seen.busy_s.size]
         self.moved[: t.nbytes.size] += t.nbytes
         tr = self.trace
         tr.starts.append(float(starts.min()))
@@ -201,7 +203,7 @@ class Simulation:
         batch = self.batches
         self._at(
             float(ends.max()) + c.latency_s,
-            lambda now: self._reports(k, ranks, batch, x, t, now),
+            lambda now: self._reports(k, ranks, batch, x, t, seen, now),
         )
         self._ends[k] = dict(zip(ranks, ends.tolist(), strict=True))
         self._maybe_start(k + 1)
@@ -266,8 +268,24 @@ class Simulation:
 
     # -- the coordinator -----------------------------------------------------------
 
+    def _clean_step(self, k: int, x: StepInput) -> StepTimes:
+        """Step ``k`` without the machine's jitter (``clean_figures``): PSLD's figures."""
+        proc, cap, delay = self.nodes.server_rates(k, jitter=False)
+        factors = self.nodes.worker_factors(k, jitter=False)[self.ranks]
+        compute = self.batches * self.job.cluster.sample_s * factors
+        link = self.nodes.server_links(k, jitter=False)
+        clean = dataclasses.replace(x, compute=compute, proc=proc, cap=cap, delay=delay, link=link)
+        return step_times(clean)
+
     def _reports(
-        self, k: int, ranks: list[int], batch: np.ndarray, x: StepInput, t: StepTimes, now: float
+        self,
+        k: int,
+        ranks: list[int],
+        batch: np.ndarray,
+        x: StepInput,
+        t: StepTimes,
+        seen: StepTimes,
+        now: float,
     ) -> None:
         p = self.policies
         compute = x.compute
@@ -300,10 +318,10 @@ class Simulation:
             )
         if p.psld is not None or keep:
             bounds, _ = self.draws.at(k)  # the workers' spans scatter more than the model's
-            for srv in np.flatnonzero(t.seen_bytes[:servers] > 0).tolist():
-                nbytes = float(t.seen_bytes[srv])
-                span = float(t.span_s[srv]) / bounds[srv, 0]
-                tail = float(t.tail_s[srv]) / bounds[srv, 1]
+            for srv in np.flatnonzero(seen.seen_bytes[:servers] > 0).tolist():
+                nbytes = float(seen.seen_bytes[srv])
+                span = float(seen.span_s[srv]) / bounds[srv, 0]
+                tail = float(seen.tail_s[srv]) / bounds[srv, 1]
                 if keep and span > 0 and tail > 0:
                     self.trace.bounds.setdefault(srv, []).append((nbytes / span, nbytes / tail))
                 if p.psld is not None:

@@ -148,11 +148,13 @@ def bandwidth_job(
     calm: bool,
     jitter: float = 0.0,
     noise: RecordedNoise | None = None,
+    clean: bool | None = None,
 ) -> SimJob:
     """The bandwidth scenario's job on ``m``'s measured rates: psld and the slow server,
     or (``calm``) greedy with every server at full rate, as the experiment's
-    no_straggler run; ``message_s``, ``jitter`` and ``noise`` (``measurement_noise``)
-    as :class:`ClusterModel`'s, the join in ``m``'s steps where measured, else its
+    no_straggler run; ``message_s``, ``jitter``, ``noise`` (``measurement_noise``) and
+    ``clean`` (``clean_figures``; default: where ``noise`` has deviations to draw) as
+    :class:`ClusterModel`'s, the join in ``m``'s steps where measured, else its
     seconds. Never blocks; raises KeyError for a malformed ``m``."""
     from trimtab_tools.experiments import psld
 
@@ -173,6 +175,8 @@ def bandwidth_job(
         join_s=m.get("join_s") or ClusterModel.join_s,
         join_steps=m.get("join_steps"),
         measurement_noise=noise or RecordedNoise(),
+        # PSLD's figures' noise: the record's alone.
+        clean_figures=bool(noise and (noise.bounds or noise.windows)) if clean is None else clean,
         # The bed's tc shapes the slow server's link: the kernel's, not a throttle in
         # the server (which would count as its busy time).
         server_links=() if calm else ((m["slow_server"], rates["slow_server"]),),
@@ -223,11 +227,13 @@ def calibrate(
 def measurement_noise(m: dict[str, Any], message_s: float, jitter: float) -> RecordedNoise:
     """The noise of PSLD's figures the simulation lacks: what ``m["noise"]`` recorded on
     the calm run, less what the calm run simulated at ``message_s`` and ``jitter``
-    scatters by itself (:func:`~trimtab_tools.sim.noise.thinned`); none where ``m`` has
-    no record of it (an older output). Blocks (CPU, a tenth of a second)."""
+    scatters by itself with figures free of the jitter (``clean_figures``: next to
+    nothing; :func:`~trimtab_tools.sim.noise.thinned`); none where ``m`` has no record
+    of it (an older output). Blocks (CPU, a tenth of a second)."""
     if not m.get("noise"):
         return RecordedNoise()
-    sim = Simulation(bandwidth_job(m, message_s, calm=True, jitter=jitter))
+    job = bandwidth_job(m, message_s, calm=True, jitter=jitter, clean=True)
+    sim = Simulation(job)
     sim.run()
     own = from_figures(sim.trace.bounds, sim.trace.windows).scatters()
     return thinned(RecordedNoise.from_json(m["noise"]), own)
