@@ -41,7 +41,7 @@ def test_psld_bed_shapes_the_servers_links_and_the_slow_one_slower(
         assert len(bed.hosts) == 7
     # 80 MB/s = 640 Mbit/s; server 3 at a quarter; host 4, the spare server's, at the
     # link's rate; the workers' hosts (5, 6) unshaped.
-    assert made[0].shaped == {0: 640.0, 1: 640.0, 2: 640.0, psld_bed.SLOW_SERVER: 160.0, 4: 640.0}
+    assert made[0].shaped == {0: 640.0, 1: 640.0, 2: 640.0, psld_bed.SLOW_HOST: 160.0, 4: 640.0}
     with psld_bed.shaped_bed("skew", 4, 2, 80e6, 4):
         pass
     assert made[1].shaped == dict.fromkeys(range(5), 640.0)

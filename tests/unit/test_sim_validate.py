@@ -160,5 +160,11 @@ def test_a_run_record_gives_the_maps_the_join_and_the_slow_server(tmp_path: Path
     ]
     (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events))
     facts = agreement.record_facts(tmp_path, 4)
-    assert facts == {"maps": {"1": [0, 1, 2, 3]}, "join_s": 2.25, "slow_server": 2}
+    assert facts == {
+        "maps": {"1": [0, 1, 2, 3]},
+        "addrs": {},
+        "join_s": 2.25,
+        "join_steps": 0,  # no step reported in between
+        "slow_server": 2,
+    }
     assert agreement.record_facts(tmp_path / "absent", 4) == {}

@@ -76,7 +76,7 @@ def declare_table(
         compressor(ctx.compression if compression is None else compression),
         summation=mode is OptimizerMode.SUMMATION,
         slots=slots,
-        # Per-server timings, for psld only, and not with model=: there replies are
+        # Per-server timings (psld's, the run record's), not with model=: there replies are
         # read when forward needs them, so when they were read says when compute asked.
         timed=ctx.job.time_servers and not overlap,
         prescale=predivide,

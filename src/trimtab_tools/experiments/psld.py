@@ -35,7 +35,7 @@ from trimtab.launch.job import Job, LaunchConfig
 from trimtab.launch.testbed import Testbed
 from trimtab_tools.experiments import psld_bed
 from trimtab_tools.experiments.markers import PSLD_RESULT as RESULT
-from trimtab_tools.experiments.psld_bed import SLOW_SERVER, shaped_bed
+from trimtab_tools.experiments.psld_bed import SLOW_HOST, shaped_bed
 
 WORKERS = 2
 SERVERS = 4
@@ -192,10 +192,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"trimtab experiment psld: {args.scenario} / {name} ...", file=sys.stderr)
             # No straggler: the same bed with every server's link at full speed.
             if bed is not None and name == "no_straggler" and args.scenario == "bandwidth":
-                bed.shape(SLOW_SERVER, rate_mbit=args.link * 8 / 1e6)
+                bed.shape(SLOW_HOST, rate_mbit=args.link * 8 / 1e6)
             out["results"][name] = one_run(name, args.scenario, args, bed)
             if bed is not None and name == "no_straggler" and args.scenario == "bandwidth":
-                bed.shape(SLOW_SERVER, rate_mbit=args.link / args.slowdown * 8 / 1e6)
+                bed.shape(SLOW_HOST, rate_mbit=args.link / args.slowdown * 8 / 1e6)
     ref = out["results"].get("no_straggler")
     for r in out["results"].values():
         r["ratio"] = round(r["steps_per_s"] / ref["steps_per_s"], 3) if ref else None

@@ -15,17 +15,31 @@ Only scenarios whose slow server stays the same can be shaped once for the whole
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from trimtab.launch.hosts import Layout
 from trimtab.launch.testbed import Testbed, unavailable
 
-__all__ = ["SHAPED", "SLOW_SERVER", "layout", "shaped_bed"]
+__all__ = ["SHAPED", "SLOW_HOST", "layout", "rank_on", "shaped_bed"]
 
 #: The scenarios a bed can run (their links do not change during a run).
 SHAPED = ("bandwidth", "skew")
-#: The slow server of the ``bandwidth`` scenario (as its ``--straggler`` specs have it).
-SLOW_SERVER = 3
+#: The host of the ``bandwidth`` scenario's slow server: a host, not a rank (the server
+#: started there registers with the coordinator in any order among the others, so its
+#: rank is any of 0 to 3; :func:`rank_on` finds it from the run record).
+SLOW_HOST = 3
+
+
+def rank_on(addrs: Mapping[str, str] | Mapping[int, str], address: str) -> int | None:
+    """The rank of the server that serves on host ``address`` (an IP), from each
+    server's address (``rank -> "tcp://host:port"`` or ``"host:port"``, as the run
+    record's ``member`` events give them); None if none does (an older record without
+    addresses). Pure."""
+    for rank, addr in addrs.items():
+        host = addr.split("//")[-1].rsplit(":", 1)[0]
+        if host == address:
+            return int(rank)
+    return None
 
 
 @contextlib.contextmanager
@@ -42,7 +56,7 @@ def shaped_bed(
         raise RuntimeError(f"no test bed here: {why}")
     with Testbed(servers + 1 + workers) as bed:
         for s in range(servers + 1):
-            rate = link_bytes_s / (slowdown if scenario == "bandwidth" and s == SLOW_SERVER else 1)
+            rate = link_bytes_s / (slowdown if scenario == "bandwidth" and s == SLOW_HOST else 1)
             bed.shape(s, rate_mbit=rate * 8 / 1e6)
         yield bed
 

@@ -34,6 +34,7 @@ __all__ = [
     "batches_agree",
     "map_changes",
     "maps_agree",
+    "record_events",
     "record_facts",
 ]
 
@@ -91,33 +92,55 @@ def batches_agree(measured: Sequence[Sequence[int]], simulated: Sequence[Sequenc
     return True
 
 
-def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
-    """What a run record (``runs/<job>/events.jsonl``) says of a PSLD run: ``maps``
-    (epoch -> owners, keys as strings, as JSON keeps them), ``join_s`` (seconds from
-    the first server wanted to its joining; None if none joined) and ``slow_server``
-    (of the first ``servers``, the one the coordinator named a straggler most often;
-    None if none). Blocks (reads a file); an absent or unreadable record gives
-    ``{}``."""
+def record_events(record: str | Path | None) -> list[dict[str, Any]]:
+    """The events of a run record (``runs/<job>/events.jsonl``), lines that are not
+    JSON objects left out. Blocks (reads a file); an absent or unreadable record gives
+    ``[]``."""
     if record is None:
-        return {}
+        return []
     try:
         lines = (Path(record) / "events.jsonl").read_text().splitlines()
     except OSError:
-        return {}
-    maps: dict[str, list[int]] = {}
-    wanted: float | None = None
-    joined: float | None = None
-    named: collections.Counter[int] = collections.Counter()
+        return []
+    events = []
     for line in lines:
         try:
             e = json.loads(line)
         except ValueError:
             continue
+        if isinstance(e, dict):
+            events.append(e)
+    return events
+
+
+def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
+    """What a run record (``runs/<job>/events.jsonl``) says of a PSLD run: ``maps``
+    (epoch -> owners, keys as strings, as JSON keeps them), ``join_s`` (seconds from
+    the first server wanted to its joining; None if none joined), ``join_steps`` (the
+    job's steps reported between the two: the last step any worker had reported at
+    each), ``addrs`` (each server's address, from its ``member`` events; keys as
+    strings) and ``slow_server`` (of the first ``servers``, the one the coordinator
+    named a straggler most often; None if none). Blocks (reads a file); an absent or
+    unreadable record gives ``{}``."""
+    events = record_events(record)
+    if not events:
+        return {}
+    maps: dict[str, list[int]] = {}
+    addrs: dict[str, str] = {}
+    wanted: float | None = None
+    joined: float | None = None
+    clock, wanted_clock, joined_clock = -1, -1, -1
+    named: collections.Counter[int] = collections.Counter()
+    for e in events:
         kind = e.get("kind")
+        if kind == "step":
+            clock = max(clock, int(e.get("clock", -1)))
+        elif kind == "member" and e.get("role") == "server" and e.get("addr"):
+            addrs[str(e["rank"])] = str(e["addr"])
         if kind == "placement" and "owners" in e:
             maps[str(e["epoch"])] = list(e["owners"])
         elif kind == "servers_wanted" and wanted is None:
-            wanted = float(e["t"])
+            wanted, wanted_clock = float(e["t"]), clock
         elif (
             kind == "member"
             and e.get("role") == "server"
@@ -126,11 +149,14 @@ def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
             and wanted is not None
             and joined is None
         ):
-            joined = float(e["t"])
+            joined, joined_clock = float(e["t"]), clock
         elif kind == "straggler" and e.get("role") == "server" and e.get("rank", servers) < servers:
             named[int(e["rank"])] += 1
+    join = None if wanted is None or joined is None else joined - wanted
     return {
         "maps": maps,
-        "join_s": None if wanted is None or joined is None else round(joined - wanted, 3),
+        "addrs": addrs,
+        "join_s": None if join is None else round(join, 3),
+        "join_steps": None if join is None else joined_clock - wanted_clock,
         "slow_server": named.most_common(1)[0][0] if named else None,
     }

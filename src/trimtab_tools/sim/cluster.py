@@ -20,6 +20,7 @@ import numpy as np
 
 from trimtab.errors import ConfigError
 from trimtab.faults.stragglers import StragglerSpec, WorkerStraggler
+from trimtab_tools.sim.noise import RecordedNoise
 
 __all__ = ["ClusterModel", "Nodes"]
 
@@ -59,6 +60,16 @@ class ClusterModel:
             that sends it and the one that takes it, beside its bytes (on a few shared
             cores the TCP path is bound by CPU per message; ``validate-sim`` fits it
             to a run measured in the same sitting).
+        join_steps: where given, a server asked for serves this many of the job's
+            steps after the step whose reports asked for it (``validate-sim``
+            calibrates the join in steps, from the run record), instead of ``join_s``.
+        measurement_noise: deviations of PSLD's speed figures to draw, per step and
+            server, on top of what the model's timings give (:mod:`.noise`: the busy
+            windows' and the workers' bounds', recorded on a real run); none by default.
+        clean_figures: PSLD's figures are those of the step without ``jitter`` (the
+            timings keep it), so that their noise is ``measurement_noise``'s alone:
+            the jitter fitted to the step times need not scatter the figures as a
+            real run's do (on a loaded machine it made them scatter more).
     """
 
     sample_s: float = 0.001
@@ -77,6 +88,9 @@ class ClusterModel:
     jitter: float = 0.0
     seed: int = 0
     server_links: tuple[tuple[int, float], ...] = ()
+    join_steps: int | None = None
+    measurement_noise: RecordedNoise = dataclasses.field(default_factory=RecordedNoise)
+    clean_figures: bool = False
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -90,6 +104,8 @@ class ClusterModel:
             raise ConfigError(f"--jitter must be in [0, 2], got {self.jitter}")
         if self.workers_per_host < 1 or self.servers_per_host < 1:
             raise ConfigError("--workers-per-host and --servers-per-host must be >= 1")
+        if self.join_steps is not None and self.join_steps < 0:
+            raise ConfigError(f"join_steps must be >= 0, got {self.join_steps}")
         if self.state_factor < 1:
             raise ConfigError(f"state_factor must be >= 1, got {self.state_factor}")
 
@@ -128,8 +144,9 @@ class Nodes:
         self._worker_noise = _Noise(cluster.jitter, cluster.seed, workers)
         self._server_noise = _Noise(cluster.jitter, cluster.seed + 1, max_servers)
 
-    def worker_factors(self, clock: int) -> np.ndarray:
-        """Each worker's slowdown at step ``clock`` (1.0: none)."""
+    def worker_factors(self, clock: int, *, jitter: bool = True) -> np.ndarray:
+        """Each worker's slowdown at step ``clock`` (1.0: none; ``jitter``: with the
+        machine's noise)."""
         out = np.ones(self.num_workers)
         for r, straggler in self._workers.items():
             out[r] = straggler.factor(clock)
@@ -137,12 +154,14 @@ class Nodes:
             # N busy processes sharing the worker's core make it 1 + N times slower.
             cpu = sum(s.value for s in straggler.specs if s.kind == "cpu" and s.active(clock))
             out[r] *= 1.0 + cpu
-        noisy: np.ndarray = out * self._worker_noise.at(clock)
+        noisy: np.ndarray = out * self._worker_noise.at(clock) if jitter else out
         return noisy
 
-    def server_rates(self, clock: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def server_rates(
+        self, clock: int, *, jitter: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per server at step ``clock``: (processing bytes/s, link cap bytes/s or inf,
-        extra seconds per byte)."""
+        extra seconds per byte; ``jitter``: with the machine's noise)."""
         c = self.cluster
         proc = np.full(self.max_servers, c.server_bps)
         cap = np.full(self.max_servers, np.inf)
@@ -156,16 +175,17 @@ class Nodes:
                 delay[s.index] += s.value
             else:  # cpu
                 proc[s.index] /= 1.0 + s.value
-        noise = self._server_noise.at(clock)
+        noise = self._server_noise.at(clock) if jitter else 1.0
         return proc / noise, cap / noise, delay
 
-    def server_links(self, clock: int) -> np.ndarray:
-        """Per server at step ``clock``: its shaped link, bytes/s (inf: none)."""
+    def server_links(self, clock: int, *, jitter: bool = True) -> np.ndarray:
+        """Per server at step ``clock``: its shaped link, bytes/s (inf: none; ``jitter``:
+        with the machine's noise)."""
         link = np.full(self.max_servers, np.inf)
         for server, rate in self.cluster.server_links:
             if server < self.max_servers:
                 link[server] = rate
-        noisy: np.ndarray = link / self._server_noise.at(clock)
+        noisy: np.ndarray = link / self._server_noise.at(clock) if jitter else link
         return noisy
 
 

@@ -24,6 +24,7 @@ during step ``k + 1`` holds from step ``k + 2``, as in the runtime. Not thread-s
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_
 from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
 from trimtab_tools.sim.members import Members
+from trimtab_tools.sim.noise import MIN_BUSY_S, Draws
 from trimtab_tools.sim.trace import Decision, Trace
 
 __all__ = ["Decision", "Simulation", "Trace"]
@@ -95,6 +97,10 @@ class Simulation:
         self.batches = np.array([first[r] for r in ranks], dtype=float)
         self.busy = np.zeros(s.max_servers)
         self.moved = np.zeros(s.max_servers)
+        # PSLD's figures' measurement noise (recorded on a real run; none by default).
+        self.draws = Draws(job.cluster.measurement_noise, job.cluster.seed + 2, s.max_servers)
+        self._joins: list[int] = []  # the steps after whose reports a server joins
+        self._window_last: dict[int, tuple[float, float]] = {}
         self.trace = Trace()
         if len(chunks) <= MAPS_CHUNKS:
             self.trace.maps[0] = list(owners)
@@ -176,12 +182,14 @@ class Simulation:
             link=self.nodes.server_links(k),
         )
         t = step_times(x)
+        seen = t if not c.clean_figures else self._clean_step(k, x)  # what PSLD sees
         # A handover delays only the first step under the new map: by the next, every
         # moved chunk was merged at its new owner.
         self.available = np.full(len(self.sizes), -np.inf)
         ends = t.ends + c.step_overhead_s
         self._last_step, self._last_factors = t, factors
-        self.busy[: t.busy_s.size] += t.busy_s
+        _, windows = self.draws.at(k)  # a window's speed scatters: its busy time does
+        self.busy[: seen.busy_s.size] += seen.busy_s / windows[: seen.busy_s.size]
         self.moved[: t.nbytes.size] += t.nbytes
         tr = self.trace
         tr.starts.append(float(starts.min()))
@@ -195,7 +203,7 @@ class Simulation:
         batch = self.batches
         self._at(
             float(ends.max()) + c.latency_s,
-            lambda now: self._reports(k, ranks, batch, x, t, now),
+            lambda now: self._reports(k, ranks, batch, x, t, seen, now),
         )
         self._ends[k] = dict(zip(ranks, ends.tolist(), strict=True))
         self._maybe_start(k + 1)
@@ -260,8 +268,24 @@ class Simulation:
 
     # -- the coordinator -----------------------------------------------------------
 
+    def _clean_step(self, k: int, x: StepInput) -> StepTimes:
+        """Step ``k`` without the machine's jitter (``clean_figures``): PSLD's figures."""
+        proc, cap, delay = self.nodes.server_rates(k, jitter=False)
+        factors = self.nodes.worker_factors(k, jitter=False)[self.ranks]
+        compute = self.batches * self.job.cluster.sample_s * factors
+        link = self.nodes.server_links(k, jitter=False)
+        clean = dataclasses.replace(x, compute=compute, proc=proc, cap=cap, delay=delay, link=link)
+        return step_times(clean)
+
     def _reports(
-        self, k: int, ranks: list[int], batch: np.ndarray, x: StepInput, t: StepTimes, now: float
+        self,
+        k: int,
+        ranks: list[int],
+        batch: np.ndarray,
+        x: StepInput,
+        t: StepTimes,
+        seen: StepTimes,
+        now: float,
     ) -> None:
         p = self.policies
         compute = x.compute
@@ -281,7 +305,10 @@ class Simulation:
                     "psld.observe_step", p.psld.observe_step, k, sample.compute_s + sample.comm_s
                 )
         servers = len(self.active)
+        keep = servers <= 16  # the trace keeps PSLD's figures (validate-sim's noise)
         for srv in range(servers):  # each server's load report (its counters)
+            if keep:
+                self._keep_window(srv)
             p.call(
                 "speeds.observe",
                 p.speeds.observe,
@@ -289,17 +316,20 @@ class Simulation:
                 float(self.busy[srv]),
                 float(self.moved[srv]),
             )
-        if p.psld is not None:
-            for srv in np.flatnonzero(t.seen_bytes[:servers] > 0).tolist():
-                p.call(
-                    "speeds.observe_step",
-                    p.speeds.observe_step,
-                    srv,
-                    float(t.seen_bytes[srv]),
-                    float(t.span_s[srv]),
-                    float(t.tail_s[srv]),
-                )
+        if p.psld is not None or keep:
+            bounds, _ = self.draws.at(k)  # the workers' spans scatter more than the model's
+            for srv in np.flatnonzero(seen.seen_bytes[:servers] > 0).tolist():
+                nbytes = float(seen.seen_bytes[srv])
+                span = float(seen.span_s[srv]) / bounds[srv, 0]
+                tail = float(seen.tail_s[srv]) / bounds[srv, 1]
+                if keep and span > 0 and tail > 0:
+                    self.trace.bounds.setdefault(srv, []).append((nbytes / span, nbytes / tail))
+                if p.psld is not None:
+                    p.call("speeds.observe_step", p.speeds.observe_step, srv, nbytes, span, tail)
         self._boundary(k + 1, now)
+        if any(j <= k for j in self._joins):  # a server calibrated to join in steps
+            self._joins = [j for j in self._joins if j > k]
+            self._joined(now)
         if self.elastic:  # Elastic._boundary: joiners in, every live rank's share
             joined = self.members.joining(now)
             if joined:
@@ -356,7 +386,10 @@ class Simulation:
         ):
             self.target_servers = serving + 1
             self._decide("server_wanted", clock, now, {"server": n})
-            self._at(now + self.job.cluster.join_s, self._joined)
+            if self.job.cluster.join_steps is None:
+                self._at(now + self.job.cluster.join_s, self._joined)
+            else:  # clock - 1: the step whose reports asked for it
+                self._joins.append(clock - 1 + self.job.cluster.join_steps)
         lasting = p.call("speeds.lasting", p.speeds.lasting, n)
         idle = p.call(
             "scaling.idle_server",
@@ -375,6 +408,15 @@ class Simulation:
         if new is not None and new != owners:
             self._last_decision = clock
             self._migrate(np.array(new, dtype=np.int64), clock, now)
+
+    def _keep_window(self, srv: int) -> None:
+        """Keep server ``srv``'s busy window since its last in the trace (as
+        ``SpeedEstimator.observe`` takes it: at least ``MIN_BUSY_S`` busy seconds)."""
+        last = self._window_last.get(srv, (0.0, 0.0))
+        busy, nbytes = float(self.busy[srv]) - last[0], float(self.moved[srv]) - last[1]
+        if busy >= MIN_BUSY_S and nbytes > 0:
+            self.trace.windows.setdefault(srv, []).append(nbytes / busy)
+            self._window_last[srv] = (float(self.busy[srv]), float(self.moved[srv]))
 
     def _chunk_costs(self) -> list[int]:
         return chunk_costs(self.chunk_bytes, len(self.ranks))

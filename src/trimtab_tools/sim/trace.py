@@ -38,6 +38,10 @@ class Trace:
     decisions: list[Decision] = dataclasses.field(default_factory=list)
     #: Each map's epoch and owners, in jobs of at most 1,024 chunks (epoch 0 the first).
     maps: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    #: Per server, PSLD's figures as the coordinator took them, in jobs of at most 16
+    #: servers: each step's worker bounds (lower, upper) and busy window (bytes/s).
+    bounds: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    windows: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     sizes_last: list[int] = dataclasses.field(default_factory=list)
     bytes_moved: int = 0
     migrations: int = 0

@@ -41,18 +41,19 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError
-from trimtab.faults.stragglers import parse_stragglers
-from trimtab.settings import BatchingSettings, ElasticSettings, JobSettings, PlacementSettings
+from trimtab.settings import ElasticSettings, JobSettings, PlacementSettings
+from trimtab_tools.sim import static_scenario
 from trimtab_tools.sim.agreement import (
-    FIRST,
-    batches_agree,
     map_changes,
     maps_agree,
+    record_events,
     record_facts,
 )
 from trimtab_tools.sim.cluster import ClusterModel
 from trimtab_tools.sim.engine import Simulation
 from trimtab_tools.sim.job import SimJob
+from trimtab_tools.sim.noise import RecordedNoise, from_figures, thinned
+from trimtab_tools.sim.noise import recorded as recorded_noise
 from trimtab_tools.sim.report import worker0_seconds
 
 __all__ = [
@@ -68,7 +69,6 @@ __all__ = [
 SCENARIOS = ("bandwidth", "static")
 #: The bandwidth scenario's job (``trimtab experiment psld``'s defaults).
 PSLD_JOB = {"steps": 150, "compute_ms": 20.0, "link": 80e6, "slowdown": 4.0}
-STATIC_WORKERS, STATIC_SERVERS, STATIC_BATCH, STATIC_SAMPLE_MS = 4, 2, 128, 1.0
 
 
 def step_error(simulated: float, measured: float) -> float:
@@ -86,7 +86,7 @@ def _measure_bandwidth(steps: int) -> dict[str, Any]:
     """The psld run of the ``bandwidth`` scenario on a shaped bed, and the bed's rates.
     Blocks (a minute); raises RuntimeError where no bed can be made or the job fails."""
     from trimtab_tools.experiments import psld
-    from trimtab_tools.experiments.psld_bed import SLOW_SERVER, shaped_bed
+    from trimtab_tools.experiments.psld_bed import SLOW_HOST, rank_on, shaped_bed
 
     ns = argparse.Namespace(
         steps=steps,
@@ -102,23 +102,32 @@ def _measure_bandwidth(steps: int) -> dict[str, Any]:
         worker = psld.SERVERS + 1  # the first worker host, after the spare server's
         rates = {
             "server": bed.tcp_rate(worker, 0, 1.0),
-            "slow_server": bed.tcp_rate(worker, SLOW_SERVER, 1.0),
+            "slow_server": bed.tcp_rate(worker, SLOW_HOST, 1.0),
             "worker": bed.tcp_rate(worker, worker + 1, 1.0),
         }
+        slow_address = bed.hosts[SLOW_HOST].address
         print("validate-sim: bandwidth / no_straggler on the bed ...", file=sys.stderr)
-        bed.shape(SLOW_SERVER, rate_mbit=ns.link * 8 / 1e6)  # every server at full rate
+        bed.shape(SLOW_HOST, rate_mbit=ns.link * 8 / 1e6)  # every server at full rate
         calm = psld.one_run("no_straggler", "bandwidth", ns, bed)
-        bed.shape(SLOW_SERVER, rate_mbit=ns.link / ns.slowdown * 8 / 1e6)
+        bed.shape(SLOW_HOST, rate_mbit=ns.link / ns.slowdown * 8 / 1e6)
         print("validate-sim: bandwidth / psld on the bed ...", file=sys.stderr)
         run = psld.one_run("psld", "bandwidth", ns, bed)
-    # The bed's hosts register in any order: the slow host's server is the one the
-    # coordinator named a straggler (its record), and the server wanted took join_s.
+    # The bed's servers register in any order: the slow server is the rank that served
+    # on the slow host (the record's addresses; else the one the coordinator named a
+    # straggler), and the server wanted joined join_steps steps later.
     facts = record_facts(run.get("record"), psld.SERVERS)
+    slow = rank_on(facts.get("addrs", {}), slow_address)
+    if slow is None:
+        slow = SLOW_HOST if facts.get("slow_server") is None else facts["slow_server"]
     return {
         "calibration_step_times": calm["step_times"],
+        # PSLD's figures' noise on the calm run (every server alike: the machine's).
+        "noise": recorded_noise(record_events(calm.get("record"))).to_json(),
+        "psld_noise_scatter": recorded_noise(record_events(run.get("record"))).scatters(),
         "rates": rates,
-        "slow_server": SLOW_SERVER if facts.get("slow_server") is None else facts["slow_server"],
+        "slow_server": slow,
         "join_s": facts.get("join_s"),
+        "join_steps": facts.get("join_steps"),
         "maps": facts.get("maps", {}),
         "tensor_bytes": psld.model("bandwidth"),
         "steps": steps,
@@ -129,73 +138,24 @@ def _measure_bandwidth(steps: int) -> dict[str, Any]:
     }
 
 
-def _measure_static(epochs: int, slowdown: float) -> dict[str, Any]:
-    """The lbbsp run of the ``static`` scenario on an unshaped bed. Blocks (a minute);
-    raises RuntimeError where no bed can be made or the job fails."""
-    from trimtab.examples.digits import make_cnn
-    from trimtab.launch.hosts import Layout
-    from trimtab.launch.job import Job, LaunchConfig
-    from trimtab.launch.testbed import Testbed, unavailable
-    from trimtab_tools.experiments.markers import STRAGGLERS_RESULT
-
-    why = unavailable()
-    if why is not None:
-        raise RuntimeError(f"no test bed here: {why}")
-    specs = [f"worker:{STATIC_WORKERS - 1}:slowdown={slowdown:g}@0-"]
-    config = LaunchConfig(
-        workers=STATIC_WORKERS, servers=STATIC_SERVERS, batching="lbbsp", stragglers=tuple(specs)
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "trimtab_tools.experiments._stragglers_worker",
-        *("--epochs", str(epochs), "--batch", str(STATIC_BATCH), "--lr", "0.05"),
-        *("--sample-ms", str(STATIC_SAMPLE_MS)),
-    ]
-    results: list[dict[str, Any]] = []
-    log: list[str] = []
-
-    def output(source: str, line: str) -> None:
-        if line.startswith(STRAGGLERS_RESULT):
-            results.append(json.loads(line[len(STRAGGLERS_RESULT) :]))
-        else:
-            log.append(f"[{source}] {line}")
-
-    with Testbed(STATIC_SERVERS + STATIC_WORKERS) as bed:
-        hosts = bed.hosts
-        rate = bed.tcp_rate(STATIC_SERVERS, 0, 1.0)
-        where = Layout(
-            coordinator=hosts[0],
-            servers=tuple(hosts[:STATIC_SERVERS]),
-            workers=tuple(hosts[STATIC_SERVERS:]),
-        )
-        print("validate-sim: static / lbbsp on the bed ...", file=sys.stderr)
-        status = Job(config, command, output=output, testbed=bed, layout=where).run()
-    if status != 0 or len(results) != STATIC_WORKERS:
-        raise RuntimeError(f"static lbbsp run failed (status {status}):\n" + "\n".join(log[-30:]))
-    by_rank = sorted(results, key=lambda r: r["rank"])
-    return {
-        "rates": {"server": rate, "worker": rate},
-        "tensor_bytes": [p.numel() * 4 for p in make_cnn(seed=0).parameters()],
-        "slowdown": slowdown,
-        "steps": by_rank[0]["steps"],
-        "step_times": by_rank[0]["step_times"],
-        "speeds": [statistics.median(r["speeds"]) for r in by_rank],
-        "sizes": [r["sizes"][:FIRST] for r in by_rank],
-        "step_speeds": [r["speeds"][:FIRST] for r in by_rank],
-    }
-
-
 # -- the simulations ---------------------------------------------------------------------
 
 
 def bandwidth_job(
-    m: dict[str, Any], message_s: float, *, calm: bool, jitter: float = 0.0
+    m: dict[str, Any],
+    message_s: float,
+    *,
+    calm: bool,
+    jitter: float = 0.0,
+    noise: RecordedNoise | None = None,
+    clean: bool | None = None,
 ) -> SimJob:
     """The bandwidth scenario's job on ``m``'s measured rates: psld and the slow server,
     or (``calm``) greedy with every server at full rate, as the experiment's
-    no_straggler run; ``message_s`` and ``jitter`` as :class:`ClusterModel`'s. Never
-    blocks; raises KeyError for a malformed ``m``."""
+    no_straggler run; ``message_s``, ``jitter``, ``noise`` (``measurement_noise``) and
+    ``clean`` (``clean_figures``; default: where ``noise`` has deviations to draw) as
+    :class:`ClusterModel`'s, the join in ``m``'s steps where measured, else its
+    seconds. Never blocks; raises KeyError for a malformed ``m``."""
     from trimtab_tools.experiments import psld
 
     rates = m["rates"]
@@ -213,6 +173,10 @@ def bandwidth_job(
         message_s=message_s,
         jitter=jitter,
         join_s=m.get("join_s") or ClusterModel.join_s,
+        join_steps=m.get("join_steps"),
+        measurement_noise=noise or RecordedNoise(),
+        # PSLD's figures' noise: the record's alone.
+        clean_figures=bool(noise and (noise.bounds or noise.windows)) if clean is None else clean,
         # The bed's tc shapes the slow server's link: the kernel's, not a throttle in
         # the server (which would count as its busy time).
         server_links=() if calm else ((m["slow_server"], rates["slow_server"]),),
@@ -260,9 +224,25 @@ def calibrate(
     return min(grid, key=miss)
 
 
+def measurement_noise(m: dict[str, Any], message_s: float, jitter: float) -> RecordedNoise:
+    """The noise of PSLD's figures the simulation lacks: what ``m["noise"]`` recorded on
+    the calm run, less what the calm run simulated at ``message_s`` and ``jitter``
+    scatters by itself with figures free of the jitter (``clean_figures``: next to
+    nothing; :func:`~trimtab_tools.sim.noise.thinned`); none where ``m`` has no record
+    of it (an older output). Blocks (CPU, a tenth of a second)."""
+    if not m.get("noise"):
+        return RecordedNoise()
+    job = bandwidth_job(m, message_s, calm=True, jitter=jitter, clean=True)
+    sim = Simulation(job)
+    sim.run()
+    own = from_figures(sim.trace.bounds, sim.trace.windows).scatters()
+    return thinned(RecordedNoise.from_json(m["noise"]), own)
+
+
 def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
     message_s, jitter = calibrate(m)
-    sim = Simulation(bandwidth_job(m, message_s, calm=False, jitter=jitter))
+    noise = measurement_noise(m, message_s, jitter)
+    sim = Simulation(bandwidth_job(m, message_s, calm=False, jitter=jitter, noise=noise))
     sim.run()
     after = [*sim.trace.epochs[1:], sim.trace.epochs[-1]]  # the map routed by after a step
     measured = map_changes(m["epochs"], {int(k): v for k, v in m.get("maps", {}).items()})
@@ -271,6 +251,12 @@ def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]
         "calibrated_message_us": round(message_s * 1e6, 1),
         "calibrated_jitter": round(jitter, 4),
         "calibrated_join_s": m.get("join_s") or ClusterModel.join_s,
+        "calibrated_join_steps": m.get("join_steps"),
+        "recorded_noise": (
+            RecordedNoise.from_json(m["noise"]).scatters() if m.get("noise") else None
+        ),
+        "drawn_noise": noise.scatters(),
+        "simulated_noise": from_figures(sim.trace.bounds, sim.trace.windows).scatters(),
         "slow_server": m["slow_server"],
         "measured_map_changes": [c["step"] for c in measured],
         "simulated_map_changes": [c["step"] for c in simulated],
@@ -283,67 +269,12 @@ def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]
     return worker0_seconds(sim.trace, 0), decisions
 
 
-#: The first steps whose measured speeds the static scenario's model takes as they were
-#: (a process's first steps are slower: allocations, lazy initialisation).
-WARM_STEPS = 2
-
-
-def _static_calibration(m: dict[str, Any]) -> tuple[float, list[str]]:
-    """The static scenario's model from what the workers measured: the fastest median
-    seconds a sample, a slowdown for each slower worker, and one for each worker's first
-    :data:`WARM_STEPS` steps where slower than its median. No noise: the scatter of the
-    workers' own speed figures (about 0.07, log space) taken as ``jitter`` made the
-    simulated step 12% longer than the measured one, against 3.5% without (the figures
-    scatter more than the steps). Pure."""
-    per_sample = [1.0 / v for v in m["speeds"]]
-    base = min(per_sample)
-    specs = [f"worker:{r}:slowdown={c / base:.4f}@0-" for r, c in enumerate(per_sample) if c > base]
-    for r, speeds in enumerate(m.get("step_speeds") or []):
-        for k, v in enumerate(speeds[:WARM_STEPS]):
-            if v * 1.001 < m["speeds"][r]:
-                specs.append(f"worker:{r}:slowdown={m['speeds'][r] / v:.4f}@{k}-{k + 1}")
-    return base, specs
-
-
-def _simulate_static(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
-    base, specs = _static_calibration(m)
-    settings = JobSettings(STATIC_WORKERS, STATIC_SERVERS, batching=BatchingSettings("lbbsp"))
-    rate = m["rates"]["server"]
-    cluster = ClusterModel(
-        sample_s=base, forward_share=1.0, worker_nic_bps=rate, server_nic_bps=rate
-    )
-    job = SimJob(
-        settings,
-        cluster,
-        tuple(parse_stragglers(specs)),
-        tuple(m["tensor_bytes"]),
-        m["steps"],
-        STATIC_BATCH // STATIC_WORKERS,
-        0,
-    )
-    sim = Simulation(job)
-    sim.run()
-    straggler = STATIC_WORKERS - 1
-    simulated = [[b[r] for b in sim.trace.batches[:FIRST]] for r in range(STATIC_WORKERS)]
-    decisions = {
-        "calibrated_slowdowns": specs,
-        "measured_straggler_batch": m["sizes"][straggler],
-        "simulated_straggler_batch": simulated[straggler],
-        "measured_batches": m["sizes"],
-        "simulated_batches": simulated,
-        "decisions_match": batches_agree([m["sizes"][straggler]], [simulated[straggler]]),
-        "every_worker_agrees": batches_agree(m["sizes"], simulated),
-    }
-    return worker0_seconds(sim.trace, 0), decisions
-
-
 def simulate(scenario: str, measured: dict[str, Any]) -> dict[str, Any]:
     """The simulator on ``measured``'s calibration; both median steps (the first step
     left out), ``step_error`` and the first steps' decisions. Blocks (CPU, a second).
     Raises KeyError for a malformed ``measured``."""
-    steps, decisions = (_simulate_bandwidth if scenario == "bandwidth" else _simulate_static)(
-        measured
-    )
+    simulated_run = _simulate_bandwidth if scenario == "bandwidth" else static_scenario.simulate
+    steps, decisions = simulated_run(measured)
     real = statistics.median(measured["step_times"][1:])
     simulated = statistics.median(steps[1:])
     return {
@@ -379,7 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elif scenario == "bandwidth":
             m = _measure_bandwidth(args.steps)
         else:
-            m = _measure_static(args.epochs, args.slowdown)
+            m = static_scenario.measure(args.epochs, args.slowdown)
         out["measured"][scenario] = m
         try:
             out["scenarios"][scenario] = result = simulate(scenario, m)

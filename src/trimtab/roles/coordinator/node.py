@@ -83,8 +83,7 @@ class Coordinator(MemberLoss):
             "batching": config.batching,
             "consistency": config.consistency,
             "report_s": report_interval_s(per_step),
-            # Only a live placement reads the workers' per-server timings.
-            "time_servers": psld is not None,
+            "time_servers": True,  # PSLD reads them; every run's record keeps them (traffic)
             "consistency_args": consistency.job_args(config.staleness),
             "elastic": config.settings().elastic_workers and consistency.synchronous,
         }
@@ -409,9 +408,9 @@ class Coordinator(MemberLoss):
         psld = self._rebalancer.psld
         if psld is not None:
             psld.observe_step(clock, sample.compute_s + sample.comm_s)
-            servers = len(self._members.servers)
-            spans = headers.read_report(header).get("sv", [])
-            self._steps.observe_traffic(clock, spans, servers, self._speeds)
+        spans, servers = headers.read_report(header).get("sv", []), len(self._members.servers)
+        speeds = None if psld is None else self._speeds  # the spans feed PSLD's figures
+        self.watch.traffic(clock, self._steps.observe_traffic(clock, spans, servers, speeds))
         boundary = self._steps.boundary()
         if boundary is not None:
             self._rebalancer.step_boundary(boundary, out)

@@ -127,14 +127,18 @@ class Steps:
         self.clocks[member.rank] = clock + 1
         return clock, sample
 
-    def observe_traffic(self, clock: int, spans: Any, servers: int, speeds: SpeedEstimator) -> None:
+    def observe_traffic(
+        self, clock: int, spans: Any, servers: int, speeds: SpeedEstimator | None
+    ) -> dict[int, tuple[float, float, float]] | None:
         """Take one worker's per-server spans of step ``clock`` (``[[server, from first
-        push, from the wait, bytes], ...]``, see the optimizer's ``_spans_of_step``);
-        once every worker's are in, give the step's figures of each server to
-        ``speeds``: its bytes of all workers over the longest first span (a lower bound
-        of its speed) and over the shortest wait span (the worker that pushed last
-        waited least for others). Raises a MALFORMED :class:`ProtocolError` for a
-        malformed list or a server index not below ``servers``."""
+        push, from the wait, bytes], ...]``, see the frontend's ``spans_of_step``);
+        once every worker's are in, return the step's figures of each server (``server
+        -> (longest first span, shortest wait span, bytes of all workers)``, for the run
+        record) and give them to ``speeds`` where given (PSLD's): its bytes of all
+        workers over the longest first span (a lower bound of its speed) and over the
+        shortest wait span (the worker that pushed last waited least for others); None
+        before. Raises a MALFORMED :class:`ProtocolError` for a malformed list or a
+        server index not below ``servers``."""
         rows: list[tuple[int, float, float, float]] = []
         try:
             for row in spans:
@@ -156,10 +160,13 @@ class Steps:
             self._traffic[clock] = (reports + 1, seen_by_server)
             for old in [k for k in self._traffic if k < clock - TRAFFIC_KEEP_STEPS]:
                 del self._traffic[old]
-            return
+            return None
         self._traffic.pop(clock, None)
-        for server, (span, tail, nbytes) in seen_by_server.items():
-            speeds.observe_step(server, nbytes, span, tail)
+        figures = {s: (span, tail, nbytes) for s, (span, tail, nbytes) in seen_by_server.items()}
+        for server, (span, tail, nbytes) in figures.items():
+            if speeds is not None:
+                speeds.observe_step(server, nbytes, span, tail)
+        return figures
 
     def reply(
         self, member: Member, rid: int, clock: int, sample: WorkerSample, epoch: int

@@ -97,6 +97,15 @@ class Watch:
             lag=max(0, lead - (clock + 1)),
         )
 
+    def traffic(self, clock: int, figures: dict[int, tuple[float, float, float]] | None) -> None:
+        """Every worker reported its per-server spans of step ``clock`` (``figures``,
+        :meth:`Steps.observe_traffic`'s; None: not every worker yet, nothing is emitted):
+        the figures PSLD's speed estimator takes, for the run record, in every run (the
+        simulator draws its measurement noise from them)."""
+        if figures:
+            rows = [[s, span, wait, nbytes] for s, (span, wait, nbytes) in sorted(figures.items())]
+            self.events.emit("traffic", clock=clock, servers=rows)
+
     def load(
         self,
         server: int,
@@ -234,4 +243,7 @@ class Watch:
             key = (m.role.value, m.rank)
             if self._states.get(key) != m.state.value:
                 self._states[key] = m.state.value
-                self.events.emit("member", role=m.role.value, rank=m.rank, state=m.state.value)
+                where = {"addr": m.addr} if m.addr else {}  # a server's: the host it is on
+                self.events.emit(
+                    "member", role=m.role.value, rank=m.rank, state=m.state.value, **where
+                )
