@@ -126,14 +126,18 @@ def test_credit_codec() -> None:
 
 
 class _Loop:
-    """A NodeLoop's send, recorded."""
+    """A NodeLoop's send, recorded (and its transport's, for messages encoded already:
+    decoded as the peer would)."""
 
     job = "job"
 
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, dict[str, Any]]] = []
+        self.transport = self
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
+        if isinstance(header, list):  # the transport's send: [header frame, *frames]
+            header = decode(header[0], self.job)
         self.sent.append((peer, dict(header)))
 
 
