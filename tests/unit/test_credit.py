@@ -13,6 +13,7 @@ import torch
 from trimtab.core.chunks import ChunkSpec
 from trimtab.errors import ConfigError, ProtocolError
 from trimtab.protocol import headers
+from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import Control, Data, decode, encode
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.receipt import Receipts
@@ -123,6 +124,12 @@ def test_credit_codec() -> None:
     assert h["o"] == Data.CREDIT == 98 and headers.read_credit(h)["i"] == 42
     with pytest.raises(ProtocolError):
         headers.read_credit({"o": int(Data.CREDIT), "i": "x"})
+
+
+def test_a_credit_encoded_from_its_cached_prefix_decodes_as_the_builders() -> None:
+    frames = CreditFrames("job")
+    for rid in (0, 1, 127, 128, 65535, 65536, 2**32, 2**63 - 1):
+        assert decode(frames(rid), "job") == {**headers.credit(rid=rid), "j": "job"}
 
 
 class _Loop:

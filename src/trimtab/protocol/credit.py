@@ -42,12 +42,13 @@ class CreditFrames:
     def __init__(self, job: str) -> None:
         # A map of 3 (0x83) whose last key is "i": the rid's msgpack integer follows.
         head = encode({"o": _CREDIT, "j": job})
-        self._head = bytes([0x83]) + head[1:] + encode("i")
+        self._head = bytes([0x83]) + head[1:] + b"\xa1i"  # ("i": a fixstr of 1)
 
     def __call__(self, rid: int) -> bytes:
         """The CREDIT of request ``rid``, encoded (decodes as ``credit(rid=rid)`` with
         ``j``)."""
-        return self._head + msgpack.packb(rid)
+        packed: bytes = msgpack.packb(rid)
+        return self._head + packed
 
 
 def read_credit(header: Header) -> CreditHeader:
