@@ -129,7 +129,10 @@ class ChunkOptimizer:
             # What torch's single-tensor SGD does with no momentum, weight decay or
             # maximize, bit for bit (tests/unit/test_optim.py), without its ~10 Python
             # calls a step: a chunk's step in the steady state of a job of SGD.
-            with torch.no_grad():
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    self.param.add_(grad, alpha=-lr)
+            else:  # a server's loop runs with grad off
                 self.param.add_(grad, alpha=-lr)
             return
         self.param.grad = grad
