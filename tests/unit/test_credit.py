@@ -13,6 +13,7 @@ import torch
 from trimtab.core.chunks import ChunkSpec
 from trimtab.errors import ConfigError, ProtocolError
 from trimtab.protocol import headers
+from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import Control, Data, decode, encode
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.receipt import Receipts
@@ -125,15 +126,25 @@ def test_credit_codec() -> None:
         headers.read_credit({"o": int(Data.CREDIT), "i": "x"})
 
 
+def test_a_credit_encoded_from_its_cached_prefix_decodes_as_the_builders() -> None:
+    frames = CreditFrames("job")
+    for rid in (0, 1, 127, 128, 65535, 65536, 2**32, 2**63 - 1):
+        assert decode(frames(rid), "job") == {**headers.credit(rid=rid), "j": "job"}
+
+
 class _Loop:
-    """A NodeLoop's send, recorded."""
+    """A NodeLoop's send, recorded (and its transport's, for messages encoded already:
+    decoded as the peer would)."""
 
     job = "job"
 
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, dict[str, Any]]] = []
+        self.transport = self
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
+        if isinstance(header, list):  # the transport's send: [header frame, *frames]
+            header = decode(header[0], self.job)
         self.sent.append((peer, dict(header)))
 
 

@@ -84,6 +84,25 @@ def test_server_step_is_torchs_step_bit_for_bit(
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(ref_states[i][key])), key
 
 
+def test_plain_sgd_follows_a_changed_learning_rate_and_momentum() -> None:
+    # Plain SGD's step is one add_ (no torch step): a scheduler's new lr, and momentum
+    # turned on, must reach it exactly as torch's own step would take them.
+    torch.manual_seed(2)
+    start = torch.randn(32)
+    ref_param = torch.nn.Parameter(start.clone())
+    ref = torch.optim.SGD([ref_param], lr=0.1, foreach=False)
+    chunk = ChunkOptimizer("SGD", start.clone(), hyperparameters(ref.param_groups[0]))
+    for hp in ({}, {"lr": 0.37}, {"momentum": 0.9}, {"momentum": 0.0, "lr": 0.05}):
+        ref.param_groups[0].update(hp)
+        chunk.set_hparams(hp)
+        for _ in range(3):
+            grad = torch.randn(32)
+            ref_param.grad = grad.clone()
+            ref.step()
+            chunk.step(grad.clone())
+        assert torch.equal(chunk.param.detach(), ref_param.detach()), hp
+
+
 def test_a_server_process_never_imports_torch_dynamo() -> None:
     """``trimtab server`` marks torch.optim's compile guards as done (it never compiles):
     building, stepping, reading and loading every server-side optimizer, and the warm-up,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from trimtab.errors import ConfigError
 from trimtab.transport.limits import Limits
 from trimtab.transport.sessions import ZmqSessions
 
@@ -40,3 +41,23 @@ def test_two_frames_are_refused_where_one_is_the_most() -> None:
     sessions = ZmqSessions(None, Limits(max_frame_bytes=1000, max_frames=1))
     assert sessions.on_dealer("tcp://127.0.0.1:1", _frames(1, 1))[0] is None
     assert sessions.refused == 1
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [(), (10,), (1000,), (1001,), (10, 990), (600, 600), (10, 1001), (900, 900), (1, 1, 1, 1)],
+)
+def test_a_message_sent_passes_the_quick_check_as_it_passes_the_full_one(
+    sizes: tuple[int, ...],
+) -> None:
+    # Headers as bytes, payloads as byte views of float tensors (len() counts elements).
+    limits = Limits(max_frame_bytes=1000, max_frames=3, max_message_bytes=1500)
+    frames = [bytes(n) if i == 0 else memoryview(bytes(n)).cast("B") for i, n in enumerate(sizes)]
+    if len(sizes) == 2 and sizes[1] % 4 == 0:
+        frames[1] = memoryview(bytes(sizes[1])).cast("f")
+    fits = not limits.check_lengths(list(sizes))
+    if fits:
+        limits.check_frames_sent(frames)
+    else:
+        with pytest.raises(ConfigError):
+            limits.check_frames_sent(frames)

@@ -11,6 +11,7 @@ the largest). :meth:`Limits.for_job` derives the limits from those.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from trimtab.errors import ConfigError
 from trimtab.protocol.messages import MAX_HEADER_BYTES
@@ -74,6 +75,17 @@ class Limits:
         if total > self.max_message_bytes:
             return f"a message of {total} bytes (at most {self.max_message_bytes})"
         return ""
+
+    def check_frames_sent(self, frames: Sequence[bytes | memoryview]) -> None:
+        """:meth:`check_send` of a message of ``frames``, a header and a payload within
+        every limit in one test (as :meth:`check_frames`). Raises as it."""
+        if 0 < len(frames) <= 2 <= self.max_frames:
+            total = 0
+            for f in frames:
+                total += len(f) if type(f) is bytes else memoryview(f).nbytes
+            if total <= self.max_frame_bytes and total <= self.max_message_bytes:
+                return
+        self.check_send([memoryview(f).nbytes for f in frames])
 
     def check_send(self, lengths: list[int]) -> None:
         """Raise :class:`ConfigError` if a message of ``lengths`` is over the limits

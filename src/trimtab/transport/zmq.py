@@ -267,7 +267,7 @@ class ZmqTransport(Transport):
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
         """As :meth:`Transport.send`; also raises :class:`ConfigError` for a message over
         the limits (its receiver would refuse it)."""
-        self._limits.check_send([memoryview(f).nbytes for f in frames])
+        self._limits.check_frames_sent(frames)
         if peer.startswith(b"i:"):
             conn = self._lane_in.get(peer[2:])
             if conn is not None:
@@ -300,7 +300,7 @@ class ZmqTransport(Transport):
         if dealer is None or address in self._lane_out:
             self.send(self.connect(address), frames)
             return
-        self._limits.check_send([memoryview(f).nbytes for f in frames])
+        self._limits.check_frames_sent(frames)
         self._to_dealer(dealer, address, frames)
 
     def _to_dealer(self, dealer: zmq.Socket[bytes], address: str, frames: Sequence[Frame]) -> None:

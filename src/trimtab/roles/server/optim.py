@@ -109,6 +109,9 @@ class ChunkOptimizer:
         #: A growing table's chunk: its id -> row map (roles/server/growing.py's
         #: ``Grown``), kept here so that it travels with the optimizer's state.
         self.grown: Any = None
+        #: Plain SGD's learning rate (no momentum, weight decay or maximize), else None:
+        #: its step is one ``add_``, taken without torch's step and its argument lists.
+        self._plain_lr: float | None = None
         self.set_hparams(hparams)
 
     def set_hparams(self, hparams: Mapping[str, Any]) -> None:
@@ -117,9 +120,21 @@ class ChunkOptimizer:
         for key, value in hparams.items():
             if key not in _IMPLEMENTATION_KEYS:
                 group[key] = _from_wire(value)
+        self._plain_lr = _plain_sgd_lr(self.optimizer)
 
     def step(self, grad: torch.Tensor) -> None:
         """Apply one update with ``grad`` (the weighted mean gradient)."""
+        lr = self._plain_lr
+        if lr is not None and not grad.is_sparse:
+            # What torch's single-tensor SGD does with no momentum, weight decay or
+            # maximize, bit for bit (tests/unit/test_optim.py), without its ~10 Python
+            # calls a step: a chunk's step in the steady state of a job of SGD.
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    self.param.add_(grad, alpha=-lr)
+            else:  # a server's loop runs with grad off
+                self.param.add_(grad, alpha=-lr)
+            return
         self.param.grad = grad
         if torch.is_grad_enabled():
             with torch.no_grad():
@@ -165,6 +180,24 @@ def _reshaped(state: Mapping[str, Any], old: torch.Size, new: torch.Size) -> dic
         k: v.view(new) if isinstance(v, torch.Tensor) and v.shape == old else v
         for k, v in state.items()
     }
+
+
+def _plain_sgd_lr(optimizer: torch.optim.Optimizer) -> float | None:
+    """``optimizer``'s learning rate if it is torch's SGD whose step is ``p -= lr * g``
+    (no momentum, weight decay, maximize, differentiable or tensor ``lr``), else None."""
+    if type(optimizer) is not torch.optim.SGD:
+        return None
+    group = optimizer.param_groups[0]
+    lr = group.get("lr")
+    if (
+        type(lr) is not float
+        or group.get("momentum", 0) != 0
+        or group.get("weight_decay", 0) != 0
+        or group.get("maximize", False)
+        or group.get("differentiable", False)
+    ):
+        return None
+    return lr
 
 
 def _from_wire(value: Any) -> Any:

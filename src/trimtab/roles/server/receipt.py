@@ -16,14 +16,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable
 from typing import cast
 
 import torch
 
 from trimtab.protocol import headers
-from trimtab.protocol.credit import credit
+from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import Data, Header, decode, inline
 from trimtab.roles.server.growing import counters
 from trimtab.roles.server.meter import LoadMeter
@@ -64,6 +63,8 @@ class Receipts:
         self._loop = loop
         self._meter = meter
         self._synchronous = synchronous
+        self._credit = CreditFrames(loop.job)
+        self._send = loop.transport.send
         self._peer_of: dict[int, Peer] = {}  # a bounded worker's rank -> its socket
         #: Value bytes in flight per worker (its socket), each worker's own window (every
         #: value held is admitted with one: the gate's own, 1 byte, is never used).
@@ -82,8 +83,10 @@ class Receipts:
         out: list[Queued] = []
         for peer, frames, header in batch:
             if header is None and frames:
-                with contextlib.suppress(Exception):  # undecodable: answered in order
+                try:  # noqa: SIM105 (contextlib.suppress: three Python calls a message)
                     header = decode(frames[0], self._loop.job)
+                except Exception:  # undecodable: answered in order
+                    pass
             if header is not None:
                 op = header.get("o")
                 rid = header.get("i")
@@ -93,7 +96,7 @@ class Receipts:
                             self._loop.send(peer, held, held_frames)
                     continue
                 if header.get("ak") and op == _PUSH and type(rid) is int:
-                    self._loop.send(peer, credit(rid=rid))
+                    self._send(peer, [self._credit(rid)])
             out.append((peer, frames, header))
         return out
 

@@ -80,6 +80,11 @@ class ReplicaLink:
         """Answer ``replies`` (rounds of several chunks completed at once, e.g. by a lost
         worker: see :meth:`ChunkStore.set_workers`) chunk by chunk, each once its backup
         holds it. Never blocks."""
+        if not self.replicas.backup_of and (
+            len(replies) == 1 or all(r.chunk is replies[0].chunk for r in replies)
+        ):  # the steady state: one round of one chunk, nothing to wait for
+            answer(replies)
+            return
         by_chunk: dict[int, list[Reply]] = {}
         for r in replies:
             by_chunk.setdefault(r.chunk.spec.id, []).append(r)

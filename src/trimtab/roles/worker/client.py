@@ -36,7 +36,7 @@ from trimtab.errors import (
     RemoteError,
 )
 from trimtab.protocol import headers
-from trimtab.protocol.credit import credit
+from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -88,6 +88,7 @@ class WorkerClient:
             self.credit = CreditGate(window, ordered=config.credit_ordered)
         self._owed: set[int] = set()  # request ids of pushes whose reply is unread
         self._servers: dict[Peer, str] = {}  # a data peer's name -> its server's address
+        self._credit_frame = CreditFrames(config.job)
         # The credit thread's turn on the data sockets, or a waiting thread's.
         self._turns = Turns(
             lambda: bool(self._owed) or (self.credit is not None and self.credit.holding())
@@ -425,9 +426,7 @@ class WorkerClient:
                     return
             self._owed.discard(header["i"])
             if header.get("ak"):  # a value the server counts against its window: read
-                receipt = credit(rid=header["i"])
-                receipt["j"] = self.config.job
-                self._data_out.append((server, [encode(receipt)]))
+                self._data_out.append((server, [self._credit_frame(header["i"])]))
         if op == Control.MAP_NEWS and peer == self._coord:
             self.map_news.keep(header)
             return
