@@ -74,6 +74,19 @@ def _gone(job: str) -> None:
     assert processes_of(job) == []
 
 
+def kill_after_a_checkpoint(proc: subprocess.Popen[bytes], ckpts: Path, log: Path) -> None:
+    """Once the ``trimtab run`` of ``proc`` (its output in ``log``) has a complete
+    checkpoint in ``ckpts``, SIGKILL it and wait until no process of its job is left."""
+    try:
+        _wait_for("checkpoint", lambda: list(ckpts.glob(f"ckpt-*/{MANIFEST}")), proc, log)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher; its processes follow it
+        proc.wait()
+    hint = HINT.search(log.read_text())
+    assert hint is not None, log.read_text()
+    _gone(hint.group(1))
+
+
 @pytest.mark.slow  # (a kill and a resume, 20 to 28 s; test_state_recipes resumes by default)
 @pytest.mark.timeout(180)
 def test_a_killed_bsp_job_resumed_from_its_checkpoint_matches_one_never_stopped(
@@ -89,14 +102,7 @@ def test_a_killed_bsp_job_resumed_from_its_checkpoint_matches_one_never_stopped(
         str(ckpts),
         step_s=0.15,
     )
-    try:
-        _wait_for("checkpoint", lambda: list(ckpts.glob(f"ckpt-*/{MANIFEST}")), proc, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher; its processes follow it
-        proc.wait()
-    hint = HINT.search(log.read_text())
-    assert hint is not None, log.read_text()
-    _gone(hint.group(1))
+    kill_after_a_checkpoint(proc, ckpts, log)
     assert not (tmp_path / "first" / "rank0.pt").exists(), "the job ended before it was killed"
     good = find_checkpoint(ckpts)
     manifest = json.loads((good / MANIFEST).read_text())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import processes_of
-from tests.integration.test_checkpoints import HINT, TRIMTAB, _gone, _wait_for
+from tests.integration.test_checkpoints import TRIMTAB, kill_after_a_checkpoint
 from tests.integration.test_sparse import SCRIPT
 from tests.sparse_job import STEPS, max_difference, reference
 from trimtab.launch.job import Job, LaunchConfig
@@ -63,14 +62,7 @@ def test_a_killed_job_with_server_tables_resumes_from_its_checkpoint_exactly(
         env={**os.environ, "SPARSE_STEP_S": "0.15"},
         start_new_session=True,
     )
-    try:
-        _wait_for("checkpoint", lambda: list(ckpts.glob(f"ckpt-*/{MANIFEST}")), proc, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher; its processes follow it
-        proc.wait()
-    hint = HINT.search(log.read_text())
-    assert hint is not None, log.read_text()
-    _gone(hint.group(1))
+    kill_after_a_checkpoint(proc, ckpts, log)
     assert not (first / "stats.json").exists(), "the job ended before it was killed"
     clock = json.loads((find_checkpoint(ckpts) / MANIFEST).read_text())["clock"]
     assert 4 <= clock < STEPS, clock  # within the first case: the second never started
