@@ -14,8 +14,9 @@ from trimtab_tools.bench import policies
 def test_every_decision_at_a_thousand_workers_and_a_hundred_servers_is_under_100_ms() -> None:
     out = policies.measure(1000, 100, history=20, repeat=1)
     assert {"psld.decide", "batching.lbbsp", "detection.lag", "placement.hash"} <= set(out["calls"])
-    # 115 ms for batching.lbbsp before NARX fitted the workers together.
-    assert out["slowest_ms"] < 100, out["slowest"]
+    # 115 ms for batching.lbbsp before NARX fitted the workers together. The CPU time:
+    # the wall time of one call took 764 ms once with the suite's jobs beside it.
+    assert out["slowest_cpu_ms"] < 100, out["calls"]
 
 
 def test_the_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:

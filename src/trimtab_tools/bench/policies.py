@@ -7,7 +7,9 @@ histories of ``--history`` steps (one worker 4 x slower, every figure jittered),
 chunk table of a ``--model-mb`` model cut at ``--chunk-bytes``, ``--servers`` servers'
 speeds with one 4 x slower. Each call runs ``--repeat`` times, on a fresh policy object
 where the policy keeps state; reported per call: ``median_ms`` and ``max_ms``, and
-``slowest_ms`` over all. Pure computation on this process's one thread; no I/O.
+``slowest_ms`` over all; and each call's ``max_cpu_ms``, this thread's CPU time, with
+``slowest_cpu_ms`` over all (what a busy machine's other processes do not inflate).
+Pure computation on this process's one thread; no I/O.
 """
 
 from __future__ import annotations
@@ -41,14 +43,16 @@ MIB = 1 << 20
 
 
 def _timed(call: Callable[[], object], repeat: int) -> dict[str, float]:
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         call()
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
     return {
         "median_ms": round(1e3 * statistics.median(times), 3),
         "max_ms": round(1e3 * max(times), 3),
+        "max_cpu_ms": round(1e3 * max(cpu), 3),
     }
 
 
@@ -138,6 +142,7 @@ def measure(
         "calls": out,
         "slowest_ms": out[slowest]["max_ms"],
         "slowest": slowest,
+        "slowest_cpu_ms": max(c["max_cpu_ms"] for c in out.values()),
     }
 
 
