@@ -102,6 +102,19 @@ class Cluster:
             t.join(10)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run every test in a temporary working directory, so that what jobs write by
+    default under it (``runs/<job id>/``, ``trimtab-checkpoints/``) is not left in the
+    checkout. Tests name their files by ``__file__``, never by the working directory."""
+    before = Path.cwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 @pytest.fixture
 def cluster_factory() -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []

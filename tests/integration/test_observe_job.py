@@ -124,7 +124,8 @@ def test_two_scrapes_of_metrics_differ_and_every_documented_metric_is_there(seen
     first, second = (samples(s) for s in seen.scrapes)
     assert second["trimtab_steps_total"] > first["trimtab_steps_total"] > 0
     assert first != second
-    documented = re.findall(r"^\| `(trimtab_\w+)`", Path("docs/observe.md").read_text(), re.M)
+    page = (Path(__file__).parents[2] / "docs" / "observe.md").read_text()
+    documented = re.findall(r"^\| `(trimtab_\w+)`", page, re.M)
     assert sorted(documented) == sorted(name for name, _, _ in METRICS)
     for name, kind, _ in METRICS:
         assert f"# TYPE {name} {kind}" in seen.scrapes[1], name
