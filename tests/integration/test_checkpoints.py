@@ -21,7 +21,7 @@ from tests.conftest import processes_of
 from tests.equivalence_job import STEPS, Setup, max_difference, reference
 from tests.integration.test_equivalence import SCRIPT, _run
 from trimtab.launch.job import LaunchConfig
-from trimtab.roles.coordinator.checkpoint import MANIFEST, find_checkpoint
+from trimtab.roles.coordinator.manifest import MANIFEST, find_checkpoint
 from trimtab.roles.server.checkpoint import read_file
 from trimtab.settings import CheckpointSettings
 from trimtab.transport.shm import remove_job_arenas

@@ -21,7 +21,7 @@ from tests.integration.test_checkpoints import TRIMTAB, kill_after_a_checkpoint
 from tests.integration.test_sparse import SCRIPT
 from tests.sparse_job import STEPS, max_difference, reference
 from trimtab.launch.job import Job, LaunchConfig
-from trimtab.roles.coordinator.checkpoint import MANIFEST, find_checkpoint
+from trimtab.roles.coordinator.manifest import MANIFEST, find_checkpoint
 from trimtab.settings import CheckpointSettings
 
 #: Both server-state optimizers of a table: Adagrad (one optimizer for the table and the

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from trimtab.errors import ConfigError
-from trimtab.roles.coordinator.checkpoint import MANIFEST
 from trimtab.roles.coordinator.integrity import intact_checkpoint
+from trimtab.roles.coordinator.manifest import MANIFEST
 from trimtab.runtime.files import seal, write_atomic
 
 

@@ -15,12 +15,8 @@ from tests.unit.test_server_store import map_header, push, store_of
 from trimtab.errors import ConfigError, ProtocolError
 from trimtab.protocol import headers
 from trimtab.roles.coordinator import CoordinatorConfig
-from trimtab.roles.coordinator.checkpoint import (
-    MANIFEST,
-    Checkpoints,
-    find_checkpoint,
-    read_manifest,
-)
+from trimtab.roles.coordinator.checkpoint import Checkpoints
+from trimtab.roles.coordinator.manifest import MANIFEST, find_checkpoint, read_manifest
 from trimtab.roles.server.checkpoint import MAGIC, ServerCheckpoints, file_name, read_file
 from trimtab.runtime.files import checksum_of, write_atomic
 from trimtab.runtime.tensors import as_bytes

@@ -35,9 +35,7 @@ manifest (at construction) and writing it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,12 +44,21 @@ from trimtab.errors import ConfigError, ProtocolError
 from trimtab.protocol import headers
 from trimtab.protocol.messages import Control, ErrorCode, Header, error_of
 from trimtab.roles.coordinator.config import CoordinatorConfig
+from trimtab.roles.coordinator.manifest import (
+    FORMAT,
+    MANIFEST,
+    checkpoint_dir,
+    discard,
+    find_checkpoint,
+    read_manifest,
+    write_manifest,
+)
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Member, Members, MemberState, Role
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rebalance import Rebalancer
 from trimtab.roles.coordinator.steps import Steps
-from trimtab.runtime.files import remove_stale_temporaries, seal, write_atomic
+from trimtab.runtime.files import remove_stale_temporaries, seal
 from trimtab.settings import DEFAULT_CHECKPOINT_DIR
 from trimtab.transport.base import Peer
 
@@ -60,12 +67,6 @@ log = logging.getLogger("trimtab.coordinator")
 #: The coordinator's exit status for a job that ran to its end while its last
 #: checkpoint failed: the launcher lets the workers finish, then ends with status 1.
 CHECKPOINT_FAILED_STATUS = 3
-
-#: The file that makes a checkpoint's directory a complete checkpoint, written last.
-MANIFEST = "manifest.json"
-
-#: The manifest's format; one of another is refused.
-FORMAT = 1
 
 #: A checkpoint is asked at this many clocks past the furthest step reported: far enough
 #: that no chunk is past it yet, near enough that it comes within a few steps. Each
@@ -86,72 +87,6 @@ MAX_WAITING = 64
 Handler = Callable[[Member, Header, list[memoryview], Outbox], None]
 #: An op anyone may send, as the coordinator's: (peer, header, outbox).
 Opener = Callable[[Peer, Header, Outbox], None]
-
-
-def checkpoint_dir(root: Path, clock: int) -> Path:
-    """The directory of the checkpoint at ``clock`` under ``root``."""
-    return root / f"ckpt-{clock:08d}"
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint ``path`` names: itself if it holds a manifest, else the newest
-    complete checkpoint directory in it. Blocks for a directory listing. Raises
-    :class:`ConfigError`, saying what is there: no such directory, checkpoints none of
-    which is complete (no manifest: stopped while being written), or none at all."""
-    p = Path(path)
-    if not p.is_dir():
-        raise ConfigError(f"cannot resume from {path}: no such directory")
-    if (p / MANIFEST).is_file():
-        return p.resolve()
-    found = sorted(d for d in p.glob("ckpt-*") if d.is_dir())
-    complete = [d for d in found if (d / MANIFEST).is_file()]
-    if complete:
-        return complete[-1].resolve()
-    if found or any(p.glob("server-*.chunks")):
-        half = [d.name for d in found] or [p.name]
-        raise ConfigError(
-            f"cannot resume from {path}: {', '.join(half)} has no {MANIFEST}, so it is a "
-            "checkpoint that was never completed (the job stopped while writing it); "
-            "there is no complete checkpoint to resume from"
-        )
-    raise ConfigError(
-        f"cannot resume from {path}: it holds no checkpoint (a directory with {MANIFEST}, "
-        "as --checkpoint-every or `trimtab checkpoint` write)"
-    )
-
-
-def _discard(directory: Path) -> None:
-    """Remove the directory of a checkpoint attempt given up, unless it is complete
-    (a manifest there: an earlier checkpoint at the same clock). Blocks; never raises."""
-    if not (directory / MANIFEST).exists():
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def read_manifest(directory: Path, chunk_bytes: int | None = None) -> dict[str, Any]:
-    """A checkpoint's manifest, checked: format, the keys resuming reads, every file it
-    names present, and (if given) its chunks of ``chunk_bytes``, as the job resuming it
-    cuts them. Blocks for the reads. Raises :class:`ConfigError`."""
-    path = directory / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the checkpoint's manifest {path}: {exc}") from None
-    kinds = {"format": int, "clock": int, "files": list, "tables": list, "map": dict}
-    for key, kind in kinds.items():
-        if not isinstance(manifest.get(key), kind):
-            raise ConfigError(f"the checkpoint's manifest {path} has no valid {key!r}")
-    if manifest["format"] != FORMAT:
-        raise ConfigError(f"{path} is of checkpoint format {manifest['format']}, not {FORMAT}")
-    missing = [f for f in manifest["files"] if not (directory / str(f)).is_file()]
-    if missing:
-        raise ConfigError(f"the checkpoint {directory} lacks its files {missing}")
-    saved = manifest.get("chunk_bytes", chunk_bytes)
-    if chunk_bytes is not None and saved != chunk_bytes:
-        raise ConfigError(
-            f"the checkpoint {directory} cut the tensors into chunks of {saved} bytes, this "
-            f"job into {chunk_bytes}: resume it with --chunk-bytes {saved}"
-        )
-    return dict(manifest)
 
 
 @dataclasses.dataclass
@@ -403,7 +338,7 @@ class Checkpoints:
         log.info("checkpoint %d: at clock %d into %s", self._number, clock, directory)
 
     def _retry(self, taking: _Taking, clock: int, why: str, out: Outbox) -> None:
-        _discard(taking.directory)
+        discard(taking.directory)
         if taking.tries >= RETRIES:
             self._fail(f"{why}, {RETRIES} times", out)
             return
@@ -420,7 +355,7 @@ class Checkpoints:
         taking = self._taking
         assert taking is not None
         self._taking = None
-        _discard(taking.directory)
+        discard(taking.directory)
         self._due = max(self._due, taking.clock) + self._every
         log.error("checkpoint at clock %d failed: %s", taking.clock, why)
         for peer, rid in taking.askers:
@@ -491,5 +426,4 @@ class Checkpoints:
         }
         if set(taking.sums) == set(taking.files):  # (every server of this release sends one)
             manifest = seal({**manifest, "sums": taking.sums})
-        data = json.dumps(manifest, indent=1).encode()
-        write_atomic(taking.directory / MANIFEST, [data])
+        write_manifest(taking.directory, manifest)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.errors import ConfigError
-from trimtab.roles.coordinator.checkpoint import MANIFEST, find_checkpoint, read_manifest
+from trimtab.roles.coordinator.manifest import MANIFEST, find_checkpoint, read_manifest
 from trimtab.runtime.files import checksum_of, sealed
 
 
