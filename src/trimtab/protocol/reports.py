@@ -2,11 +2,8 @@
 answer (the batch sizes, under a batching policy), a server's load report, the job's
 clock.
 
-As in :mod:`trimtab.protocol.control`: builders return the literal the roles built
-before (the same msgpack bytes) and check nothing; readers check a received header with
-:func:`~trimtab.protocol.messages.field` and return it typed, or raise
-``ProtocolError(ErrorCode.MALFORMED.value, ...)``. None blocks; all are thread-safe.
-What each short key means is in :mod:`trimtab.protocol.headers`.
+Builders and readers as in :mod:`trimtab.protocol.placement` (the same contract, the
+keys in :mod:`trimtab.protocol.headers`). None blocks; all are thread-safe.
 """
 
 from __future__ import annotations
