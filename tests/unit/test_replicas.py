@@ -101,6 +101,7 @@ def wire(header: Any, frames: list[Any]) -> tuple[dict[str, Any], list[memoryvie
 
 def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover() -> None:
     primary, backup = server(0, [0, 1], [1, 0]), server(1, [0, 1], [1, 0])
+    primary.store.chunks[0].adopted = 2  # a broadcast_parameters' INIT set it
     push(primary.store, 0, [1, 2, 3, 4])
     replies = push(primary.store, 1, [3, 2, 1, 0])
     assert len(replies) == 2  # round 0 complete: to be released once replicated
@@ -121,6 +122,7 @@ def test_a_backup_holds_the_round_its_primary_applied_and_takes_over_on_failover
     chunk = primary.store.chunks[0]
     assert torch.equal(copy.value, chunk.value)
     assert (copy.version, copy.round, copy.last_clock) == (1, 1, {0: 0, 1: 0})
+    assert copy.adopted == 2  # promoted, it refuses a replay of that adoption's INIT
     assert copy.optimizer is not None and chunk.optimizer is not None
     # The failover: server 0 is dead, its chunk 0 goes to its backup, server 1.
     failover = replica.failover(epoch=2, dead=0, owners=[1, 1], backups=[-1, -1], servers=[])

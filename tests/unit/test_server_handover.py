@@ -11,9 +11,11 @@ import torch
 
 from tests.unit.test_server_store import map_header, push, store_of
 from trimtab.errors import ProtocolError
+from trimtab.protocol import headers
 from trimtab.roles.server.handover import Handover
 from trimtab.roles.server.lifecycle import TRANSITIONS, ChunkPhase, Move, check_transition
 from trimtab.runtime.credentials import SERVER, Credentials, credential, new_key
+from trimtab.runtime.tensors import as_bytes
 
 
 def migrate(owners: list[int]) -> dict[str, Any]:
@@ -122,3 +124,24 @@ def test_between_servers_of_one_machine_the_bytes_go_through_shared_memory() -> 
     finally:
         old.arenas.close()
         new.arenas.close()
+
+
+def test_a_moved_chunk_keeps_refusing_an_adoption_it_took_before_the_move() -> None:
+    """A chunk's last adoption travels with it: its new owner refuses a replay of an
+    INIT of that adoption (or an older one), as the old owner would have, and takes the
+    next."""
+    old, new = servers()
+    init = {**headers.init(chunk=0, epoch=1, dtype="float32", numel=4), "i": 1}
+    old.store.init(init, [as_bytes(torch.full((4,), 3.0))], 0, 2)  # adoption 2
+    target = migrate([1, 0])
+    old.plan(target)
+    new.plan(target)
+    message = old.ready(0)
+    assert message is not None and message[1]["ad"] == 2
+    new.arrive(message[1], [memoryview(bytes(f)) for f in message[2]], sender=0)
+    for replayed in (1, 2):
+        with pytest.raises(ProtocolError, match="not newer than its last"):
+            new.store.init(init, [as_bytes(torch.full((4,), 9.0))], 0, replayed)
+    assert new.store.chunks[0].value.tolist() == [3.0] * 4
+    new.store.init(init, [as_bytes(torch.full((4,), 5.0))], 0, 3)
+    assert new.store.chunks[0].value.tolist() == [5.0] * 4

@@ -374,6 +374,7 @@ class HandoverHeader(WireHeader):
     # (a tensor: the next frame) or ["v", value]
     sm: NotRequired[list[Any]]  # [arena, offset, bytes]: the frames' bytes in the sender's
     # shared memory, one after the other (one machine; no frame follows the header)
+    ad: NotRequired[int]  # the last adoption whose INIT set the chunk's value (absent: 0)
 
 
 def handover(
@@ -390,9 +391,11 @@ def handover(
     token: bytes | None = None,
     hp: dict[str, Any] | None = None,
     state: dict[str, list[Any]] | None = None,
+    adopted: int = 0,
 ) -> HandoverHeader:
     """``hp`` and ``state`` (server mode) are given together or not at all; ``sender``
-    and ``token`` are the sending server's index and credential."""
+    and ``token`` are the sending server's index and credential; ``adopted`` the
+    chunk's last adoption (0: none, left out)."""
     header: HandoverHeader = {
         "o": _HANDOVER,
         "c": chunk,
@@ -410,6 +413,8 @@ def handover(
         header["hp"] = hp
     if state is not None:
         header["st"] = state
+    if adopted:
+        header["ad"] = adopted
     header["i"] = rid  # last, as the server set it once the rest was built
     return header
 
@@ -427,7 +432,9 @@ _HANDOVER_KEYS: KeySpec = (
 def read_handover(header: Header) -> HandoverHeader:
     """Checks every key's type, and that ``p`` is three ints."""
     fields(
-        header, _HANDOVER_KEYS, (("hp", dict), ("st", dict), ("s", int), ("t", bytes), ("sm", list))
+        header,
+        _HANDOVER_KEYS,
+        (("hp", dict), ("st", dict), ("s", int), ("t", bytes), ("sm", list), ("ad", int)),
     )
     if len(int_list(header, "p")) != 3:
         raise ProtocolError(ErrorCode.MALFORMED.value, "'p' must be [pushes, dropped, discounted]")

@@ -60,6 +60,7 @@ class ReplicateHeader(WireHeader):
     st: NotRequired[dict[str, list[Any]]]  # server mode: its state (as HANDOVER's)
     sm: NotRequired[list[Any]]  # [arena, offset, bytes]: the frames' bytes, one after
     # the other, in the sender's shared memory (no frame follows the header)
+    ad: NotRequired[int]  # the last adoption whose INIT set the chunk's value (absent: 0)
 
 
 def replicate(
@@ -78,6 +79,7 @@ def replicate(
     last_clock: dict[int, int],
     hp: dict[str, Any] | None = None,
     state: dict[str, list[Any]] | None = None,
+    adopted: int = 0,
 ) -> ReplicateHeader:
     header: ReplicateHeader = {
         "o": _REPLICATE,
@@ -98,6 +100,8 @@ def replicate(
         header["hp"] = hp
     if state is not None:
         header["st"] = state
+    if adopted:
+        header["ad"] = adopted
     return header
 
 
@@ -120,7 +124,7 @@ def read_replicate(header: Header) -> ReplicateHeader:
     """A REPLICATE, checked. Raises a MALFORMED :class:`ProtocolError` for a missing or
     mistyped key, counters that are not three ints, clocks not ``[rank, clock]`` pairs
     of ints, or a state entry that is not ``["t", ...]`` or ``["v", ...]``."""
-    fields(header, _REPLICATE_KEYS, (("hp", dict), ("st", dict), ("sm", list)))
+    fields(header, _REPLICATE_KEYS, (("hp", dict), ("st", dict), ("sm", list), ("ad", int)))
     counts = int_list(header, "p")
     if len(counts) != 3:
         raise ProtocolError(ErrorCode.MALFORMED.value, "REPLICATE: 'p' must be 3 counters")

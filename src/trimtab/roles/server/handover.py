@@ -208,6 +208,7 @@ class Handover:
             token=self.credentials.own,
             hp=hp,
             state=state,
+            adopted=chunk.adopted,
         )
         move.to(ChunkPhase.HANDED)
         del self.store.chunks[cid]
@@ -290,6 +291,7 @@ class Handover:
         chunk.version = msg["v"]
         chunk.round = msg["k"]
         chunk.pushes, chunk.dropped, chunk.discounted = msg["p"]
+        chunk.adopted = msg.get("ad", 0)  # an older adoption's INIT stays refused here
         if chunk.optimizer is not None:
             decode_state(chunk.optimizer, msg, frames[1:])
         move.to(ChunkPhase.OWNED)

@@ -179,6 +179,7 @@ class Replicas:
             last_clock=chunk.last_clock,
             hp=hp,
             state=state,
+            adopted=chunk.adopted,
         )
         address = self.store.servers[backup]
         slot = -1
@@ -283,6 +284,7 @@ class Replicas:
         copy.pushes, copy.dropped, copy.discounted = msg["p"]
         copy.last_sum = float(msg["ls"])
         copy.last_clock = {r: k for r, k in msg["lc"]}
+        copy.adopted = msg.get("ad", 0)
         copy.seeded = True
         if fresh:
             self.copies[cid] = copy
