@@ -10,7 +10,7 @@ socket of their own (ZeroMQ sockets must stay on one thread).
 
 Between processes of one machine, messages take the local lane instead
 (:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
-skip ZeroMQ's I/O threads. Peers are named the same whichever way their messages go.
+skip ZeroMQ's I/O threads; :mod:`trimtab.transport.lanes` holds this transport's set of them. Peers are named the same whichever way their messages go.
 
 With the job's key (:class:`~trimtab.transport.auth.JobKey`) every connection, lane or
 TCP, proves the secret before anything it sends is parsed, and every message carries a
@@ -24,11 +24,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,20 +34,13 @@ from typing import Any
 import zmq
 
 from trimtab.transport.alloc import keep_freed_memory
-from trimtab.transport.auth import ClientHandshake, JobKey, ServerHandshake
+from trimtab.transport.auth import JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
 from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
-from trimtab.transport.lane import (
-    LANE_ENV,
-    LaneClosed,
-    LaneConnection,
-    LaneRefused,
-    lane_from_env,
-    lane_name,
-    supported,
-)
+from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
+from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
-from trimtab.transport.sessions import MAX_UNPROVEN, ZmqSessions
+from trimtab.transport.sessions import ZmqSessions
 from trimtab.transport.shm import is_local
 from trimtab.transport.spin import (
     SPIN_DEFAULT_US,
@@ -149,9 +140,6 @@ class ZmqTransport(Transport):
         self._ready: collections.deque[Envelope] = collections.deque()
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
-        self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
-        # Peers whose lane closed, for lost() (bounded: a node that never asks).
-        self._gone: collections.deque[Peer] = collections.deque(maxlen=4096)
         self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
@@ -173,29 +161,15 @@ class ZmqTransport(Transport):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poller.register(self._wake_r, zmq.POLLIN)
-        # The local lane: connections by address (ours) and by identity (theirs).
+        # The local lane: its connections, and peers whose lane closed (for lost()).
         self._lane = lane and supported()
-        self._lane_out: dict[str, LaneConnection] = {}
-        self._lane_in: dict[bytes, LaneConnection] = {}
-        self._lane_fds: dict[int, LaneConnection] = {}
-        self._lane_ids = itertools.count(1)
-        self._scratch = memoryview(bytearray(0))
-        self._listener: socket.socket | None = None
+        self._lanes = Lanes(self._poller, self._ready, self._key, limits, self._sessions.refuse)
+        self._gone = self._lanes.gone
+        self._lost = self._lanes.lost  # addresses whose lane broke (reconnected on send)
+        self._lane_out = self._lanes.out
+        self._lane_in = self._lanes.into
         if bind and self._lane:
-            self._listen(self._address)
-
-    def _listen(self, address: str) -> None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(lane_name(address))
-            listener.listen(128)
-        except OSError as exc:  # unusual (another process has the name): TCP still works
-            log.warning("no local lane for %s: %s", address, exc)
-            listener.close()
-            return
-        listener.setblocking(False)
-        self._listener = listener
-        self._poller.register(listener.fileno(), zmq.POLLIN)
+            self._lanes.listen(self._address)
 
     def _tune(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.LINGER, 2000)
@@ -213,21 +187,9 @@ class ZmqTransport(Transport):
         if address in self._lane_out:
             return out_peer(address)
         if address not in self._dealers and self._lane and is_local(address):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(lane_name(address))
-            except OSError:
-                sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
-            else:
-                shake = ClientHandshake(self._key) if self._key is not None else None
-                try:
-                    conn = LaneConnection(sock, out_peer(address), self._limits, shake)
-                except LaneClosed:  # its listener went as we connected (its process died)
-                    sock.close()
-                else:
-                    self._lane_out[address] = conn
-                    self._add_lane(conn)
-                    return conn.peer
+            peer = self._lanes.connect(address)  # None: nobody listens there: ZeroMQ
+            if peer is not None:
+                return peer
         if address not in self._dealers:
             dealer = self._ctx.socket(zmq.DEALER)
             self._tune(dealer)
@@ -247,10 +209,7 @@ class ZmqTransport(Transport):
     def reconnect(self, address: str) -> Peer:
         """As :meth:`Transport.reconnect`: its lane or ZeroMQ socket closed (what waits
         on it dropped), its session forgotten, then :meth:`connect` again."""
-        conn = self._lane_out.pop(address, None)
-        if conn is not None and self._lane_fds.pop(conn.fd, None) is not None:
-            self._poller.unregister(conn.fd)
-            conn.close()
+        self._lanes.forget(address)
         dealer = self._dealers.pop(address, None)
         if dealer is not None:
             self._poller.unregister(dealer)
@@ -261,7 +220,6 @@ class ZmqTransport(Transport):
             watch.close()
             dealer.close(linger=0)
         self._sessions.forget(address)
-        self._lost.discard(address)
         return self.connect(address)
 
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
@@ -271,7 +229,7 @@ class ZmqTransport(Transport):
         if peer.startswith(b"i:"):
             conn = self._lane_in.get(peer[2:])
             if conn is not None:
-                self._lane_send(conn, frames)
+                self._lanes.send(conn, frames)
                 return
             if self._router is None:
                 raise KeyError(peer)
@@ -284,7 +242,7 @@ class ZmqTransport(Transport):
         address = peer[2:].decode()
         conn = self._lane_out.get(address)
         if conn is not None:
-            self._lane_send(conn, frames)
+            self._lanes.send(conn, frames)
         elif address in self._dealers:
             self._to_dealer(self._dealers[address], address, frames)
         elif address in self._lost:
@@ -321,76 +279,6 @@ class ZmqTransport(Transport):
             return peer[2:] in self._lane_in
         return peer[2:].decode() in self._lane_out
 
-    # -- the local lane ---------------------------------------------------------------
-
-    def _add_lane(self, conn: LaneConnection) -> None:
-        self._lane_fds[conn.fd] = conn
-        self._poller.register(conn.fd, zmq.POLLIN | (zmq.POLLOUT if conn.queued else 0))
-        if not self._scratch:
-            self._scratch = memoryview(bytearray(1 << 18))
-
-    def _lane_send(self, conn: LaneConnection, frames: Sequence[Frame]) -> None:
-        try:
-            if conn.send(frames):
-                self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
-        except LaneClosed as exc:
-            self._drop_lane(conn, str(exc))
-
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors, say: the peer falls back to nothing
-                log.warning("local lane: could not accept a connection: %s", exc)
-                return
-            identity = b"lane-%d" % next(self._lane_ids)
-            shake = ServerHandshake(self._key) if self._key is not None else None
-            conn = LaneConnection(sock, in_peer(identity), self._limits, shake)
-            unproven = [c for c in self._lane_in.values() if not c.proven]
-            if len(unproven) >= MAX_UNPROVEN:  # a flood of silent connections: oldest out
-                self._drop_lane(unproven[0], "it did not complete its handshake")
-            self._lane_in[identity] = conn
-            self._add_lane(conn)
-
-    def _on_lane(self, conn: LaneConnection, events: int) -> None:
-        try:
-            if events & zmq.POLLOUT and not conn.flush():
-                self._poller.register(conn.fd, zmq.POLLIN)
-            if events & (zmq.POLLIN | zmq.POLLERR):
-                messages, closed = conn.read(self._scratch)
-                for frames in messages:
-                    self._ready.append(Envelope(conn.peer, frames))
-                if closed:
-                    self._drop_lane(conn, "")
-                elif conn.queued:  # the handshake ended: what waited for it is queued
-                    self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
-        except LaneRefused as exc:
-            self._sessions.refuse(conn.peer, str(exc))
-            self._drop_lane(conn, "")
-        except LaneClosed as exc:
-            self._drop_lane(conn, str(exc))
-        except Exception as exc:  # MemoryError too: a peer never ends the process
-            log.warning("local lane to %r: closed after %r", conn.peer, exc)
-            self._drop_lane(conn, "")
-
-    def _drop_lane(self, conn: LaneConnection, why: str) -> None:
-        if why:
-            log.warning("local lane to %r closed: %s", conn.peer, why)
-        if self._lane_fds.pop(conn.fd, None) is None:
-            return
-        self._poller.unregister(conn.fd)
-        self._gone.append(conn.peer)
-        if conn.peer.startswith(b"i:"):
-            self._lane_in.pop(conn.peer[2:], None)
-        else:
-            address = conn.peer[2:].decode()
-            self._lane_out.pop(address, None)
-            self._lost.add(address)
-        conn.close()
-
     def recv(self, timeout_s: float | None) -> Envelope | None:
         if self._ready:
             return self._ready.popleft()
@@ -419,11 +307,7 @@ class ZmqTransport(Transport):
         sockets (each message checked, opened and queued, or answered or dropped)."""
         for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
-                conn = self._lane_fds.get(sock)
-                if conn is not None:
-                    self._on_lane(conn, flags)
-                elif self._listener is not None and sock == self._listener.fileno():
-                    self._accept()
+                self._lanes.on_ready(sock, flags)
                 continue
             if sock in self._watches:  # a connection closed (or its monitor chatted)
                 self._gone.extend(self._watches[sock].closed())
@@ -516,18 +400,11 @@ class ZmqTransport(Transport):
         }
         # Messages that wait for a handshake leave only as our recv finishes it.
         while time.monotonic() < deadline and (
-            self._sessions.waiting_besides(gone) or any(c.waiting for c in self._lane_fds.values())
+            self._sessions.waiting_besides(gone) or self._lanes.waiting
         ):
             self.recv(0.02)
         self._closed = True
-        for conn in list(self._lane_fds.values()):
-            conn.close(linger_s=max(0.0, deadline - time.monotonic()))
-        self._lane_fds.clear()
-        self._lane_in.clear()
-        self._lane_out.clear()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        self._lanes.close(deadline)
         for watch in self._watches.values():
             watch.close()
         for address, dealer in self._dealers.items():
