@@ -142,8 +142,12 @@ class ZmqSessions:
     ) -> tuple[list[memoryview] | None, list[Frame] | None]:
         """A message from ``identity``: (what the node receives, if anything; a
         handshake reply to send back)."""
-        if self._key is None:
-            return self._checked(identity, frames), None
+        if self._key is None:  # (the data path's every message: _checked, inlined)
+            why = self._limits.check_frames(frames)
+            if why:
+                self.refuse(identity, why)
+                return None, None
+            return frames, None
         session = self._in.get(identity)
         if session is not None:
             checked = self._checked(identity, frames)

@@ -10,7 +10,8 @@ socket of their own (ZeroMQ sockets must stay on one thread).
 
 Between processes of one machine, messages take the local lane instead
 (:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
-skip ZeroMQ's I/O threads; :mod:`trimtab.transport.lanes` holds this transport's set of them. Peers are named the same whichever way their messages go.
+skip ZeroMQ's I/O threads (:mod:`trimtab.transport.lanes` holds a transport's set of
+them). Peers are named the same whichever way their messages go.
 
 With the job's key (:class:`~trimtab.transport.auth.JobKey`) every connection, lane or
 TCP, proves the secret before anything it sends is parsed, and every message carries a
@@ -32,10 +33,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
+import zmq.backend
 
 from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.auth import JobKey
-from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
+from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
 from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
@@ -70,6 +72,9 @@ log = logging.getLogger("trimtab.transport")
 
 #: How many messages one ready socket may yield per poll before others get a turn.
 _BURST = 64
+#: pyzmq's compiled getsockopt (``Socket.getsockopt`` converts the option to its enum
+#: first: two Python calls a message), unbound.
+_GET = zmq.backend.Socket.get
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -280,8 +285,26 @@ class ZmqTransport(Transport):
         return peer[2:].decode() in self._lane_out
 
     def recv(self, timeout_s: float | None) -> Envelope | None:
-        if self._ready:
+        if self._ready or self._fill(timeout_s):
             return self._ready.popleft()
+        return None
+
+    def recv_burst(self, timeout_s: float | None, limit: int) -> list[Envelope]:
+        """As :meth:`Transport.recv_burst`: every message queued already, or read by one
+        poll (up to :data:`_BURST` a ready socket, each checked as :meth:`recv`'s), up
+        to ``limit``; no second poll behind it. Blocks as :meth:`recv`."""
+        ready = self._ready
+        if not ready and not self._fill(timeout_s):
+            return []
+        if len(ready) <= limit:
+            burst = list(ready)
+            ready.clear()
+            return burst
+        return [ready.popleft() for _ in range(limit)]
+
+    def _fill(self, timeout_s: float | None) -> bool:
+        """Poll and read until a message for the node is queued (True), or a wake, a
+        lane closing or ``timeout_s`` ends the wait (False). Blocks up to ``timeout_s``."""
         timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
         gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
@@ -293,12 +316,12 @@ class ZmqTransport(Transport):
                     os.read(self._wake_r, 4096)
             self._take(events)
             if self._ready:
-                return self._ready.popleft()
+                return True
             # Only what was handled, nothing for the node (a handshake's step, an
             # accepted connection, a message dropped): wait on, unless woken or late.
             woken = woken or len(self._gone) > gone  # a lane closed: the node wants to know
             if woken or (deadline is not None and time.monotonic() >= deadline):
-                return None
+                return False
             if deadline is not None:
                 timeout_ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
 
@@ -308,6 +331,9 @@ class ZmqTransport(Transport):
         for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
                 self._lanes.on_ready(sock, flags)
+                continue
+            if sock is self._router:
+                self._from_router(sock)
                 continue
             if sock in self._watches:  # a connection closed (or its monitor chatted)
                 self._gone.extend(self._watches[sock].closed())
@@ -319,24 +345,40 @@ class ZmqTransport(Transport):
                     break
                 self._on_zmq(sock, parts)
                 # Asking is cheaper than the exception a receive on an empty socket raises.
-                if not sock.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
+                if not _GET(sock, EVENTS) & POLLIN:  # type: ignore[operator]
                     break
 
-    def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
-        """A message off a ZeroMQ socket: checked, opened, and queued for the node (or
-        answered, during a handshake, or dropped). Never raises for what a peer sent."""
-        if sock is self._router:
-            if len(parts) < 2:
+    def _from_router(self, router: zmq.Socket[bytes]) -> None:
+        """Read up to :data:`_BURST` messages off the router: each checked and opened
+        (:meth:`ZmqSessions.on_router`) and queued for the node, or answered (a
+        handshake's step) or dropped; one loop, without a call a message beyond the
+        checks. Never raises for what a peer sent."""
+        on_router = self._sessions.on_router
+        ready = self._ready
+        watch = self._router_watch
+        known = watch.known
+        for _ in range(_BURST):
+            try:
+                parts = recv_frames(router)
+            except zmq.Again:
                 return
-            identity = parts[0].bytes
-            frames, reply = self._sessions.on_router(identity, [p.buffer for p in parts[1:]])
-            if reply is not None:
-                self._router.send_multipart([identity, *reply])
-            if frames is not None:
-                peer = in_peer(identity)
-                self._ready.append(Envelope(peer, frames))
-                self._router_watch.seen(peer, parts[-1])
-            return
+            if len(parts) >= 2:
+                identity = parts[0].bytes
+                frames, reply = on_router(identity, [p.buffer for p in parts[1:]])
+                if reply is not None:
+                    router.send_multipart([identity, *reply])
+                if frames is not None:
+                    peer = b"i:" + identity  # (in_peer)
+                    ready.append(Envelope(peer, frames))
+                    if peer not in known:
+                        watch.seen(peer, parts[-1])
+            # Asking is cheaper than the exception a receive on an empty socket raises.
+            if not _GET(router, EVENTS) & POLLIN:  # type: ignore[operator]
+                return
+
+    def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
+        """A message off a DEALER: checked, opened, and queued for the node (or
+        answered, during a handshake, or dropped). Never raises for what a peer sent."""
         frames, out = self._sessions.on_dealer(
             self._dealer_address[sock], [p.buffer for p in parts]
         )
