@@ -240,6 +240,9 @@ class ZmqTransport(Transport):
                 raise KeyError(peer)
             # A lane peer that has gone is unknown to the router, which drops the message
             # as it does for its own departed peers (and so do we, for one never proven).
+            if self._key is None:  # (nothing to seal: the data path's every reply)
+                send_frames(self._router, [peer[2:], *frames])
+                return
             sealed = self._sessions.seal_in(peer[2:], list(frames))
             if sealed is not None:
                 send_frames(self._router, [peer[2:], *sealed])
@@ -338,15 +341,7 @@ class ZmqTransport(Transport):
             if sock in self._watches:  # a connection closed (or its monitor chatted)
                 self._gone.extend(self._watches[sock].closed())
                 continue
-            for _ in range(_BURST):
-                try:
-                    parts = recv_frames(sock)
-                except zmq.Again:
-                    break
-                self._on_zmq(sock, parts)
-                # Asking is cheaper than the exception a receive on an empty socket raises.
-                if not _GET(sock, EVENTS) & POLLIN:  # type: ignore[operator]
-                    break
+            self._from_dealer(sock)
 
     def _from_router(self, router: zmq.Socket[bytes]) -> None:
         """Read up to :data:`_BURST` messages off the router: each checked and opened
@@ -376,16 +371,27 @@ class ZmqTransport(Transport):
             if not _GET(router, EVENTS) & POLLIN:  # type: ignore[operator]
                 return
 
-    def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
-        """A message off a DEALER: checked, opened, and queued for the node (or
-        answered, during a handshake, or dropped). Never raises for what a peer sent."""
-        frames, out = self._sessions.on_dealer(
-            self._dealer_address[sock], [p.buffer for p in parts]
-        )
-        for message in out:
-            send_frames(sock, message)
-        if frames is not None:
-            self._ready.append(Envelope(self._dealer_peer[sock], frames))
+    def _from_dealer(self, dealer: zmq.Socket[bytes]) -> None:
+        """Read up to :data:`_BURST` messages off one of our DEALERs, as
+        :meth:`_from_router` (:meth:`ZmqSessions.on_dealer` checks and opens each).
+        Never raises for what a peer sent."""
+        address = self._dealer_address[dealer]
+        peer = self._dealer_peer[dealer]
+        on_dealer = self._sessions.on_dealer
+        ready = self._ready
+        for _ in range(_BURST):
+            try:
+                parts = recv_frames(dealer)
+            except zmq.Again:
+                return
+            frames, out = on_dealer(address, [p.buffer for p in parts])
+            for message in out:
+                send_frames(dealer, message)
+            if frames is not None:
+                ready.append(Envelope(peer, frames))
+            # Asking is cheaper than the exception a receive on an empty socket raises.
+            if not _GET(dealer, EVENTS) & POLLIN:  # type: ignore[operator]
+                return
 
     @property
     def refused(self) -> int:
