@@ -71,12 +71,15 @@ def test_held_pushes_reach_the_server_first_layers_first(
 
     acknowledge = Receipts.acknowledge
 
-    def slow_receipts(self: Receipts, batch: list[Any]) -> list[Any]:
-        pushes = [decode(frames[0], self._loop.job).get("o") == Data.PUSH for _, frames, _ in batch]
+    def slow_receipts(self: Receipts, burst: list[Any], coordinator: bytes) -> list[Any]:
+        pushes = [
+            peer != coordinator and decode(frames[0], self._loop.job).get("o") == Data.PUSH
+            for peer, frames in burst
+        ]
         if any(pushes) and not stalled.is_set():  # the first push: its credit waits
             stalled.set()
             time.sleep(1.0)
-        out = acknowledge(self, batch)
+        out = acknowledge(self, burst, coordinator)
         received.extend(h["c"] for _, _, h in out if h is not None and h.get("o") == Data.PUSH)
         return out
 

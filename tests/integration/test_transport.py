@@ -390,3 +390,60 @@ def test_a_peer_whose_process_ends_is_lost_at_once_both_ways(use_lane: bool) -> 
     finally:
         proc.kill()
         node.close()
+
+
+def _burst_of(server: ZmqTransport, want: int, *polled: ZmqTransport) -> list[Envelope]:
+    """Bursts off ``server`` until ``want`` messages came (``polled`` transports are
+    polled meanwhile: their handshakes move on their ``recv``); fails after 10 s."""
+    got: list[Envelope] = []
+    deadline = time.monotonic() + 10.0
+    while len(got) < want and time.monotonic() < deadline:
+        got += server.recv_burst(0.05, 256)
+        for t in polled:
+            assert t.recv(0) is None
+    assert len(got) == want, f"{len(got)} of {want} messages"
+    return got
+
+
+@pytest.mark.parametrize("use_lane", [False, pytest.param(True, marks=lane_only)])
+def test_a_burst_with_bad_messages_in_it_serves_the_rest_in_order(use_lane: bool) -> None:
+    """Two members of a job (its key) send interleaved with an outsider (another key)
+    and, on the lane, a connection that sends malformed framing: the outsider's
+    messages are refused and counted, the malformed connection is closed (and lost),
+    neither ends the receive, and every member's message comes, each member's in order."""
+    from trimtab.transport.auth import JobKey
+
+    key = JobKey(b"k" * 32)
+    server = ZmqTransport(bind=True, lane=use_lane, auth=key, max_frame_bytes=1 << 20)
+    members = [ZmqTransport(bind=False, lane=use_lane, auth=key) for _ in range(2)]
+    outsider = ZmqTransport(bind=False, lane=use_lane, auth=JobKey(b"x" * 32))
+    rogue = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        peers = [m.connect(server.address) for m in members]
+        to_server = outsider.connect(server.address)
+        if use_lane:
+            rogue.connect(lane.lane_name(server.address))
+        for i in range(20):
+            for n, member in enumerate(members):
+                member.send(peers[n], [b"%d" % n, b"%d" % i])
+            outsider.send(to_server, [b"x", b"%d" % i])
+            if use_lane and i == 10:
+                rogue.sendall(struct.pack("<IQ", 1, 1 << 40) + b"over max_frame_bytes")
+        got = _burst_of(server, 40, *members, outsider)
+        for n in range(2):
+            mine = [bytes(e.frames[1]) for e in got if bytes(e.frames[0]) == b"%d" % n]
+            assert mine == [b"%d" % i for i in range(20)]
+        assert server.recv_burst(0.3, 256) == []  # the outsider's never come
+        assert outsider.recv(0) is None
+        assert server.refused + outsider.refused >= 1
+        if use_lane:
+            rogue.settimeout(10.0)
+            assert rogue.recv(16) == b""  # closed by the server: that connection only
+            lost = server.lost()
+            assert lost and not set(lost) & {e.peer for e in got}  # (and not the members')
+            server.send(got[0].peer, [b"answer"])  # the members' lanes still serve
+            assert bytes(_recv(members[int(bytes(got[0].frames[0]))]).frames[0]) == b"answer"
+    finally:
+        rogue.close()
+        for t in (*members, outsider, server):
+            t.close()

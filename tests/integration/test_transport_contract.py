@@ -294,3 +294,30 @@ def test_with_a_key_members_talk_and_an_outsider_is_never_heard(kind: str) -> No
         assert server.refused + client.refused + stranger.refused >= 1  # type: ignore[attr-defined]
     finally:
         net.close()
+
+
+def test_a_burst_is_what_recv_would_return_in_order_up_to_its_limit(net: Net) -> None:
+    """``recv_burst`` hands over several messages at once, never more than its limit,
+    each sender's in order, none lost or repeated; empty after its timeout or a wake."""
+    server = net.transport(bind=True)
+    senders = [net.transport(bind=False) for _ in range(2)]
+    for n, sender in enumerate(senders):
+        to = sender.connect(server.address)
+        for i in range(6):
+            sender.send(to, [b"%d:%d" % (n, i)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + PATIENCE_S
+    while len(got) < 12 and time.monotonic() < deadline:
+        burst = server.recv_burst(0.05, 4)
+        assert len(burst) <= 4
+        got += [bytes(env.frames[0]) for env in burst]
+        for sender in senders:  # (handshakes and queued lane bytes move on their recv)
+            assert sender.recv(0) is None
+    for n in range(2):
+        assert [m for m in got if m.startswith(b"%d:" % n)] == [b"%d:%d" % (n, i) for i in range(6)]
+    assert len(got) == 12
+    started = time.monotonic()
+    assert server.recv_burst(0.2, 4) == []
+    assert time.monotonic() - started >= 0.15
+    threading.Timer(0.1, server.wake).start()
+    assert server.recv_burst(PATIENCE_S, 4) == []  # woken, long before its timeout

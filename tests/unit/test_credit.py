@@ -19,6 +19,7 @@ from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.receipt import Receipts
 from trimtab.roles.server.store import Chunk, Reply
 from trimtab.runtime.credit import ENV, ONE_CHUNK, CreditGate, window_from_env
+from trimtab.transport import Envelope
 
 MIB = 1 << 20
 
@@ -161,27 +162,28 @@ def _push(rid: int, chunk: int, ak: bool) -> list[memoryview]:
 def test_the_server_credits_each_push_that_asks_as_it_reads_it() -> None:
     loop = _Loop()
     batch = [
-        (b"i:w0", _push(7, 3, ak=True), None),
-        (b"i:w1", _push(8, 3, ak=False), None),  # a worker with no bound: no CREDIT
-        (b"i:w1", [memoryview(b"\xc1garbage")], None),  # undecodable: refused in turn
-        (
+        Envelope(b"i:w0", _push(7, 3, ak=True)),
+        Envelope(b"i:w1", _push(8, 3, ak=False)),  # a worker with no bound: no CREDIT
+        Envelope(b"i:w1", [memoryview(b"\xc1garbage")]),  # undecodable: refused in turn
+        Envelope(
             b"i:w0",
             [memoryview(encode({"o": int(Data.PULL), "i": 9, "j": "job", "ak": True}))],
-            None,
         ),
-        (b"coord", [memoryview(encode({"o": int(Control.OK), "i": 0, "j": "job"}))], None),
-        (b"i:w2", _push(10, 1, ak=True), None),
+        Envelope(b"coord", [memoryview(encode({"o": int(Control.OK), "i": 0, "j": "job"}))]),
+        Envelope(b"i:w2", _push(10, 1, ak=True)),
     ]
-    out = Receipts(loop, LoadMeter()).acknowledge(batch)  # type: ignore[arg-type]
+    out = Receipts(loop, LoadMeter()).acknowledge(batch, b"coord")  # type: ignore[arg-type]
     assert [(peer, h["o"], h["i"]) for peer, h in loop.sent] == [
         (b"i:w0", int(Data.CREDIT), 7),
         (b"i:w2", int(Data.CREDIT), 10),
     ]
-    # Same order, same frames; headers decoded once, for the handler (None: undecodable).
-    assert [m[0] for m in out] == [m[0] for m in batch]
-    assert [m[1] for m in out] == [m[1] for m in batch]
+    # Same order, same frames; headers decoded once, for the handler (None: undecodable,
+    # or the coordinator's, which its own handler reads).
+    assert [m[0] for m in out] == [m.peer for m in batch]
+    assert [m[1] for m in out] == [m.frames for m in batch]
     assert out[0][2] is not None and out[0][2]["c"] == 3
     assert out[2][2] is None
+    assert out[4][2] is None
 
 
 def _chunk(cid: int, numel: int) -> Chunk:
@@ -190,8 +192,8 @@ def _chunk(cid: int, numel: int) -> Chunk:
     return chunk
 
 
-def _credit_from(peer: bytes, rid: int) -> tuple[bytes, list[memoryview], None]:
-    return (peer, [memoryview(encode({"o": int(Data.CREDIT), "i": rid, "j": "job"}))], None)
+def _credit_from(peer: bytes, rid: int) -> Envelope:
+    return Envelope(peer, [memoryview(encode({"o": int(Data.CREDIT), "i": rid, "j": "job"}))])
 
 
 def test_a_server_holds_values_to_the_workers_window_and_releases_first_layers_first() -> None:
@@ -212,14 +214,14 @@ def test_a_server_holds_values_to_the_workers_window_and_releases_first_layers_f
     ]
     loop.sent.clear()
     # w0 read chunk 3's value: chunk 0's, the first layer's, goes before chunk 1's.
-    out = receipts.acknowledge([_credit_from(b"i:w0", 13)])  # type: ignore[list-item]
+    out = receipts.acknowledge([_credit_from(b"i:w0", 13)], b"coord")
     assert out == []  # a CREDIT is consumed here, never handled as a request
     assert [(p, h["c"], h["i"]) for p, h in loop.sent] == [(b"i:w0", 0, 10)]
-    receipts.acknowledge([_credit_from(b"i:w0", 12)])  # type: ignore[list-item]
+    receipts.acknowledge([_credit_from(b"i:w0", 12)], b"coord")
     assert [h["c"] for _, h in loop.sent] == [0, 1]
     # A credit from a peer the gate never sent to, or for a value it never held back,
     # releases nothing.
-    receipts.acknowledge([_credit_from(b"i:w9", 10), _credit_from(b"i:w0", 99)])  # type: ignore[list-item]
+    receipts.acknowledge([_credit_from(b"i:w9", 10), _credit_from(b"i:w0", 99)], b"coord")
     assert len(loop.sent) == 2
     assert receipts.values.stats.held == 2
 
@@ -265,7 +267,7 @@ def test_a_held_value_goes_out_as_it_was_when_its_round_completed(what: str) -> 
     receipts.value(b"i:w0", 1, first, t(first), 1, None, MIB)
     receipts.value(b"i:w0", 2, second, t(second), 1, None, MIB)  # held: the window is full
     t(second).fill_(2.0)  # the next round (another worker's push) reuses the buffer
-    receipts.acknowledge([_credit_from(b"i:w0", 1)])  # type: ignore[list-item]
+    receipts.acknowledge([_credit_from(b"i:w0", 1)], b"coord")
     assert [h["c"] for _, h in loop.sent] == [0, 1]
     assert loop.payloads[1] == torch.ones(MIB // 4).numpy().tobytes()
 
@@ -322,7 +324,7 @@ def test_what_is_held_for_a_worker_that_left_is_dropped() -> None:
     assert receipts.values.stats.held == 4  # two per worker
     receipts.workers([0])  # rank 1 left
     assert receipts.values.in_flight(b"i:w1") == 0
-    receipts.acknowledge([_credit_from(b"i:w1", 11)])  # type: ignore[list-item]
+    receipts.acknowledge([_credit_from(b"i:w1", 11)], b"coord")
     assert [p for p, _ in loop.sent].count(b"i:w1") == 1  # nothing more for it
     # Rank 0's process is replaced: its old socket's credit ends, the new one's starts.
     reply(b"i:w0-new", 0, 1, chunks[0])

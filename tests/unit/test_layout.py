@@ -26,10 +26,6 @@ KNOWN_LONG: set[str] = {
     # skip_synchronize, state_dict and its loads, .grad after step); its parts that
     # stand alone already live beside it (pusher, probe, state, meangrad, reports).
     "trimtab.frontend.optimizer",
-    # The transport's one class: its ZeroMQ sockets, the local lane beside them and how
-    # both close. The lane's connections (accept, read, drop: about 70 lines) are the
-    # next part to stand alone, as a Lanes of their own beside lane.py.
-    "trimtab.transport.zmq",
 }
 KNOWN_CYCLES: set[frozenset[str]] = set()
 

@@ -6,6 +6,7 @@ import uuid
 
 from trimtab import Server, ServerConfig
 from trimtab.protocol.messages import Data, decode, encode
+from trimtab.roles.server.lifecycle import ServerState
 from trimtab.roles.server.priority import by_priority
 from trimtab.transport import Envelope, Fabric
 
@@ -28,10 +29,10 @@ def _queued_order(priority: bool) -> list[tuple[int, int | None]]:
         else:
             header = {"o": int(Data.PUSH), "i": i, "j": job, "c": chunk, "e": 1, "k": 0}
         worker.send(to, [encode(header)])
-    first = server._transport.recv(1.0)
-    assert first is not None
+    burst = server._transport.recv_burst(1.0, server._window)
+    assert burst
     order = []
-    for _, frames, _ in server._by_priority(first):
+    for _, frames, _ in server._batch(burst):
         header = decode(frames[0], job)
         order.append((header["o"], header.get("c")))
     return order
@@ -76,3 +77,47 @@ def test_the_order_is_a_pure_function_of_the_batch() -> None:
         False
     ] * 2
     assert by_priority([push(5)], coordinator, job) == [(worker, push(5).frames, None)]
+
+
+def test_a_burst_with_bad_messages_is_credited_ordered_and_only_they_are_refused() -> None:
+    """One burst off the transport: a CREDIT is consumed, each push that asks for it is
+    credited at once, the pushes around the bad messages (not msgpack; another job's)
+    are ordered in their runs, the bad ones keep their places, undecoded, and serving
+    them answers ERROR to their sender only."""
+    fabric = Fabric()
+    job = uuid.uuid4().hex[:8]
+    coordinator = fabric.transport(bind=True)
+    server = Server(
+        ServerConfig(coordinator=coordinator.address, job=job, priority=True),
+        fabric.transport(bind=True),
+    )
+    good, bad = fabric.transport(bind=False), fabric.transport(bind=False)
+
+    def push(rid: int, chunk: int) -> list[bytes]:
+        header = {"o": int(Data.PUSH), "i": rid, "j": job, "c": chunk, "e": 1, "k": 0}
+        return [encode({**header, "ak": True})]
+
+    to, bad_to = good.connect(server.address), bad.connect(server.address)
+    good.send(to, push(1, 5))
+    bad.send(bad_to, [b"\xc1not msgpack"])
+    good.send(to, push(2, 3))
+    good.send(to, [encode({"o": int(Data.CREDIT), "i": 99, "j": job})])
+    good.send(to, push(3, 2))
+    bad.send(bad_to, [encode({"o": int(Data.PUSH), "i": 4, "j": "another", "c": 0})])
+    good.send(to, push(5, 1))
+    burst = server._transport.recv_burst(1.0, server._window)
+    assert len(burst) == 7
+    batch = server._batch(burst)
+    assert [(h or {}).get("c") for _, _, h in batch] == [5, None, 2, 3, None, 1]
+    assert [h is None for _, _, h in batch] == [False, True, False, False, True, False]
+    credits = [good.recv(1.0) for _ in range(4)]  # one a push, as each was read
+    assert [decode(e.frames[0], job)["i"] for e in credits if e is not None] == [1, 2, 3, 5]
+    assert good.recv(0) is None
+    server.state = ServerState.SERVING
+    for peer, frames, header in batch:
+        if header is None:
+            server._serve(peer, frames, header)
+    errors = [bad.recv(1.0) for _ in range(2)]
+    codes = [decode(e.frames[0], job).get("code") for e in errors if e is not None]
+    assert codes == ["malformed", "wrong_job"]
+    assert good.recv(0) is None  # nothing for the good sender from the bad messages

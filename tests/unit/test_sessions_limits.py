@@ -23,6 +23,9 @@ def _frames(*sizes: int) -> list[memoryview]:
         ((900, 900), False),  # each fits, 1800 bytes over max_message_bytes
         ((10, 10, 10), True),
         ((1, 1, 1, 1), False),  # over max_frames
+        ((1000,), True),  # the quick path of one frame (a CREDIT)
+        ((1001,), False),  # one frame over max_frame_bytes
+        ((), False),  # no frame at all
     ],
 )
 def test_a_message_from_a_peer_is_taken_only_within_the_limits(
@@ -35,6 +38,14 @@ def test_a_message_from_a_peer_is_taken_only_within_the_limits(
     ):
         assert (received is not None) is fits
     assert sessions.refused == (0 if fits else 2)
+
+
+def test_one_frame_is_held_to_the_message_limit_where_it_is_the_lower() -> None:
+    sessions = ZmqSessions(None, Limits(max_frame_bytes=1000, max_frames=3, max_message_bytes=500))
+    assert sessions.on_router(b"peer", _frames(500))[0] is not None
+    assert sessions.on_router(b"peer", _frames(501))[0] is None
+    assert sessions.on_dealer("tcp://127.0.0.1:1", _frames(501))[0] is None
+    assert sessions.refused == 2
 
 
 def test_two_frames_are_refused_where_one_is_the_most() -> None:

@@ -83,6 +83,22 @@ class Transport(abc.ABC):
         """Return the next message, or ``None`` after ``timeout_s`` or a :meth:`wake`.
         Blocks up to ``timeout_s`` (forever for ``None``)."""
 
+    def recv_burst(self, timeout_s: float | None, limit: int) -> list[Envelope]:
+        """What :meth:`recv` returns and, behind it, what else this transport holds or
+        read with it, up to ``limit`` messages (each peer's in its order): a burst its
+        receiver handles as one (orders, answers together). Empty after ``timeout_s`` or
+        a :meth:`wake`. Blocks as :meth:`recv`."""
+        env = self.recv(timeout_s)
+        if env is None:
+            return []
+        burst = [env]
+        while len(burst) < limit:
+            env = self.recv_queued()
+            if env is None:
+                break
+            burst.append(env)
+        return burst
+
     def through_lane(self, peer: Peer) -> bool:
         """Whether messages to and from ``peer`` skip the network stack (a transport's
         same-machine path, e.g. :mod:`trimtab.transport.lane`). Never blocks."""

@@ -54,13 +54,15 @@ class Limits:
 
     def check_frames(self, frames: list[memoryview]) -> str:
         """Why a received message of ``frames`` is over the limits, or ``""``: as
-        :meth:`check_lengths`, a header and a payload within every limit in one test."""
-        if (
-            len(frames) == 2
-            and self.max_frames >= 2
-            and frames[0].nbytes + frames[1].nbytes
-            <= min(self.max_frame_bytes, self.max_message_bytes)
-        ):
+        :meth:`check_lengths`, a header and a payload (or a header alone) within every
+        limit in one test."""
+        n = len(frames)
+        if n == 2:
+            if self.max_frames >= 2 and frames[0].nbytes + frames[1].nbytes <= min(
+                self.max_frame_bytes, self.max_message_bytes
+            ):
+                return ""
+        elif n == 1 and frames[0].nbytes <= min(self.max_frame_bytes, self.max_message_bytes):
             return ""
         return self.check_lengths([f.nbytes for f in frames])
 

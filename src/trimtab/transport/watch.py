@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -42,6 +43,9 @@ class DisconnectWatch:
         self._peer = peer
         self._by_fd: dict[int, Peer] = {}
         self._fd_of: dict[Peer, int] = {}
+        #: The peers whose descriptor is noted (:meth:`seen` returns at once for them):
+        #: its caller may skip the call. Read-only.
+        self.known: Mapping[Peer, int] = self._fd_of
         self._gone: list[Peer] = []
         # Descriptors reused before their DISCONNECTED event was read: that event is old.
         self._stale: dict[int, int] = {}

@@ -10,7 +10,8 @@ socket of their own (ZeroMQ sockets must stay on one thread).
 
 Between processes of one machine, messages take the local lane instead
 (:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
-skip ZeroMQ's I/O threads. Peers are named the same whichever way their messages go.
+skip ZeroMQ's I/O threads (:mod:`trimtab.transport.lanes` holds a transport's set of
+them). Peers are named the same whichever way their messages go.
 
 With the job's key (:class:`~trimtab.transport.auth.JobKey`) every connection, lane or
 TCP, proves the secret before anything it sends is parsed, and every message carries a
@@ -24,32 +25,24 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import zmq
+import zmq.backend
 
 from trimtab.transport.alloc import keep_freed_memory
-from trimtab.transport.auth import ClientHandshake, JobKey, ServerHandshake
-from trimtab.transport.base import Envelope, Frame, Peer, Transport, in_peer, out_peer
+from trimtab.transport.auth import JobKey
+from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
 from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
-from trimtab.transport.lane import (
-    LANE_ENV,
-    LaneClosed,
-    LaneConnection,
-    LaneRefused,
-    lane_from_env,
-    lane_name,
-    supported,
-)
+from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
+from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
-from trimtab.transport.sessions import MAX_UNPROVEN, ZmqSessions
+from trimtab.transport.sessions import ZmqSessions
 from trimtab.transport.shm import is_local
 from trimtab.transport.spin import (
     SPIN_DEFAULT_US,
@@ -79,6 +72,9 @@ log = logging.getLogger("trimtab.transport")
 
 #: How many messages one ready socket may yield per poll before others get a turn.
 _BURST = 64
+#: pyzmq's compiled getsockopt (``Socket.getsockopt`` converts the option to its enum
+#: first: two Python calls a message), unbound.
+_GET = zmq.backend.Socket.get
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -149,9 +145,6 @@ class ZmqTransport(Transport):
         self._ready: collections.deque[Envelope] = collections.deque()
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
-        self._lost: set[str] = set()  # addresses whose lane broke (reconnected on send)
-        # Peers whose lane closed, for lost() (bounded: a node that never asks).
-        self._gone: collections.deque[Peer] = collections.deque(maxlen=4096)
         self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
@@ -173,29 +166,15 @@ class ZmqTransport(Transport):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poller.register(self._wake_r, zmq.POLLIN)
-        # The local lane: connections by address (ours) and by identity (theirs).
+        # The local lane: its connections, and peers whose lane closed (for lost()).
         self._lane = lane and supported()
-        self._lane_out: dict[str, LaneConnection] = {}
-        self._lane_in: dict[bytes, LaneConnection] = {}
-        self._lane_fds: dict[int, LaneConnection] = {}
-        self._lane_ids = itertools.count(1)
-        self._scratch = memoryview(bytearray(0))
-        self._listener: socket.socket | None = None
+        self._lanes = Lanes(self._poller, self._ready, self._key, limits, self._sessions.refuse)
+        self._gone = self._lanes.gone
+        self._lost = self._lanes.lost  # addresses whose lane broke (reconnected on send)
+        self._lane_out = self._lanes.out
+        self._lane_in = self._lanes.into
         if bind and self._lane:
-            self._listen(self._address)
-
-    def _listen(self, address: str) -> None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(lane_name(address))
-            listener.listen(128)
-        except OSError as exc:  # unusual (another process has the name): TCP still works
-            log.warning("no local lane for %s: %s", address, exc)
-            listener.close()
-            return
-        listener.setblocking(False)
-        self._listener = listener
-        self._poller.register(listener.fileno(), zmq.POLLIN)
+            self._lanes.listen(self._address)
 
     def _tune(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.LINGER, 2000)
@@ -213,21 +192,9 @@ class ZmqTransport(Transport):
         if address in self._lane_out:
             return out_peer(address)
         if address not in self._dealers and self._lane and is_local(address):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(lane_name(address))
-            except OSError:
-                sock.close()  # nobody listens there (lane off, or not up yet): ZeroMQ
-            else:
-                shake = ClientHandshake(self._key) if self._key is not None else None
-                try:
-                    conn = LaneConnection(sock, out_peer(address), self._limits, shake)
-                except LaneClosed:  # its listener went as we connected (its process died)
-                    sock.close()
-                else:
-                    self._lane_out[address] = conn
-                    self._add_lane(conn)
-                    return conn.peer
+            peer = self._lanes.connect(address)  # None: nobody listens there: ZeroMQ
+            if peer is not None:
+                return peer
         if address not in self._dealers:
             dealer = self._ctx.socket(zmq.DEALER)
             self._tune(dealer)
@@ -247,10 +214,7 @@ class ZmqTransport(Transport):
     def reconnect(self, address: str) -> Peer:
         """As :meth:`Transport.reconnect`: its lane or ZeroMQ socket closed (what waits
         on it dropped), its session forgotten, then :meth:`connect` again."""
-        conn = self._lane_out.pop(address, None)
-        if conn is not None and self._lane_fds.pop(conn.fd, None) is not None:
-            self._poller.unregister(conn.fd)
-            conn.close()
+        self._lanes.forget(address)
         dealer = self._dealers.pop(address, None)
         if dealer is not None:
             self._poller.unregister(dealer)
@@ -261,7 +225,6 @@ class ZmqTransport(Transport):
             watch.close()
             dealer.close(linger=0)
         self._sessions.forget(address)
-        self._lost.discard(address)
         return self.connect(address)
 
     def send(self, peer: Peer, frames: Sequence[Frame]) -> None:
@@ -271,12 +234,15 @@ class ZmqTransport(Transport):
         if peer.startswith(b"i:"):
             conn = self._lane_in.get(peer[2:])
             if conn is not None:
-                self._lane_send(conn, frames)
+                self._lanes.send(conn, frames)
                 return
             if self._router is None:
                 raise KeyError(peer)
             # A lane peer that has gone is unknown to the router, which drops the message
             # as it does for its own departed peers (and so do we, for one never proven).
+            if self._key is None:  # (nothing to seal: the data path's every reply)
+                send_frames(self._router, [peer[2:], *frames])
+                return
             sealed = self._sessions.seal_in(peer[2:], list(frames))
             if sealed is not None:
                 send_frames(self._router, [peer[2:], *sealed])
@@ -284,7 +250,7 @@ class ZmqTransport(Transport):
         address = peer[2:].decode()
         conn = self._lane_out.get(address)
         if conn is not None:
-            self._lane_send(conn, frames)
+            self._lanes.send(conn, frames)
         elif address in self._dealers:
             self._to_dealer(self._dealers[address], address, frames)
         elif address in self._lost:
@@ -321,79 +287,27 @@ class ZmqTransport(Transport):
             return peer[2:] in self._lane_in
         return peer[2:].decode() in self._lane_out
 
-    # -- the local lane ---------------------------------------------------------------
-
-    def _add_lane(self, conn: LaneConnection) -> None:
-        self._lane_fds[conn.fd] = conn
-        self._poller.register(conn.fd, zmq.POLLIN | (zmq.POLLOUT if conn.queued else 0))
-        if not self._scratch:
-            self._scratch = memoryview(bytearray(1 << 18))
-
-    def _lane_send(self, conn: LaneConnection, frames: Sequence[Frame]) -> None:
-        try:
-            if conn.send(frames):
-                self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
-        except LaneClosed as exc:
-            self._drop_lane(conn, str(exc))
-
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors, say: the peer falls back to nothing
-                log.warning("local lane: could not accept a connection: %s", exc)
-                return
-            identity = b"lane-%d" % next(self._lane_ids)
-            shake = ServerHandshake(self._key) if self._key is not None else None
-            conn = LaneConnection(sock, in_peer(identity), self._limits, shake)
-            unproven = [c for c in self._lane_in.values() if not c.proven]
-            if len(unproven) >= MAX_UNPROVEN:  # a flood of silent connections: oldest out
-                self._drop_lane(unproven[0], "it did not complete its handshake")
-            self._lane_in[identity] = conn
-            self._add_lane(conn)
-
-    def _on_lane(self, conn: LaneConnection, events: int) -> None:
-        try:
-            if events & zmq.POLLOUT and not conn.flush():
-                self._poller.register(conn.fd, zmq.POLLIN)
-            if events & (zmq.POLLIN | zmq.POLLERR):
-                messages, closed = conn.read(self._scratch)
-                for frames in messages:
-                    self._ready.append(Envelope(conn.peer, frames))
-                if closed:
-                    self._drop_lane(conn, "")
-                elif conn.queued:  # the handshake ended: what waited for it is queued
-                    self._poller.register(conn.fd, zmq.POLLIN | zmq.POLLOUT)
-        except LaneRefused as exc:
-            self._sessions.refuse(conn.peer, str(exc))
-            self._drop_lane(conn, "")
-        except LaneClosed as exc:
-            self._drop_lane(conn, str(exc))
-        except Exception as exc:  # MemoryError too: a peer never ends the process
-            log.warning("local lane to %r: closed after %r", conn.peer, exc)
-            self._drop_lane(conn, "")
-
-    def _drop_lane(self, conn: LaneConnection, why: str) -> None:
-        if why:
-            log.warning("local lane to %r closed: %s", conn.peer, why)
-        if self._lane_fds.pop(conn.fd, None) is None:
-            return
-        self._poller.unregister(conn.fd)
-        self._gone.append(conn.peer)
-        if conn.peer.startswith(b"i:"):
-            self._lane_in.pop(conn.peer[2:], None)
-        else:
-            address = conn.peer[2:].decode()
-            self._lane_out.pop(address, None)
-            self._lost.add(address)
-        conn.close()
-
     def recv(self, timeout_s: float | None) -> Envelope | None:
-        if self._ready:
+        if self._ready or self._fill(timeout_s):
             return self._ready.popleft()
+        return None
+
+    def recv_burst(self, timeout_s: float | None, limit: int) -> list[Envelope]:
+        """As :meth:`Transport.recv_burst`: every message queued already, or read by one
+        poll (up to :data:`_BURST` a ready socket, each checked as :meth:`recv`'s), up
+        to ``limit``; no second poll behind it. Blocks as :meth:`recv`."""
+        ready = self._ready
+        if not ready and not self._fill(timeout_s):
+            return []
+        if len(ready) <= limit:
+            burst = list(ready)
+            ready.clear()
+            return burst
+        return [ready.popleft() for _ in range(limit)]
+
+    def _fill(self, timeout_s: float | None) -> bool:
+        """Poll and read until a message for the node is queued (True), or a wake, a
+        lane closing or ``timeout_s`` ends the wait (False). Blocks up to ``timeout_s``."""
         timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
         gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
@@ -405,12 +319,12 @@ class ZmqTransport(Transport):
                     os.read(self._wake_r, 4096)
             self._take(events)
             if self._ready:
-                return self._ready.popleft()
+                return True
             # Only what was handled, nothing for the node (a handshake's step, an
             # accepted connection, a message dropped): wait on, unless woken or late.
             woken = woken or len(self._gone) > gone  # a lane closed: the node wants to know
             if woken or (deadline is not None and time.monotonic() >= deadline):
-                return None
+                return False
             if deadline is not None:
                 timeout_ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
 
@@ -419,47 +333,65 @@ class ZmqTransport(Transport):
         sockets (each message checked, opened and queued, or answered or dropped)."""
         for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
-                conn = self._lane_fds.get(sock)
-                if conn is not None:
-                    self._on_lane(conn, flags)
-                elif self._listener is not None and sock == self._listener.fileno():
-                    self._accept()
+                self._lanes.on_ready(sock, flags)
+                continue
+            if sock is self._router:
+                self._from_router(sock)
                 continue
             if sock in self._watches:  # a connection closed (or its monitor chatted)
                 self._gone.extend(self._watches[sock].closed())
                 continue
-            for _ in range(_BURST):
-                try:
-                    parts = recv_frames(sock)
-                except zmq.Again:
-                    break
-                self._on_zmq(sock, parts)
-                # Asking is cheaper than the exception a receive on an empty socket raises.
-                if not sock.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
-                    break
+            self._from_dealer(sock)
 
-    def _on_zmq(self, sock: zmq.Socket[bytes], parts: list[zmq.Frame]) -> None:
-        """A message off a ZeroMQ socket: checked, opened, and queued for the node (or
-        answered, during a handshake, or dropped). Never raises for what a peer sent."""
-        if sock is self._router:
-            if len(parts) < 2:
+    def _from_router(self, router: zmq.Socket[bytes]) -> None:
+        """Read up to :data:`_BURST` messages off the router: each checked and opened
+        (:meth:`ZmqSessions.on_router`) and queued for the node, or answered (a
+        handshake's step) or dropped; one loop, without a call a message beyond the
+        checks. Never raises for what a peer sent."""
+        on_router = self._sessions.on_router
+        ready = self._ready
+        watch = self._router_watch
+        known = watch.known
+        for _ in range(_BURST):
+            try:
+                parts = recv_frames(router)
+            except zmq.Again:
                 return
-            identity = parts[0].bytes
-            frames, reply = self._sessions.on_router(identity, [p.buffer for p in parts[1:]])
-            if reply is not None:
-                self._router.send_multipart([identity, *reply])
+            if len(parts) >= 2:
+                identity = parts[0].bytes
+                frames, reply = on_router(identity, [p.buffer for p in parts[1:]])
+                if reply is not None:
+                    router.send_multipart([identity, *reply])
+                if frames is not None:
+                    peer = b"i:" + identity  # (in_peer)
+                    ready.append(Envelope(peer, frames))
+                    if peer not in known:
+                        watch.seen(peer, parts[-1])
+            # Asking is cheaper than the exception a receive on an empty socket raises.
+            if not _GET(router, EVENTS) & POLLIN:  # type: ignore[operator]
+                return
+
+    def _from_dealer(self, dealer: zmq.Socket[bytes]) -> None:
+        """Read up to :data:`_BURST` messages off one of our DEALERs, as
+        :meth:`_from_router` (:meth:`ZmqSessions.on_dealer` checks and opens each).
+        Never raises for what a peer sent."""
+        address = self._dealer_address[dealer]
+        peer = self._dealer_peer[dealer]
+        on_dealer = self._sessions.on_dealer
+        ready = self._ready
+        for _ in range(_BURST):
+            try:
+                parts = recv_frames(dealer)
+            except zmq.Again:
+                return
+            frames, out = on_dealer(address, [p.buffer for p in parts])
+            for message in out:
+                send_frames(dealer, message)
             if frames is not None:
-                peer = in_peer(identity)
-                self._ready.append(Envelope(peer, frames))
-                self._router_watch.seen(peer, parts[-1])
-            return
-        frames, out = self._sessions.on_dealer(
-            self._dealer_address[sock], [p.buffer for p in parts]
-        )
-        for message in out:
-            send_frames(sock, message)
-        if frames is not None:
-            self._ready.append(Envelope(self._dealer_peer[sock], frames))
+                ready.append(Envelope(peer, frames))
+            # Asking is cheaper than the exception a receive on an empty socket raises.
+            if not _GET(dealer, EVENTS) & POLLIN:  # type: ignore[operator]
+                return
 
     @property
     def refused(self) -> int:
@@ -516,18 +448,11 @@ class ZmqTransport(Transport):
         }
         # Messages that wait for a handshake leave only as our recv finishes it.
         while time.monotonic() < deadline and (
-            self._sessions.waiting_besides(gone) or any(c.waiting for c in self._lane_fds.values())
+            self._sessions.waiting_besides(gone) or self._lanes.waiting
         ):
             self.recv(0.02)
         self._closed = True
-        for conn in list(self._lane_fds.values()):
-            conn.close(linger_s=max(0.0, deadline - time.monotonic()))
-        self._lane_fds.clear()
-        self._lane_in.clear()
-        self._lane_out.clear()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        self._lanes.close(deadline)
         for watch in self._watches.values():
             watch.close()
         for address, dealer in self._dealers.items():

@@ -37,7 +37,7 @@ from trimtab.roles.server.joining import Joining
 from trimtab.roles.server.lifecycle import ServerState
 from trimtab.roles.server.meter import LoadMeter
 from trimtab.roles.server.optim import warm_up
-from trimtab.roles.server.priority import by_priority
+from trimtab.roles.server.priority import Queued, order
 from trimtab.roles.server.receipt import Receipts
 from trimtab.roles.server.replica import Replicas
 from trimtab.roles.server.replica_link import ReplicaLink
@@ -52,7 +52,8 @@ from trimtab.transport import Envelope, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.server")
 
-#: At most this many queued messages are looked at at once to order pushes by priority.
+#: At most this many messages received together are handled as one burst: its pushes
+#: ordered by priority (:func:`order`), its CREDITs answered before any is handled.
 PRIORITY_WINDOW = 256
 
 #: The data ops a worker sends a server; each must carry the worker's credential.
@@ -114,6 +115,8 @@ class Server(ControlPlane):
             self._halt,
         )
         self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
+        # What one turn of the loop takes: a burst, ordered, or one message at a time.
+        self._window = PRIORITY_WINDOW if config.priority else 1
         self._stop = False
         self._abort: str | None = None
         self.trace: Trace | None = None  # --trace: set before run(), which hands it on
@@ -184,12 +187,14 @@ class Server(ControlPlane):
         warming: threading.Thread | None = thread
         try:
             while not self._stop:
-                env = self._transport.recv(min(self.config.heartbeat_s, LOAD_REPORT_S))
-                if env is not None:
+                burst = self._transport.recv_burst(
+                    min(self.config.heartbeat_s, LOAD_REPORT_S), self._window
+                )
+                if burst:
                     if warming is not None:
                         self._warmed(warming)
                         warming = None
-                    for peer, frames, header in self._receipts.acknowledge(self._by_priority(env)):
+                    for peer, frames, header in self._batch(burst):
                         if self._stop:
                             break
                         self._serve(peer, frames, header)
@@ -209,21 +214,13 @@ class Server(ControlPlane):
         if self._abort is not None:
             raise JobAborted(f"server {self.index}: {self._abort}")
 
-    def _by_priority(self, first: Envelope) -> list[tuple[Peer, list[memoryview], Header | None]]:
-        """``first`` and the messages queued behind it (up to :data:`PRIORITY_WINDOW`),
-        in the order :func:`by_priority` gives them. Non-blocking."""
-        batch = [first]
-        if self.config.priority:
-            # What the transport holds already (it receives in bursts), then, behind a
-            # burst, what more is queued: a lone request is not charged another poll.
-            while len(batch) < PRIORITY_WINDOW:
-                env = self._transport.recv_queued()
-                if env is None and len(batch) > 1:
-                    env = self._transport.recv(0)
-                if env is None:
-                    break
-                batch.append(env)
-        return by_priority(batch, self._coord, self.config.job)
+    def _batch(self, burst: Sequence[Envelope]) -> list[Queued]:
+        """Messages received together, as the loop handles them: each decoded once, the
+        CREDITs sent and consumed (:meth:`Receipts.acknowledge`), the rest in P3's order
+        (:func:`order`; a burst is one message without priority). Loop thread; blocks
+        only as a send does."""
+        batch = self._receipts.acknowledge(burst, self._coord)
+        return order(batch) if len(batch) > 1 else batch
 
     def _serve(self, peer: Peer, frames: list[memoryview], header: Header | None) -> None:
         """Handle one message, from the coordinator or a data peer."""

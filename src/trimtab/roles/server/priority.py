@@ -14,20 +14,18 @@ from trimtab.transport import Envelope, Peer
 #: A message as the server handles it: sender, frames, and its header if already read.
 Queued = tuple[Peer, list[memoryview], Header | None]
 
+_PUSH = int(Data.PUSH)
+_REPLICATE = int(Data.REPLICATE)
+_ACK = int(Data.ACK)
+
 
 def by_priority(batch: Sequence[Envelope], coordinator: Peer, job: str) -> list[Queued]:
-    """``batch`` in the order to handle it, each message with its header when it is a
-    push. Each run of consecutive pushes is sorted by chunk id (stable: one chunk's
-    pushes keep their order); every other message keeps its place, so nothing is
-    reordered around a control or migration message. A message that does not decode
-    keeps its place too (it is refused in order). Replication's messages (a REPLICATE,
-    an ACK of one) go first, in their order: they concern chunks the pushes here do not
-    (a backup's copies) or answer rounds already applied. Pure; never blocks or raises."""
+    """``batch`` decoded (but the coordinator's messages, and those that do not decode)
+    and in :func:`order`'s order; a batch of one as it is, undecoded. Pure; never blocks
+    or raises."""
     if len(batch) == 1:
         return [(batch[0].peer, batch[0].frames, None)]
-    first: list[Queued] = []
-    out: list[Queued] = []
-    run: list[Queued] = []
+    decoded: list[Queued] = []
     for env in batch:
         header = None
         if env.peer != coordinator:
@@ -35,17 +33,40 @@ def by_priority(batch: Sequence[Envelope], coordinator: Peer, job: str) -> list[
                 header = decode(env.frames[0], job)
             except Exception:  # undecodable: answered in order
                 pass
-        if header is not None and header.get("o") == Data.PUSH and isinstance(header.get("c"), int):
-            run.append((env.peer, env.frames, header))
-            continue
-        if header is not None and (
-            header.get("o") == Data.REPLICATE
-            or (header.get("o") == Data.ACK and header.get("i", 0) >= FIRST_RID)
-        ):
-            first.append((env.peer, env.frames, header))
-            continue
-        out.extend(sorted(run, key=lambda m: m[2]["c"]))  # type: ignore[index]
-        run = []
-        out.append((env.peer, env.frames, header))
-    out.extend(sorted(run, key=lambda m: m[2]["c"]))  # type: ignore[index]
+        decoded.append((env.peer, env.frames, header))
+    return order(decoded)
+
+
+def order(batch: list[Queued]) -> list[Queued]:
+    """``batch`` (headers decoded where they decode) in the order to handle it. Each run
+    of consecutive pushes is sorted by chunk id (stable: one chunk's pushes keep their
+    order); every other message keeps its place, so nothing is reordered around a control
+    or migration message. A message without a header (undecodable, or the
+    coordinator's) keeps its place too (it is refused, or handled, in order).
+    Replication's messages (a REPLICATE, an ACK of one) go first, in their order: they
+    concern chunks the pushes here do not (a backup's copies) or answer rounds already
+    applied. Pure; never blocks or raises."""
+    first: list[Queued] = []
+    out: list[Queued] = []
+    run: list[Queued] = []
+    for message in batch:
+        header = message[2]
+        if header is not None:
+            op = header.get("o")
+            if op == _PUSH and isinstance(header.get("c"), int):
+                run.append(message)
+                continue
+            if op == _REPLICATE or (op == _ACK and header.get("i", 0) >= FIRST_RID):
+                first.append(message)
+                continue
+        if run:
+            out.extend(sorted(run, key=_chunk) if len(run) > 1 else run)
+            run = []
+        out.append(message)
+    if run:
+        out.extend(sorted(run, key=_chunk) if len(run) > 1 else run)
     return first + out if first else out
+
+
+def _chunk(message: Queued) -> int:
+    return message[2]["c"]  # type: ignore[index,no-any-return]

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
 import torch
@@ -33,7 +33,7 @@ from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import NodeLoop
 from trimtab.runtime.tensors import WIRE_DTYPES, as_bytes
 from trimtab.runtime.trace import Trace
-from trimtab.transport import Peer
+from trimtab.transport import Envelope, Peer
 
 _PUSH = int(Data.PUSH)
 _CREDIT = int(Data.CREDIT)
@@ -73,30 +73,34 @@ class Receipts:
         )
         self.trace: Trace | None = None  # --trace: each reply marked on it
 
-    def acknowledge(self, batch: list[Queued]) -> list[Queued]:
-        """Send a CREDIT for each push of ``batch`` that asks for one (``ak``), and the
-        held values each CREDIT of a worker releases; return the rest of the batch in
-        the same order, each message with its header decoded (so that it is not decoded
-        twice; the coordinator's too, which its handler ignores). A message that does
-        not decode is left as it is: it is refused in its turn. Blocks only as
-        :meth:`NodeLoop.send` does; never raises for what a peer sent."""
+    def acknowledge(self, burst: Sequence[Envelope], coordinator: Peer) -> list[Queued]:
+        """One pass over ``burst`` (messages read together, each sender's in its order):
+        each data message's header decoded, once; a worker's CREDIT consumed (it read
+        one of our values: the held values it releases are sent); a CREDIT sent at once
+        for each push that asks for one (``ak``). Returns the rest, in the same order,
+        each with its header (so that it is not decoded twice); the coordinator's
+        messages undecoded (its handler reads them), and a message that does not decode
+        with none: it is refused in its turn. Blocks only as :meth:`NodeLoop.send` does;
+        never raises for what a peer sent."""
+        job = self._loop.job
         out: list[Queued] = []
-        for peer, frames, header in batch:
-            if header is None and frames:
+        for peer, frames in burst:
+            header = None
+            if peer != coordinator and frames:
                 try:  # noqa: SIM105 (contextlib.suppress: three Python calls a message)
-                    header = decode(frames[0], self._loop.job)
+                    header = decode(frames[0], job)
                 except Exception:  # undecodable: answered in order
                     pass
             if header is not None:
-                op = header.get("o")
-                rid = header.get("i")
-                if op == _CREDIT and len(frames) == 1:  # a worker read one of our values
-                    if isinstance(rid, int):  # (a peer the gate does not know: nothing)
-                        for held, held_frames in self.values.credit(peer, rid):
-                            self._loop.send(peer, held, held_frames)
+                op = header["o"]  # (decode made sure of an int op and rid)
+                if op == _PUSH:
+                    rid = header["i"]
+                    if header.get("ak") and type(rid) is int:
+                        self._send(peer, [self._credit(rid)])
+                elif op == _CREDIT and len(frames) == 1:  # a worker read one of our values
+                    for held, held_frames in self.values.credit(peer, header["i"]):
+                        self._loop.send(peer, held, held_frames)
                     continue
-                if header.get("ak") and op == _PUSH and type(rid) is int:
-                    self._send(peer, [self._credit(rid)])
             out.append((peer, frames, header))
         return out
 
