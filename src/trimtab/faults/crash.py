@@ -248,6 +248,12 @@ class CrashingTransport(Transport):
     def recv_queued(self) -> Envelope | None:
         return self._received(self._inner.recv_queued())
 
+    def recv_burst(self, timeout_s: float | None, limit: int) -> list[Envelope]:
+        burst = self._inner.recv_burst(timeout_s, limit)
+        for env in burst:  # each seen, in order, as recv() would have
+            self._received(env)
+        return burst
+
     def _received(self, env: Envelope | None) -> Envelope | None:
         if env is not None:
             header = _header(env.frames, self._job)

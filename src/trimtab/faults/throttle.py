@@ -144,6 +144,11 @@ class ThrottledTransport(Transport):
             return None
         return self._inner.recv_queued()
 
+    def recv_burst(self, timeout_s: float | None, limit: int) -> list[Envelope]:
+        """Through this wrapper's :meth:`recv` and :meth:`recv_queued` (the default's
+        loop), so that a paced link hands over one message at a time."""
+        return Transport.recv_burst(self, timeout_s, limit)
+
     def _received(self, env: Envelope | None) -> None:
         schedule, node = self._active(), self._node
         if schedule is None or node is None or env is None or env.peer == self._coord:
