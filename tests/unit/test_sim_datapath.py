@@ -91,3 +91,32 @@ def test_backward_makes_the_last_tensor_ready_first() -> None:
     shares = ready_shares(np.array([1.0, 1.0, 2.0]), 0.25)
     assert shares[2] < shares[1] < shares[0] == pytest.approx(1.0)
     assert shares[2] == pytest.approx(0.25 + 0.75 * 0.5)
+
+
+def test_pushes_answered_moved_cross_the_link_but_leave_the_figures() -> None:
+    # Server 0 owns chunks 0, 2 and 3 on a 10 MB/s link; chunks 0 and 2 were cut at
+    # this step's round (issue 38): their pushes still cross to it, it answers them
+    # moved, and the workers leave their bytes out of its figures.
+    shape = {"owners": np.array([0, 1, 0, 0]), "link": np.array([1e7, np.inf])}
+    whole = step_times(_step(**shape, shares=np.ones(4), in_order=True))
+    moved = np.array([True, False, True, False])
+    cut = step_times(_step(**shape, shares=np.ones(4), in_order=True, moved=moved))
+    assert whole.seen_bytes[0] == 3 * 2 * 2 * 1e6 and cut.seen_bytes[0] == 1 * 2 * 2 * 1e6
+    assert cut.seen_bytes[1] == whole.seen_bytes[1]
+    # Chunk 3 is pushed last (in order): its span holds every push's crossing (6 MB at
+    # 10 MB/s) and its own replies (2 MB), as without the cut (the others' replies
+    # went out while it came in), so its figure reads a third: 5 MB/s against 15.
+    assert cut.span_s[0] == pytest.approx(0.8, rel=0.01) == whole.span_s[0]
+    figure = cut.seen_bytes[0] / cut.span_s[0]
+    assert figure == pytest.approx(whole.seen_bytes[0] / whole.span_s[0] / 3)
+    assert cut.busy_s[0] < whole.busy_s[0]  # nothing merged or updated for them
+
+
+def test_pushes_go_last_tensor_first_unless_in_order() -> None:
+    # All gradients at the compute's end: server 0's chunk 3 (the last) is pushed first
+    # by backward's order, last in the parameters' order: its replies then come later.
+    shape = {"owners": np.array([1, 1, 1, 0]), "shares": np.ones(4), "server_nic_bps": 1e7}
+    backward = step_times(_step(**shape))
+    in_order = step_times(_step(**shape, in_order=True))
+    assert in_order.first_in[0] > backward.first_in[0]
+    assert in_order.first_in[1] < backward.first_in[1]

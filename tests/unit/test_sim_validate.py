@@ -150,6 +150,21 @@ def test_the_same_decisions_are_the_same_moves_within_a_step_and_batches_within_
     assert not agreement.batches_agree([[32, 13, 10]], [[32, 10, 10]])
 
 
+def test_one_steps_outlier_of_a_batch_is_noise_two_steps_are_a_decision() -> None:
+    # The bed's straggler got 13 for one step (one noisy speed sample answered), then
+    # its level again: the same decisions as a steady 10. Two steps at 13, or 13 at
+    # the first decided step (no neighbour before it to tell), are a different one.
+    equal, steady = [32, 32], [32, 32, 10, 10, 10, 10, 10, 10]
+    one = [32, 32, 10, 10, 13, 10, 10, 10]
+    assert agreement.settled(one) == [32, 32, 10, 10, 10, 10, 10, 10]
+    assert agreement.batches_agree([one], [steady])
+    assert not agreement.batches_agree([one], [steady], settle=False)  # the raw rule
+    assert not agreement.batches_agree([[32, 32, 10, 10, 13, 13, 10, 10]], [steady])
+    assert not agreement.batches_agree([[*equal, 13, 10, 10, 10, 10, 10]], [steady])
+    assert not agreement.batches_agree([[*equal, 10, 10, 10, 13, 13, 13]], [steady])
+    assert agreement.settled([32, 32, 10, 12, 9]) == [32, 32, 10, 10, 9]  # ends kept
+
+
 def test_a_run_record_gives_the_maps_the_join_and_the_slow_server(tmp_path: Path) -> None:
     events = [
         {"kind": "placement", "epoch": 1, "owners": [0, 1, 2, 3], "t": 1.0},

@@ -11,9 +11,16 @@
   decision: how much of the global batch the slow worker is given). They agree when,
   at every step, the sizes differ by at most :data:`BATCH_SLACK` samples or
   :data:`BATCH_SHARE` of the measured size, whichever is more (the sizes are split to
-  the sample from speeds measured to a few percent). Every worker's sizes are compared
-  by the same rule too, and reported beside it (the fast workers' sizes also follow
-  their own noise, which a model of their median speeds does not have).
+  the sample from speeds measured to a few percent), each series taken as its running
+  median of three from the first decided step (:data:`DECIDED`; :func:`settled`): a
+  single step's size beyond both its neighbours is one noisy speed sample answered
+  (the next step's sizes undo it), a draw of the machine's noise at that step that no
+  simulation reproduces at the same step (one that drew a worker's noise would put its
+  own outliers at other steps); a size that differs two steps running, or a level
+  that differs, still fails. :func:`batches_agree` with ``settle=False`` is the rule
+  without it (``decisions_match_every_step``). Every worker's sizes are compared by
+  the same rule too, and reported beside it (the fast workers' sizes also follow their
+  own noise, which a model of their median speeds does not have).
 
 Pure functions, and one that reads a run record's events (:func:`record_facts`).
 """
@@ -29,6 +36,7 @@ from typing import Any
 __all__ = [
     "BATCH_SHARE",
     "BATCH_SLACK",
+    "DECIDED",
     "FIRST",
     "STEP_SLACK",
     "batches_agree",
@@ -36,6 +44,7 @@ __all__ = [
     "maps_agree",
     "record_events",
     "record_facts",
+    "settled",
 ]
 
 #: Steps whose decisions are compared.
@@ -44,6 +53,9 @@ FIRST = 20
 STEP_SLACK = 1
 #: Samples, and share of the measured size, by which a batch may differ.
 BATCH_SLACK, BATCH_SHARE = 2, 0.1
+#: The first step whose sizes LB-BSP decided (from step 0's reports: they hold from
+#: step 2); the steps before are the equal split.
+DECIDED = 2
 
 
 def map_changes(
@@ -80,13 +92,32 @@ def maps_agree(measured: list[dict[str, Any]], simulated: list[dict[str, Any]]) 
     return True
 
 
-def batches_agree(measured: Sequence[Sequence[int]], simulated: Sequence[Sequence[int]]) -> bool:
+def settled(sizes: Sequence[int], start: int = DECIDED) -> list[float]:
+    """``sizes`` with each step from ``start`` on, but the last, replaced by the median
+    of it and its two neighbours, the neighbours taken from ``start`` on: a single
+    step's outlier gives way, a change that lasts two steps stays. Pure."""
+    out = [float(x) for x in sizes]
+    for i in range(start + 1, len(sizes) - 1):
+        out[i] = float(sorted(sizes[i - 1 : i + 2])[1])
+    return out
+
+
+def batches_agree(
+    measured: Sequence[Sequence[int]], simulated: Sequence[Sequence[int]], settle: bool = True
+) -> bool:
     """Whether two runs' batch sizes (per worker, per step: ``sizes[rank][step]``) are
-    the same decisions over the steps both have (module docstring). Pure."""
+    the same decisions over the steps both have (module docstring; ``settle``: each
+    series :func:`settled` first). Pure."""
     if len(measured) != len(simulated):
         return False
     for real, sim in zip(measured, simulated, strict=True):
-        for a, b in zip(real, sim, strict=False):
+        n = min(len(real), len(sim))
+        pairs = (
+            zip(settled(real[:n]), settled(sim[:n]), strict=True)
+            if settle
+            else zip(map(float, real[:n]), map(float, sim[:n]), strict=True)
+        )
+        for a, b in pairs:
             if abs(a - b) > max(BATCH_SLACK, BATCH_SHARE * a):
                 return False
     return True

@@ -70,6 +70,11 @@ class ClusterModel:
             timings keep it), so that their noise is ``measurement_noise``'s alone:
             the jitter fitted to the step times need not scatter the figures as a
             real run's do (on a loaded machine it made them scatter more).
+        pushes_in_order: every gradient is handed over at the compute's end and pushed
+            in the chunks' order, as ``optimizer.step()`` pushes gradients set outside
+            backward (``frontend/optimizer.py``'s ``_send_rest``: validate-sim's
+            bandwidth job, whose script sets ``.grad`` itself); else backward pushes
+            them last tensor first over its share of the compute (``forward_share``).
     """
 
     sample_s: float = 0.001
@@ -91,6 +96,7 @@ class ClusterModel:
     join_steps: int | None = None
     measurement_noise: RecordedNoise = dataclasses.field(default_factory=RecordedNoise)
     clean_figures: bool = False
+    pushes_in_order: bool = False
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)

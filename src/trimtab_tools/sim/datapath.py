@@ -102,6 +102,13 @@ class StepInput:
             cluster's.
         workers_per_host, servers_per_host: nodes sharing a NIC.
         link: each server's shaped link bytes/s, not busy time (S,; None: none).
+        moved: chunks whose pushes this step their owner answers *moved* (C,; None:
+            none): a migration cut at the round under way (``roles/server/cuts.py``).
+            Their pushes cross to the owner, which merges nothing and answers with a
+            message (no bytes, no update); the workers leave them out of the owner's
+            figures (``frontend/pusher.py`` takes a moved push's bytes off).
+        in_order: a worker's pushes leave in the chunks' order (gradients handed over
+            together to ``optimizer.step()``), not last tensor first (backward's).
     """
 
     starts: np.ndarray
@@ -121,6 +128,8 @@ class StepInput:
     servers_per_host: int = 1
     message_s: float = 0.0
     link: np.ndarray | None = None
+    moved: np.ndarray | None = None
+    in_order: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +145,7 @@ class StepTimes:
             coordinator gathers their reports): the longest span from a worker's first
             push to its last reply, the shortest from the start of its wait, and every
             worker's bytes both ways (S,; 0 for a server owning nothing).
+        first_in: per server, when the step's first push was in (S,; inf: none).
     """
 
     ends: np.ndarray
@@ -146,6 +156,7 @@ class StepTimes:
     span_s: np.ndarray
     tail_s: np.ndarray
     seen_bytes: np.ndarray
+    first_in: np.ndarray
 
 
 def _per_worker_order(w_count: int, columns: np.ndarray) -> np.ndarray:
@@ -169,7 +180,8 @@ def step_times(x: StepInput) -> StepTimes:
     alone = x.workers_per_host == 1
     # Pushes: worker NIC out (a worker's chunks come last first), latency, server NIC
     # in, then the owner's merge (after a moving chunk's handover).
-    backward = _per_worker_order(w_count, np.arange(c_count)[::-1]) if alone else None
+    columns = np.arange(c_count) if x.in_order else np.arange(c_count)[::-1]
+    backward = _per_worker_order(w_count, columns) if alone else None
     per_message = x.message_s
     out_w = fifo(worker_host, ready.ravel(), flat_sizes / x.worker_nic_bps + per_message, backward)
     arrive = out_w + x.latency_s
@@ -182,6 +194,8 @@ def step_times(x: StepInput) -> StepTimes:
         + sizes * x.delay[owners]
         + per_message
     )
+    kept = np.ones(c_count) if x.moved is None else (~x.moved).astype(float)
+    merge_each = merge_each * kept + per_message * (1 - kept)  # a moved push: one answer
     handing = bool(np.isfinite(x.available).any())
     if handing:
         in_s = np.maximum(in_s, np.tile(x.available, w_count))
@@ -190,29 +204,33 @@ def step_times(x: StepInput) -> StepTimes:
     merged = fifo(server, in_s, np.tile(merge_each, w_count), order if same else None)
     merged = merged.reshape(w_count, c_count)
     # Updates: each chunk once every worker's push is merged.
-    update_each = sizes / (x.update_bps * x.proc[owners] / x.proc.max(initial=1.0))
+    update_each = kept * sizes / (x.update_bps * x.proc[owners] / x.proc.max(initial=1.0))
     updated = fifo(owners, merged.max(axis=0), update_each)
     # Replies: the updated chunk to every worker at once, sharing the server NIC out
     # (and its cap) fairly, so that no worker's replies come first by rank; then the
     # latency and the worker's NIC in.
     slowest = np.maximum(np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners]), 1 / link[owners])
-    reply_each = sizes * slowest + per_message
+    reply_each = kept * sizes * slowest + per_message
     sent = fifo(owners // x.servers_per_host, updated, reply_each * w_count)
     columns = np.argsort(sent)
     got = fifo(
         worker_host,
         np.tile(sent + x.latency_s, w_count),
-        flat_sizes / x.worker_nic_bps + per_message,
+        np.tile(sizes * kept, w_count) / x.worker_nic_bps + per_message,
         _per_worker_order(w_count, columns) if alone else None,
     ).reshape(w_count, c_count)
     ends = np.maximum(compute_ends, got.max(axis=1, initial=0.0))
     # A server's busy seconds are its handlers' (as its LoadMeter counts them): the
     # merge, the update, a reply's CPU and a throttle's pacing, not its NIC's time.
-    reply_busy = sizes / x.cap[owners] + per_message
+    reply_busy = kept * sizes / x.cap[owners] + per_message
     busy = np.bincount(owners, (merge_each + reply_busy) * w_count + update_each, s_count)
-    nbytes = np.bincount(owners, sizes * 2 * w_count, s_count)
+    nbytes = np.bincount(owners, sizes * (1 + kept) * w_count, s_count)
     read = np.maximum(got, compute_ends[:, None])  # replies are read during the wait
+    if x.moved is not None:  # a moved push's answer closes no span (pusher.py)
+        read = np.where(x.moved[None, :], -np.inf, read)
     span, tail = _spans(ready, read, compute_ends, owners, s_count)
+    first_in = np.full(s_count, np.inf)
+    np.minimum.at(first_in, owners, in_s.reshape(w_count, c_count).min(axis=0))
     return StepTimes(
         ends=ends,
         compute_ends=compute_ends,
@@ -221,7 +239,10 @@ def step_times(x: StepInput) -> StepTimes:
         nbytes=nbytes,
         span_s=span,
         tail_s=tail,
-        seen_bytes=nbytes,
+        seen_bytes=nbytes
+        if x.moved is None
+        else np.bincount(owners, sizes * 2 * kept * w_count, s_count),
+        first_in=first_in,
     )
 
 
@@ -240,4 +261,7 @@ def _spans(
     span, tail = np.zeros(count), np.zeros(count)
     span[held[cut]] = (last - first).max(axis=0)
     tail[held[cut]] = (last - np.maximum(first, waited[:, None])).min(axis=0)
+    # A server whose every push was answered moved has no span (as one never replied).
+    span[~np.isfinite(span)] = 0.0
+    tail[~np.isfinite(tail)] = 0.0
     return span, tail

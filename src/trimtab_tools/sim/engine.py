@@ -34,6 +34,7 @@ import numpy as np
 from trimtab.policies.batching import WorkerSample
 from trimtab.policies.psld import chunk_costs, rebalance
 from trimtab_tools.sim.cluster import Nodes
+from trimtab_tools.sim.cuts import cut_now, handover_rates, seen_when_cut
 from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_times
 from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
@@ -80,7 +81,8 @@ class Simulation:
         tensors, chunks = job.tensors(), job.chunks()
         self.chunk_bytes = [c.nbytes for c in chunks]
         self.sizes = np.array(self.chunk_bytes, dtype=float)
-        self.shares = ready_shares(self.sizes, job.cluster.forward_share)
+        in_order = job.cluster.pushes_in_order  # then every gradient at the compute's end
+        self.shares = ready_shares(self.sizes, 1.0 if in_order else job.cluster.forward_share)
         owners = p.call("placement.place", p.placement.place, tensors, chunks, s.servers)
         self.owners = np.array(owners, dtype=np.int64)
         self.available = np.full(len(chunks), -np.inf)
@@ -112,6 +114,11 @@ class Simulation:
         self._seq = 0
         self._started = -1  # the last step computed
         self._last_step: StepTimes | None = None
+        # The step under way as PSLD sees it (input, figures, window noise); figures cut.
+        self._under_way: tuple[int, StepInput, StepTimes, np.ndarray] | None = None
+        self._seen: dict[int, StepTimes] = {}
+        self._handed = np.zeros(0, dtype=np.int64)  # chunks handed over at such a cut
+        self._handed_at = -np.inf
         self._ends: dict[int, dict[int, float]] = {}  # a step's ends by rank, until the next
         self._sizes: dict[int, tuple[float, np.ndarray]] = {}  # step -> (decided, sizes)
         self._last_factors = np.ones(s.workers)
@@ -180,9 +187,11 @@ class Simulation:
             servers_per_host=c.servers_per_host,
             message_s=c.message_s,
             link=self.nodes.server_links(k),
+            in_order=c.pushes_in_order,
         )
         t = step_times(x)
-        seen = t if not c.clean_figures else self._clean_step(k, x)  # what PSLD sees
+        seen_x = x if not c.clean_figures else self._clean_input(k, x)  # what PSLD sees
+        seen = t if seen_x is x else step_times(seen_x)
         # A handover delays only the first step under the new map: by the next, every
         # moved chunk was merged at its new owner.
         self.available = np.full(len(self.sizes), -np.inf)
@@ -190,6 +199,7 @@ class Simulation:
         self._last_step, self._last_factors = t, factors
         _, windows = self.draws.at(k)  # a window's speed scatters: its busy time does
         self.busy[: seen.busy_s.size] += seen.busy_s / windows[: seen.busy_s.size]
+        self._under_way = (k, seen_x, seen, windows)
         self.moved[: t.nbytes.size] += t.nbytes
         tr = self.trace
         tr.starts.append(float(starts.min()))
@@ -234,31 +244,55 @@ class Simulation:
         """The map of a migration takes effect: each moving chunk reaches its new owner
         once its old owner applied the last step's update, with its optimizer state."""
         c = self.job.cluster
-        moving = np.flatnonzero(owners != self.owners)
+        every = np.flatnonzero(owners != self.owners)
+        moving = np.setdiff1d(every, self._handed)  # not handed over at their cut
         last = self._last_step
         cut = last.updated if last is not None else np.zeros(len(self.sizes))
-        _, cap, _ = self.nodes.server_rates(self._started)
-        link = self.nodes.server_links(self._started)
-        rate = np.minimum(
-            c.server_nic_bps,
-            np.minimum(
-                np.minimum(cap[self.owners[moving]], cap[owners[moving]]),
-                np.minimum(link[self.owners[moving]], link[owners[moving]]),
-            ),
-        )
+        rate = self._handover_rate(moving, owners)
         self.available = np.full(len(self.sizes), -np.inf)
         self.available[moving] = (
             cut[moving] + c.latency_s + self.sizes[moving] * c.state_factor / rate
         )
-        moved = int(self.sizes[moving].sum() * c.state_factor)
+        moved = int(self.sizes[every].sum() * c.state_factor)
         self.trace.bytes_moved += moved
         self.owners = owners
         self._pending = None
         self._epoch += 1
         if owners.size <= MAPS_CHUNKS:
             self.trace.maps[self._epoch] = owners.tolist()
-        done = float(self.available[moving].max(initial=now)) + c.latency_s
-        self._at(done, self._migrated)
+        done = max(float(self.available[moving].max(initial=now)), self._handed_at)
+        self._handed, self._handed_at = np.zeros(0, dtype=np.int64), -np.inf
+        self._at(max(done + c.latency_s, now), self._migrated)
+
+    def _handover_rate(self, moving: np.ndarray, owners: np.ndarray) -> np.ndarray:
+        _, cap, _ = self.nodes.server_rates(self._started)
+        link = self.nodes.server_links(self._started)
+        nic = self.job.cluster.server_nic_bps
+        return handover_rates(nic, cap, link, self.owners[moving], owners[moving])
+
+    def _cut_under_way(self, owners: np.ndarray, now: float) -> None:
+        """Chunks leaving for ``owners`` whose server had no push of the step under way
+        when the new map reached it are cut at its round (:mod:`.cuts`): that step is
+        simulated again as PSLD sees it, their pushes answered moved; they are handed
+        over at once. (The step's timing stays the old map's.)"""
+        under_way = self._under_way
+        if under_way is None or under_way[0] != self._started:
+            return
+        step, x, seen, windows = under_way
+        c = self.job.cluster
+        moving = np.flatnonzero(owners != self.owners)
+        handed = cut_now(moving, self.owners, seen.first_in, now + c.latency_s)
+        if handed.size == 0:
+            return
+        again = seen_when_cut(x, handed)
+        n = again.busy_s.size
+        self.busy[:n] += (again.busy_s - seen.busy_s) / windows[:n]
+        self.moved[:n] += again.nbytes - seen.nbytes
+        self._seen[step] = again
+        self._under_way = (step, x, again, windows)
+        rate = self._handover_rate(handed, owners)
+        handover = now + c.latency_s + self.sizes[handed] * c.state_factor / rate
+        self._handed, self._handed_at = handed, float(handover.max())
 
     def _migrated(self, now: float) -> None:
         self._migrating = False
@@ -268,14 +302,14 @@ class Simulation:
 
     # -- the coordinator -----------------------------------------------------------
 
-    def _clean_step(self, k: int, x: StepInput) -> StepTimes:
-        """Step ``k`` without the machine's jitter (``clean_figures``): PSLD's figures."""
+    def _clean_input(self, k: int, x: StepInput) -> StepInput:
+        """Step ``k``'s input without the machine's jitter (``clean_figures``): PSLD's
+        figures come from it."""
         proc, cap, delay = self.nodes.server_rates(k, jitter=False)
         factors = self.nodes.worker_factors(k, jitter=False)[self.ranks]
         compute = self.batches * self.job.cluster.sample_s * factors
         link = self.nodes.server_links(k, jitter=False)
-        clean = dataclasses.replace(x, compute=compute, proc=proc, cap=cap, delay=delay, link=link)
-        return step_times(clean)
+        return dataclasses.replace(x, compute=compute, proc=proc, cap=cap, delay=delay, link=link)
 
     def _reports(
         self,
@@ -288,6 +322,8 @@ class Simulation:
         now: float,
     ) -> None:
         p = self.policies
+        seen = self._seen.pop(k, seen)  # a cut at the round under way changed the figures
+        self._under_way = None if k == self._started else self._under_way  # reported
         compute = x.compute
         comm = np.maximum(t.ends - t.compute_ends, 0.0)
         share = 1.0 / self._last_factors
@@ -445,6 +481,7 @@ class Simulation:
     def _migrate(self, owners: np.ndarray, clock: int, now: float) -> None:
         moving = np.flatnonzero(owners != self.owners)
         self._migrating = True
+        self._cut_under_way(owners, now)
         self._pending = (self._started + 1, owners)
         self._decide(
             "migration",

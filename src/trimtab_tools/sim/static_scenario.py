@@ -177,6 +177,9 @@ def simulate(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
         "measured_batches": m["sizes"],
         "simulated_batches": simulated,
         "decisions_match": batches_agree([m["sizes"][straggler]], [simulated[straggler]]),
+        "decisions_match_every_step": batches_agree(
+            [m["sizes"][straggler]], [simulated[straggler]], settle=False
+        ),
         "every_worker_agrees": batches_agree(m["sizes"], simulated),
     }
     return worker0_seconds(sim.trace, 0), decisions

@@ -168,6 +168,7 @@ def bandwidth_job(
     cluster = ClusterModel(
         sample_s=PSLD_JOB["compute_ms"] / 1e3,
         forward_share=1.0,  # the script sleeps, then hands every gradient over
+        pushes_in_order=True,  # ...to optimizer.step(), which pushes them in order
         worker_nic_bps=rates["worker"],
         server_nic_bps=rates["server"],
         message_s=message_s,

@@ -1,0 +1,52 @@
+"""A simulated migration's cut, as ``roles/server/cuts.py`` cuts a real one, and the
+workers' figures of a step so cut (pure; every input is an argument).
+
+A server cuts a chunk leaving it at the round in progress when no push of that round
+reached it before the new map did: it answers that step's pushes of the chunk *moved*
+(the workers send them again to the new owner) and hands the chunk over at once, its
+last round answered. A worker then leaves a moved push's bytes out of the server's
+traffic (``frontend/pusher.py``), though they crossed its link and the span it times:
+on a slow link, the step's figure of a server that kept few chunks is several times
+lower than its speed (issue 38: on the bed 8 to 11 MB/s against 21 to 26, and PSLD
+moved one or two more chunks off it at once). Else the chunk is cut after that round,
+and the step runs as if nothing moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from trimtab_tools.sim.datapath import StepInput, StepTimes, step_times
+
+__all__ = ["cut_now", "handover_rates", "seen_when_cut"]
+
+
+def cut_now(
+    moving: np.ndarray, was: np.ndarray, first_in: np.ndarray, reached: float
+) -> np.ndarray:
+    """Of chunks ``moving`` (owned by ``was``, per chunk), those cut at the round in
+    progress: their server's first push of the step (``first_in``, per server) came in
+    after the new map reached it (``reached``)."""
+    handed: np.ndarray = moving[first_in[was[moving]] > reached]
+    return handed
+
+
+def seen_when_cut(x: StepInput, handed: np.ndarray) -> StepTimes:
+    """The step of ``x`` as its workers' figures show it when chunks ``handed`` were
+    cut at its round: their pushes answered moved (``StepInput.moved``)."""
+    mask = np.zeros(x.sizes.size, dtype=bool)
+    mask[handed] = True
+    return step_times(dataclasses.replace(x, moved=mask))
+
+
+def handover_rates(
+    nic_bps: float, cap: np.ndarray, link: np.ndarray, was: np.ndarray, now: np.ndarray
+) -> np.ndarray:
+    """The rate each moving chunk crosses from its server in ``was`` to its server in
+    ``now``: the slower of the two servers' caps and links, at most a NIC's."""
+    rate: np.ndarray = np.minimum(
+        nic_bps, np.minimum(np.minimum(cap[was], cap[now]), np.minimum(link[was], link[now]))
+    )
+    return rate
