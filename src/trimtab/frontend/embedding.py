@@ -102,11 +102,14 @@ class _ServerTable(nn.Module):
         self.rows_read = 0
         self.rows_prefetched = 0
 
-    def prefetch(self, ids: torch.Tensor) -> None:
+    def prefetch(self, ids: torch.Tensor, *, hold: bool = False) -> None:
         """Send now the reads of the rows ``ids`` (any shape): the coming forward over
         them takes their answers. Call it once this step's ``step()`` returned (a read
-        sent earlier is answered before this step's update and read again). Never
-        blocks; raises :class:`~trimtab.UsageError` before the optimizer is built."""
+        sent earlier is answered before this step's update and read again). ``hold``:
+        keep the reads to go with the next prefetch sent without it (or the first
+        wait for a reply), in one message per server: the tables of a model prefetched
+        one after the other, the last without ``hold``. Never blocks; raises
+        :class:`~trimtab.UsageError` before the optimizer is built."""
         pusher: Pusher = linked(self.weight)
         if self._growing is not None:
             raise UsageError("a growing table reads its ids as they come: call no prefetch")
@@ -114,6 +117,8 @@ class _ServerTable(nn.Module):
         unique = unique[~torch.isin(unique, self._hot.ids)]  # (the hot are here)
         requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
         sent = pusher.send([(c, h, f) for c, h, f, _ in requests])
+        if not hold:
+            pusher.flush()
         self._prefetched = unique, requests, sent
 
     def _rows(self, unique: torch.Tensor) -> torch.Tensor:
