@@ -114,7 +114,11 @@ class _ServerTable(nn.Module):
         if self._growing is not None:
             raise UsageError("a growing table reads its ids as they come: call no prefetch")
         unique = torch.unique(ids.detach().cpu())
-        unique = unique[~torch.isin(unique, self._hot.ids)]  # (the hot are here)
+        hot = self._hot
+        if hot.refresh_due(ahead=1):  # (SSP, ASP: the held rows are read with these)
+            unique = torch.unique(torch.cat([unique, hot.ids]))
+        else:
+            unique = unique[~torch.isin(unique, hot.ids)]  # (the hot are here)
         requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
         sent = pusher.send([(c, h, f) for c, h, f, _ in requests])
         if not hold:
@@ -130,10 +134,13 @@ class _ServerTable(nn.Module):
         if p in pusher.arriving:  # (model=: this step's updates are the rows' values)
             pusher.arrive([p])
         hot = self._hot
+        refresh = hot.refresh_due(ahead=1)  # (SSP, ASP: every held row read afresh)
         hot.count(unique)
         new = hot.choose() if hot.due() else None
-        if new is not None or hot.stale:
-            return self._rehold(pusher, unique, new)
+        if new is not None or hot.stale or refresh:
+            # (SSP, ASP: a new set's rows kept are read again too: their age restarts)
+            everything = refresh or (new is not None and hot.period > 0)
+            return self._rehold(pusher, unique, new, everything=everything)
         is_hot, held = hot.split(unique)
         if bool(is_hot.all()):
             return held
@@ -143,17 +150,22 @@ class _ServerTable(nn.Module):
         return out
 
     def _rehold(
-        self, pusher: Pusher, unique: torch.Tensor, new: torch.Tensor | None
+        self,
+        pusher: Pusher,
+        unique: torch.Tensor,
+        new: torch.Tensor | None,
+        *,
+        everything: bool = False,
     ) -> torch.Tensor:
         """:meth:`_rows` where the hot set changes to ``new`` (None: the same set, some
         of whose servers lacked it): the set's rows not held current here are read in
         the same requests as the forward's cold rows (one round trip, not two). Rows
         held stay (every update of them came back); after a stale answer all are read
-        again. Blocks."""
+        again, and ``everything`` (SSP, ASP: the replicas' period is up). Blocks."""
         hot, p = self._hot, self.weight
         ids = hot.ids if new is None else new
         kept = torch.zeros(ids.numel(), dtype=torch.bool)
-        if not hot.stale and hot.ids.numel():
+        if not hot.stale and not everything and hot.ids.numel():
             kept = torch.isin(ids, hot.ids)
         cold = unique[~torch.isin(unique, ids)]
         wanted = torch.unique(torch.cat([ids[~kept], cold]))

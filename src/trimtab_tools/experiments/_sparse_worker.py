@@ -144,6 +144,7 @@ def main() -> None:
                 "rows": sum(r["hot_rows"] for r in reports),
                 "hit_rate": sum(r["hits"] for r in reports)
                 / max(sum(r["reads"] for r in reports), 1),
+                "max_age": max(r["max_age"] for r in reports),
             }
     print(RESULT + json.dumps(result), flush=True)
     if args.mode == "trimtab":

@@ -55,6 +55,8 @@ class JobTerms:
             ``equal`` each step's REPORT is answered with every worker's next size.
         report_s: the least seconds between two step reports (0: every step).
         consistency: ``bsp``, ``asp``, ``ssp(s)`` or ``saps``.
+        staleness: ``ssp``'s bound (a worker leads the slowest by at most this many
+            clocks); 0 for the others.
         time_servers: whether workers time each server's replies (PSLD).
         elastic: workers may be lost or join (bsp): each step ends at the coordinator's
             step boundary, whose answer carries every rank's next batch size.
@@ -63,6 +65,7 @@ class JobTerms:
     batching: str = "equal"
     report_s: float = 0.0
     consistency: str = "bsp"
+    staleness: int = 0
     time_servers: bool = False
     elastic: bool = False
 
@@ -73,6 +76,7 @@ class JobTerms:
             batching=str(reply.get("batching", "equal")),
             report_s=float(reply.get("report_s", 0.0)),
             consistency=str(reply.get("consistency", "bsp")),
+            staleness=int(dict(reply.get("consistency_args") or {}).get("staleness", 0)),
             time_servers=bool(reply.get("time_servers", False)),
             elastic=bool(reply.get("elastic", False)),
         )
