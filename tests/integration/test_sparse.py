@@ -81,6 +81,9 @@ def test_sparse_gradients_over_tcp_match_one_process_while_row_blocks_migrate(
     _check(tmp_path, CASES)
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["job"]["migrations"] > 0  # row blocks moved under the training
+    # Row requests went in batches, one per server (protocol/batch.py), many chunks each.
+    batches = sum(s["batches"] for s in stats["servers"])
+    assert batches > 0 and sum(s["batch_parts"] for s in stats["servers"]) > 2 * batches
 
 
 @pytest.mark.slow

@@ -13,16 +13,24 @@ import pytest
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_sparse_experiment_reports_every_run() -> None:
+@pytest.mark.parametrize("consistency", ["bsp", "ssp"])
+def test_the_sparse_experiment_reports_every_run(consistency: str) -> None:
+    """(ssp: the BSP runs and, beside them, hot and classic under SSP with a bound of 2:
+    their log loss within 0.005 of one process, every hot read within the bound.)"""
     cli = "import sys, trimtab.cli; sys.exit(trimtab.cli.main())"
     args = ["experiment", "sparse", "--rows", "20000", "--steps", "12", "--hot", "200"]
+    args += ["--consistency", consistency, "--staleness", "2"]
     command = [sys.executable, "-c", cli, *args, "--json"]
     out = subprocess.run(command, capture_output=True, text=True, timeout=280, check=True).stdout
     report = json.loads(out[out.index("{") :])
     one = report["one_process_log_loss"]
-    for run in ("hot", "classic", "ddp"):
+    runs = ("hot", "classic", "ddp") + (("hot_ssp", "classic_ssp") if consistency == "ssp" else ())
+    assert sorted(report["results"]) == sorted(runs)
+    for run in runs:
         result = report["results"][run]
         assert result["samples_per_s"] > 0
         assert abs(result["log_loss"] - one) < 0.005, (run, result, one)
         assert len(result["peak_rss_mb"]) == 2
     assert report["results"]["hot"]["hot"]["rows"] > 0
+    if consistency == "ssp":
+        assert 0 < report["results"]["hot_ssp"]["hot"]["max_age"] < 2

@@ -102,18 +102,27 @@ class _ServerTable(nn.Module):
         self.rows_read = 0
         self.rows_prefetched = 0
 
-    def prefetch(self, ids: torch.Tensor) -> None:
+    def prefetch(self, ids: torch.Tensor, *, hold: bool = False) -> None:
         """Send now the reads of the rows ``ids`` (any shape): the coming forward over
         them takes their answers. Call it once this step's ``step()`` returned (a read
-        sent earlier is answered before this step's update and read again). Never
-        blocks; raises :class:`~trimtab.UsageError` before the optimizer is built."""
+        sent earlier is answered before this step's update and read again). ``hold``:
+        keep the reads to go with the next prefetch sent without it (or the first
+        wait for a reply), in one message per server: the tables of a model prefetched
+        one after the other, the last without ``hold``. Never blocks; raises
+        :class:`~trimtab.UsageError` before the optimizer is built."""
         pusher: Pusher = linked(self.weight)
         if self._growing is not None:
             raise UsageError("a growing table reads its ids as they come: call no prefetch")
         unique = torch.unique(ids.detach().cpu())
-        unique = unique[~torch.isin(unique, self._hot.ids)]  # (the hot are here)
+        hot = self._hot
+        if hot.refresh_due(ahead=1):  # (SSP, ASP: the held rows are read with these)
+            unique = torch.unique(torch.cat([unique, hot.ids]))
+        else:
+            unique = unique[~torch.isin(unique, hot.ids)]  # (the hot are here)
         requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
         sent = pusher.send([(c, h, f) for c, h, f, _ in requests])
+        if not hold:
+            pusher.flush()
         self._prefetched = unique, requests, sent
 
     def _rows(self, unique: torch.Tensor) -> torch.Tensor:
@@ -125,10 +134,13 @@ class _ServerTable(nn.Module):
         if p in pusher.arriving:  # (model=: this step's updates are the rows' values)
             pusher.arrive([p])
         hot = self._hot
+        refresh = hot.refresh_due(ahead=1)  # (SSP, ASP: every held row read afresh)
         hot.count(unique)
         new = hot.choose() if hot.due() else None
-        if new is not None or hot.stale:
-            return self._rehold(pusher, unique, new)
+        if new is not None or hot.stale or refresh:
+            # (SSP, ASP: a new set's rows kept are read again too: their age restarts)
+            everything = refresh or (new is not None and hot.period > 0)
+            return self._rehold(pusher, unique, new, everything=everything)
         is_hot, held = hot.split(unique)
         if bool(is_hot.all()):
             return held
@@ -138,17 +150,22 @@ class _ServerTable(nn.Module):
         return out
 
     def _rehold(
-        self, pusher: Pusher, unique: torch.Tensor, new: torch.Tensor | None
+        self,
+        pusher: Pusher,
+        unique: torch.Tensor,
+        new: torch.Tensor | None,
+        *,
+        everything: bool = False,
     ) -> torch.Tensor:
         """:meth:`_rows` where the hot set changes to ``new`` (None: the same set, some
         of whose servers lacked it): the set's rows not held current here are read in
         the same requests as the forward's cold rows (one round trip, not two). Rows
         held stay (every update of them came back); after a stale answer all are read
-        again. Blocks."""
+        again, and ``everything`` (SSP, ASP: the replicas' period is up). Blocks."""
         hot, p = self._hot, self.weight
         ids = hot.ids if new is None else new
         kept = torch.zeros(ids.numel(), dtype=torch.bool)
-        if not hot.stale and hot.ids.numel():
+        if not hot.stale and not everything and hot.ids.numel():
             kept = torch.isin(ids, hot.ids)
         cold = unique[~torch.isin(unique, ids)]
         wanted = torch.unique(torch.cat([ids[~kept], cold]))

@@ -1,4 +1,5 @@
-"""A worker's replicas of a server table's hot rows (NuPS), kept exact under BSP.
+"""A worker's replicas of a server table's hot rows (NuPS): exact under BSP, within the
+staleness bound under SSP and ASP.
 
 The worker counts the rows its forwards read; every ``refresh_steps`` forwards the pure
 policy (:func:`trimtab.policies.hotkeys.choose_hot`) picks the hot set, whose rows are
@@ -7,7 +8,14 @@ tells its chunk's server the hot set's version (``hf``), and the set itself when
 changed (``hs``); the server answers each push with the rows of that set the round
 changed, so the replicas follow every update. A server that answers with another
 version (the chunk moved, a backup took over, the job resumed) lacks the set: the rows
-of its chunks are read again and the set sent again. Not thread-safe.
+of its chunks are read again and the set sent again.
+
+Under SSP and ASP a push's answer carries the rows its own update changed, not the
+other workers' updates: the replicas are then read afresh every :attr:`HotRows.period`
+forwards (SSP: its staleness bound; ASP: the table's ``hot_refresh``), in the requests
+the worker sends anyway (the prefetch of the forward it is due at, or that forward's
+cold reads): a hot row read is never more than ``period`` forwards older than a cold
+read of it at the same point. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -18,6 +26,17 @@ from trimtab.policies.hotkeys import HotKeys, choose_hot, hit_rate
 from trimtab.runtime.rows import row_span, width_of
 
 
+def period_for(consistency: str, staleness: int, refresh_steps: int) -> int:
+    """:attr:`HotRows.period` under a job's ``consistency``: 0 under BSP (exact), SSP's
+    ``staleness`` bound (at least 1), the table's ``refresh_steps`` otherwise (ASP has
+    no bound of its own). Pure."""
+    if consistency == "bsp":
+        return 0
+    if consistency == "ssp":
+        return max(staleness, 1)
+    return max(refresh_steps, 1)
+
+
 class HotRows:
     """The hot rows of one table: ids (sorted), values, the access counts behind them.
 
@@ -25,6 +44,11 @@ class HotRows:
         version: the hot set's version (each choice that changes it adds one).
         unsent: chunks whose server is yet to be told the current set.
         stale: chunks whose server answered with another version.
+        period: 0 (BSP: every update of a held row comes back), or the most forwards
+            the replicas serve between two reads of their values (SSP, ASP).
+        fetched: the forward (:attr:`forwards`) whose reads last brought every held
+            row's values; ``max_age``: the most forwards a read of a held row found
+            them older than that.
     """
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, settings: HotKeys) -> None:
@@ -37,12 +61,20 @@ class HotRows:
         self.unsent: set[int] | None = None  # None: every chunk
         self.stale: set[int] = set()
         self.forwards = 0
+        self.period = 0
+        self.fetched = 0
+        self.max_age = 0
         self.hits = 0
         self.reads = 0
 
     def due(self) -> bool:
         """Whether this forward chooses the hot set again (every ``refresh_steps``)."""
         return self.settings.size > 0 and self.forwards % self.settings.refresh_steps == 0
+
+    def refresh_due(self, ahead: int = 0) -> bool:
+        """Whether the forward ``ahead`` forwards after the last one is due to read every
+        held row afresh (:attr:`period`; never under BSP)."""
+        return self.period > 0 and self.forwards + ahead - self.fetched >= self.period
 
     def count(self, unique: torch.Tensor) -> None:
         """This forward reads rows ``unique``."""
@@ -72,6 +104,7 @@ class HotRows:
         """Hold rows ``ids`` (sorted) with ``values`` (current); ``new_set``: a new
         version of the set, to be told to every chunk's server."""
         self.ids, self.values = ids, values.clone()
+        self.fetched = self.forwards
         if new_set:
             self.version += 1
             self.unsent = None
@@ -90,7 +123,10 @@ class HotRows:
             hot = self.ids[at] == unique
             rows = self.values[at[hot]]
         self.reads += unique.numel()
-        self.hits += int(hot.sum())
+        hits = int(hot.sum())
+        self.hits += hits
+        if hits and self.period:  # (under BSP every update comes back: no age)
+            self.max_age = max(self.max_age, self.forwards - self.fetched)
         return hot, rows
 
     def in_chunk(self, width: int, offset: int, numel: int) -> torch.Tensor:
@@ -133,4 +169,5 @@ class HotRows:
             "reads": self.reads,
             "hits": self.hits,
             "hit_rate": hit_rate(self.hits, self.reads),
+            "max_age": self.max_age,
         }

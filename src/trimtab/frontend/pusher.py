@@ -233,8 +233,9 @@ class Pusher:
         )
 
     def seal(self, clock: int) -> None:
-        """The step's pushes are all sent: their answers are now arriving (for clock
-        ``clock``). Never blocks."""
+        """The step's pushes are all sent (the row pushes held, in one BATCH per
+        server): their answers are now arriving (for clock ``clock``). Never blocks."""
+        self._ctx.client.flush_held()
         for p, futs in self.inflight.items():
             self.arriving[p] = (futs, clock)
         self.inflight.clear()
@@ -440,9 +441,15 @@ class Pusher:
         return self.wait_all(self.send(requests))
 
     def send(self, requests: list[tuple[ChunkSpec, ChunkRequest, list[Any]]]) -> list[Any]:
-        """:meth:`ask`'s first half: send, return what :meth:`wait_all` takes."""
-        ctx = self._ctx
-        return [(ctx.client.request(ctx.server_of(c.id), h, f), c, h, f) for c, h, f in requests]
+        """:meth:`ask`'s first half: send (row PULLs held, to go in one BATCH per
+        server at the first wait or :meth:`WorkerClient.flush_held`), return what
+        :meth:`wait_all` takes. Never blocks."""
+        request, at = self._ctx.client.request, self._ctx.server_of
+        return [(request(at(c.id), h, f, held="sr" in h), c, h, f) for c, h, f in requests]
+
+    def flush(self) -> None:
+        """Send the row requests held (:meth:`send`'s). Never blocks."""
+        self._ctx.client.flush_held()
 
     def wait_all(self, sent: list[Any]) -> list[Reply]:
         """:meth:`ask`'s second half: every reply, in order. Blocks; raises as ask."""

@@ -106,7 +106,9 @@ class RowPath:
         prescale: float,
     ) -> list[RowSent]:
         """Send the sparse ``grad`` of ``p`` as one row push per chunk of ``p`` (the step
-        ``clock``'s, weighing ``weight``). Returns the pushes in flight, in chunk order.
+        ``clock``'s, weighing ``weight``), held to go in one BATCH per server with the
+        step's other row pushes (:meth:`WorkerClient.flush_held`, at the pusher's
+        ``seal`` or the first wait). Returns the pushes in flight, in chunk order.
         Never waits for answers."""
         ctx = self._ctx
         chunks = self._chunks_of[p]
@@ -146,7 +148,7 @@ class RowPath:
             self.rows_sent += ids.numel()
             self.bytes_sent += nbytes
             owner = ctx.owner_of(c.id, clock)
-            request = ctx.client.request(ctx.address(owner), header, frames)
+            request = ctx.client.request(ctx.address(owner), header, frames, held=True)
             out.append((request, header, frames, owner, nbytes))
         if hot is not None:
             hot.unsent = set()

@@ -172,6 +172,11 @@ class Data(enum.IntEnum):
     #                 replace the chunk's optimizer state (and value, with dt); reply ACK
     REPLICATE = 84  # primary -> backup server {c, v, k, e, s, t, dt, n, p, ls, lc, hp?,
     #                 st?} + value + state tensors: the chunk as of round k; reply ACK
+    BATCH = 99  # worker -> server {i, r, t, n} + the parts' frames: row PULLs and row
+    #             PUSHes for one server, each part a whole request (its header frame,
+    #             then its payload; n: each part's frame count); server -> worker
+    #             {i, n} + each part's reply, once every part is answered
+    #             (:mod:`trimtab.protocol.batch`)
     CREDIT = 98  # server -> worker {i}: the PUSH of request i (sent with ak) was read off
     #              the socket; sent on receipt, before the push is merged or answered;
     #              worker -> server {i}: the VALUE answering request i (sent with ak) was

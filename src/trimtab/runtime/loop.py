@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from trimtab.protocol.headers import HeartbeatHeader, heartbeat, read_clock
 from trimtab.protocol.messages import Header, WireHeader, encode, error_header
@@ -23,19 +24,29 @@ class NodeLoop:
         self.transport = transport
         self.log = log
         self.errors_sent = 0
+        #: Replies owed to the parts of batches (a server's: :mod:`trimtab.protocol.batch`):
+        #: ``(peer, request id) -> keep(peer, header, frames)``, which takes the reply
+        #: into its batch instead of sending it.
+        self.gathered: dict[tuple[Peer, int], Callable[[Peer, Any, Sequence[Frame]], None]] = {}
 
     def send(self, peer: Peer, header: Header | WireHeader, frames: Sequence[Frame] = ()) -> None:
         """Send ``header`` (a builder's typed header of :mod:`trimtab.protocol.headers`,
-        or a plain dict), stamped with this job's ``j``, and ``frames`` to ``peer``.
-        Blocks only as :meth:`Transport.send` does."""
+        or a plain dict), stamped with this job's ``j``, and ``frames`` to ``peer`` (or
+        into the batch it answers a part of: :attr:`gathered`). Blocks only as
+        :meth:`Transport.send` does."""
         header["j"] = self.job
+        if self.gathered:
+            keep = self.gathered.pop((peer, header.get("i", 0)), None)
+            if keep is not None:
+                keep(peer, header, frames)
+                return
         self.transport.send(peer, [encode(header), *frames])
 
     def refuse(self, peer: Peer, rid: int, code: str, msg: str, *, data: bool) -> None:
         """Answer a request with an error; the node goes on serving."""
         self.errors_sent += 1
         self.log.warning("refused a request from %r: [%s] %s", peer, code, msg)
-        self.transport.send(peer, [encode(error_header(self.job, rid, code, msg, data=data))])
+        self.send(peer, error_header(self.job, rid, code, msg, data=data))
 
 
 class Heartbeat:

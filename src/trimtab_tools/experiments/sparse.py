@@ -52,6 +52,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--testbed", action="store_true", help="each role on a host of a bed (root)")
     p.add_argument(
+        "--consistency",
+        choices=("bsp", "ssp", "asp"),
+        default="bsp",
+        help="ssp, asp: also run trimtab (hot and classic) under it, reported beside the BSP "
+        "runs as results.hot_<mode> and .classic_<mode>; hot rows then are read afresh every "
+        "--staleness steps (ssp) or every 10 (asp), in background of the step",
+    )
+    p.add_argument("--staleness", type=int, default=2, help="ssp's bound (2)")
+    p.add_argument(
         "--table-gib",
         type=float,
         default=0.0,
@@ -73,10 +82,17 @@ def _parse(lines: list[str]) -> list[dict[str, Any]]:
 
 
 def _trimtab(
-    args: argparse.Namespace, hot: int, bed: Testbed | None = None
+    args: argparse.Namespace, hot: int, bed: Testbed | None = None, consistency: str = "bsp"
 ) -> list[dict[str, Any]]:
     lines: list[str] = []
-    config = LaunchConfig(workers=2, servers=2, chunk_bytes=args.chunk_bytes, deadline_s=1800.0)
+    config = LaunchConfig(
+        workers=2,
+        servers=2,
+        chunk_bytes=args.chunk_bytes,
+        deadline_s=1800.0,
+        consistency=consistency,
+        staleness=args.staleness,
+    )
     command = [sys.executable, "-m", WORKER, "--mode", "trimtab", "--hot", str(hot)]
     if args.no_prefetch:
         command.append("--no-prefetch")
@@ -195,6 +211,10 @@ def main(args: argparse.Namespace) -> int:
             "classic": _summary(_trimtab(args, 0, bed)),
             "ddp": _summary(_processes(args, "ddp", 2, bed)),
         }
+        if args.consistency != "bsp":  # (beside the BSP runs, never instead of them)
+            mode = args.consistency
+            results[f"hot_{mode}"] = _summary(_trimtab(args, args.hot, bed, mode))
+            results[f"classic_{mode}"] = _summary(_trimtab(args, 0, bed, mode))
     table_mb = 4 * args.rows * args.dim * 4 / 2**20
     speed = {name: r["samples_per_s"] for name, r in results.items()}
     report = {
@@ -203,7 +223,8 @@ def main(args: argparse.Namespace) -> int:
             "ids": "uniform" if args.uniform else "zipf(1.1)", "steps": args.steps,
             "global_batch": args.batch, "workers": 2, "servers": 2,
             "tables_mb": round(table_mb, 1), "testbed": bool(args.testbed),
-            "prefetch": not args.no_prefetch,
+            "prefetch": not args.no_prefetch, "consistency": args.consistency,
+            "staleness": args.staleness if args.consistency == "ssp" else None,
         },
         "results": results,
         "one_process_log_loss": one["log_loss"],
@@ -211,6 +232,16 @@ def main(args: argparse.Namespace) -> int:
         "ratios": {
             "hot_over_classic": speed["hot"] / speed["classic"],
             "hot_over_ddp": speed["hot"] / speed["ddp"],
+            **(
+                {
+                    f"hot_{args.consistency}_over_classic": speed[f"hot_{args.consistency}"]
+                    / speed["classic"],
+                    f"hot_{args.consistency}_over_ddp": speed[f"hot_{args.consistency}"]
+                    / speed["ddp"],
+                }
+                if args.consistency != "bsp"
+                else {}
+            ),
         },
     }  # fmt: skip
     if args.json:

@@ -27,6 +27,7 @@ from trimtab.protocol.messages import (
     error_of,
 )
 from trimtab.roles.server import checkpoint
+from trimtab.roles.server.batches import Batches
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.control import ControlPlane
 from trimtab.roles.server.coordlink import LOAD_REPORT_S, CoordinatorLink
@@ -114,6 +115,7 @@ class Server(ControlPlane):
             ),
             self._halt,
         )
+        self._batches = Batches(self._loop)
         self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
         # What one turn of the loop takes: a burst, ordered, or one message at a time.
         self._window = PRIORITY_WINDOW if config.priority else 1
@@ -271,6 +273,12 @@ class Server(ControlPlane):
             if op == Data.REPLICATE:
                 self._replicas.take(peer, frames, header, self._credentials.server(header))
                 return
+            if op == Data.BATCH:  # row requests for several chunks: each served alone
+                self._credentials.worker(header)
+                parts = self._batches.open(peer, header, frames[1:], self._credentials.worker)
+                for part, sub in parts:
+                    self._on_data(peer, part, sub)
+                return
             if op not in _WORKER_OPS:
                 raise ProtocolError(
                     ErrorCode.UNKNOWN_OP.value, f"op {op} is not a data op a server answers"
@@ -374,5 +382,7 @@ class Server(ControlPlane):
     def stats(self) -> dict[str, Any]:
         """Counters and versions, for tests and the coordinator (see
         :func:`~trimtab.roles.server.dump.stats`). Loop thread only."""
-        return stats(self.index, self._store, self._replicas.replicas, self._handover,
-                     self.meter, self._loop.errors_sent)  # fmt: skip
+        out = stats(self.index, self._store, self._replicas.replicas, self._handover,
+                    self.meter, self._loop.errors_sent)  # fmt: skip
+        out["batches"], out["batch_parts"] = self._batches.opened, self._batches.parts
+        return out

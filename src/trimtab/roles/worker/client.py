@@ -33,25 +33,23 @@ from trimtab.errors import (
     ChunkMoved,
     JobAborted,
     ProtocolError,
-    RemoteError,
 )
 from trimtab.protocol import headers
 from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import (
     Control,
     Data,
-    ErrorCode,
     Header,
     WireHeader,
     decode,
     encode,
-    payload_frames,
 )
 from trimtab.protocol.replica import read_failover_notice
+from trimtab.roles.worker.batching import HeldRequests
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.failover import ControlFailover
 from trimtab.roles.worker.news import MapNews
-from trimtab.roles.worker.replies import DataFuture, Reply, SharedMemoryRefused, wait
+from trimtab.roles.worker.replies import DataFuture, Reply, complete, wait
 from trimtab.roles.worker.turns import Turns
 from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
@@ -80,6 +78,7 @@ class WorkerClient:
         self._data_lock = threading.Lock()
         self._data_out: collections.deque[tuple[str, list[Frame]]] = collections.deque()
         self._rids = itertools.count(1)
+        self._held = HeldRequests()  # data requests to go together (batching.py)
         #: The bound on push bytes in flight per server, or None (no bound); a window of
         #: one chunk (-1) is set once the job's chunk size is known (:meth:`start`).
         self.credit: CreditGate[str, tuple[str, list[Frame]]] | None = None
@@ -203,7 +202,12 @@ class WorkerClient:
         return self.request(self._coord, header, frames)
 
     def request(
-        self, to: Peer | str, header: Header | WireHeader, frames: Sequence[Frame] = ()
+        self,
+        to: Peer | str,
+        header: Header | WireHeader,
+        frames: Sequence[Frame] = (),
+        *,
+        held: bool = False,
     ) -> concurrent.futures.Future[Reply]:
         """Send ``header`` + ``frames`` to a peer (the coordinator's, through the I/O
         thread) or to a server address (data: sent from this thread unless another
@@ -212,7 +216,7 @@ class WorkerClient:
 
         ``header`` is a builder's typed header (:mod:`trimtab.protocol.headers`) or a
         plain dict; this sets its ``i`` (the request id) and ``j``, and for a data
-        request this worker's rank ``r`` and credential ``t``."""
+        request this worker's rank ``r`` and credential ``t``. ``held``: :meth:`flush_held`."""
         fut: concurrent.futures.Future[Reply] = (
             DataFuture(self, header.get("e"), to, header.get("c"))
             if isinstance(to, str)
@@ -233,6 +237,9 @@ class WorkerClient:
             plain = cast(Header, header)
             plain["r"] = self.rank
             plain["t"] = self.credential
+            if held:  # (no credit: a batch's replies come in one message)
+                self._held.hold(to, rid, [encode(header), *frames])
+                return fut
             gate = self.credit
             if gate is not None and frames and plain["o"] == Data.PUSH:
                 # Bytes through a socket (not shared memory, not inline): bounded, and so
@@ -262,6 +269,14 @@ class WorkerClient:
             self._transport.wake()
         return fut
 
+    def flush_held(self) -> None:
+        """Send the row requests made ``held`` (:meth:`request`; any wait for a reply
+        flushes them first), one BATCH per server. Non-blocking; thread-safe."""
+        extra = {"r": self.rank, "t": self.credential}
+        self._data_out.extend(self._held.take(self._rids, self.config.job, extra))
+        if not self._flush_data():
+            self._data.wake()
+
     # -- the data sockets: used by whichever thread holds the data lock --------------
 
     def _flush_data(self) -> bool:
@@ -285,6 +300,8 @@ class WorkerClient:
         """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
         completing whichever futures the replies answer. The credit thread steps aside
         meanwhile. Blocks; never raises (the caller reads the outcome from ``fut``)."""
+        if self._held:
+            self.flush_held()
         if fut.done():
             return
         deadline = time.monotonic() + timeout_s
@@ -414,6 +431,10 @@ class WorkerClient:
         if peer == self._coord and op == Control.FAILOVER:
             self._server_lost(header)
             return
+        if peer != self._coord and self._held.owns(header["i"]):  # a BATCH's reply
+            for part in self._held.answered(header, frames, self._pending, self._lock):
+                self._on_message(peer, part)
+            return
         gate = self.credit
         if gate is not None and peer != self._coord:
             server = self._servers.get(peer)
@@ -437,26 +458,7 @@ class WorkerClient:
         if fut is None:
             log.warning("reply to unknown request %s (op %s)", header["i"], op)
             return
-        if op in (Data.ERROR, Control.ERROR):
-            code, msg = str(header.get("code")), str(header.get("msg"))
-            if code == ErrorCode.NO_SHM.value:
-                fut.set_exception(SharedMemoryRefused(msg))
-            else:
-                fut.set_exception(RemoteError(code, msg))
-        elif op == Data.MOVED:
-            try:
-                moved = headers.read_moved(header)
-            except ProtocolError as exc:  # the request fails, not the data sockets
-                fut.set_exception(exc)
-                return
-            fut.set_exception(ChunkMoved(moved["c"], moved["s"], moved["e"]))
-        else:
-            try:
-                payload = payload_frames(header, frames[1:])
-            except ProtocolError as exc:
-                fut.set_exception(exc)
-                return
-            fut.set_result(Reply(header, payload, time.perf_counter()))
+        complete(fut, header, frames)
 
     def _server_lost(self, header: Header) -> None:
         """A FAILOVER: a server died. Every request it left unanswered fails as moved

@@ -31,6 +31,7 @@ from trimtab.protocol.messages import ErrorCode, Header, WireHeader
 from trimtab.roles.worker.client import WorkerClient, wait
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.roles.worker.replies import Reply
+from trimtab.roles.worker.terms import JobTerms
 from trimtab.runtime.tensors import as_bytes
 from trimtab.transport import Frame, Transport
 from trimtab.transport.limits import BROADCAST_FRAME_BYTES  # every node's limits allow it
@@ -43,45 +44,6 @@ log = logging.getLogger("trimtab")
 #: an emulated straggler sleeps here and returns the longer time. Runs on the training
 #: thread; what it raises comes out of ``step()``.
 StepHook = Callable[[int, float], float]
-
-
-@dataclasses.dataclass(frozen=True)
-class JobTerms:
-    """The job's terms a worker learns when it declares its tensors (the coordinator's
-    DECLARE reply). The defaults are a job's before anything was declared.
-
-    Attributes:
-        batching: the batch-sizing policy (``equal``, ``lbbsp``, ...); under any but
-            ``equal`` each step's REPORT is answered with every worker's next size.
-        report_s: the least seconds between two step reports (0: every step).
-        consistency: ``bsp``, ``asp``, ``ssp(s)`` or ``saps``.
-        time_servers: whether workers time each server's replies (PSLD).
-        elastic: workers may be lost or join (bsp): each step ends at the coordinator's
-            step boundary, whose answer carries every rank's next batch size.
-    """
-
-    batching: str = "equal"
-    report_s: float = 0.0
-    consistency: str = "bsp"
-    time_servers: bool = False
-    elastic: bool = False
-
-    @classmethod
-    def from_reply(cls, reply: Mapping[str, Any]) -> JobTerms:
-        """The terms in a DECLARE reply (absent fields take the defaults)."""
-        return cls(
-            batching=str(reply.get("batching", "equal")),
-            report_s=float(reply.get("report_s", 0.0)),
-            consistency=str(reply.get("consistency", "bsp")),
-            time_servers=bool(reply.get("time_servers", False)),
-            elastic=bool(reply.get("elastic", False)),
-        )
-
-    @property
-    def sizes_batches(self) -> bool:
-        """Whether the coordinator sets each worker's batch size every step (its REPORT
-        reply carries the sizes, so a worker waits for it)."""
-        return self.batching != "equal" or self.elastic
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol, cast
 
-from trimtab.errors import NodeTimeout, RetryableError
-from trimtab.protocol.messages import ErrorCode, Header
+from trimtab.errors import ChunkMoved, NodeTimeout, ProtocolError, RemoteError, RetryableError
+from trimtab.protocol import headers
+from trimtab.protocol.messages import Control, Data, ErrorCode, Header, payload_frames
 
 log = logging.getLogger("trimtab.worker")
 
@@ -200,3 +202,33 @@ def wait(future: concurrent.futures.Future[Reply], timeout_s: float) -> Reply:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
         raise NodeTimeout(f"no reply within {timeout_s:.0f}s; is the job still running?") from None
+
+
+def complete(
+    fut: concurrent.futures.Future[Reply], header: Header, frames: list[memoryview]
+) -> None:
+    """Complete ``fut`` with the reply ``header`` (decoded) and ``frames`` (the whole
+    message): an ERROR's :class:`RemoteError` (:class:`SharedMemoryRefused` for
+    NO_SHM), a MOVED's :class:`ChunkMoved`, or the reply with its payload. Never
+    blocks."""
+    op = header["o"]
+    if op in (Data.ERROR, Control.ERROR):
+        code, msg = str(header.get("code")), str(header.get("msg"))
+        if code == ErrorCode.NO_SHM.value:
+            fut.set_exception(SharedMemoryRefused(msg))
+        else:
+            fut.set_exception(RemoteError(code, msg))
+    elif op == Data.MOVED:
+        try:
+            moved = headers.read_moved(header)
+        except ProtocolError as exc:  # the request fails, not the data sockets
+            fut.set_exception(exc)
+            return
+        fut.set_exception(ChunkMoved(moved["c"], moved["s"], moved["e"]))
+    else:
+        try:
+            payload = payload_frames(header, frames[1:])
+        except ProtocolError as exc:
+            fut.set_exception(exc)
+            return
+        fut.set_result(Reply(header, payload, time.perf_counter()))
