@@ -16,7 +16,7 @@ import pytest
 
 from trimtab import ProtocolError
 from trimtab.protocol import headers as h
-from trimtab.protocol import rejoin, replica
+from trimtab.protocol import batch, rejoin, replica
 from trimtab.protocol.elastic import builders as elastic_builders
 from trimtab.protocol.messages import (
     Control,
@@ -793,6 +793,7 @@ def test_every_op_has_a_builder() -> None:
         map_news(h.map_reply(rid=0, epoch=1, owners=[], servers=[], prev=[], cuts={})),
         rejoin.rejoin_worker(rank=0, nonce=b"n" * 16, proof=b"p" * 16, floor=1),
         rejoin.rejoined(proof=b"p" * 16),
+        decode(batch.pack(1, JOB, [[encode(h.pull(chunk=0, epoch=1))]])[0], JOB),
     ]
     assert sorted(b["o"] for b in built) == sorted(int(op) for op in [*Control, *Data])
 
