@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from trimtab import ProtocolError
-from trimtab.protocol import headers as h
 from trimtab.protocol import batch, rejoin, replica
+from trimtab.protocol import headers as h
 from trimtab.protocol.elastic import builders as elastic_builders
 from trimtab.protocol.messages import (
     Control,
