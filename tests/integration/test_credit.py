@@ -136,10 +136,15 @@ def test_a_steps_values_are_read_by_the_thread_that_waits_for_them(
     waiting = threading.Event()
     readers: list[str] = []
     reply, receiving, on_message = Receipts.reply, WorkerClient.receiving, WorkerClient._on_message
+    current = Receipts.current  # (the steady-state push's reply: roles/server/steady.py)
 
     def reply_once_waited(self: Receipts, r: Any) -> None:
         assert waiting.wait(30.0)
         reply(self, r)
+
+    def current_once_waited(self: Receipts, r: Any) -> None:
+        assert waiting.wait(30.0)
+        current(self, r)
 
     @contextlib.contextmanager
     def marked(self: WorkerClient) -> Iterator[None]:
@@ -161,6 +166,7 @@ def test_a_steps_values_are_read_by_the_thread_that_waits_for_them(
             torch.optim.SGD(params, lr=0.5), list(zip(NAMES, params, strict=True)), context=ctx
         )
         monkeypatch.setattr(Receipts, "reply", reply_once_waited)
+        monkeypatch.setattr(Receipts, "current", current_once_waited)
         monkeypatch.setattr(WorkerClient, "receiving", marked)
         monkeypatch.setattr(WorkerClient, "_on_message", recorded)
         steps = 3

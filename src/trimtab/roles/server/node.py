@@ -44,6 +44,7 @@ from trimtab.roles.server.replica import Replicas
 from trimtab.roles.server.replica_link import ReplicaLink
 from trimtab.roles.server.slots import SharedArenas
 from trimtab.roles.server.state import load_state, state_reply
+from trimtab.roles.server.steady import SteadyPush
 from trimtab.roles.server.store import ChunkStore, Reply, mean_of
 from trimtab.runtime.credentials import Credentials, join_ticket
 from trimtab.runtime.diagnostics import add_state_dump
@@ -61,6 +62,7 @@ PRIORITY_WINDOW = 256
 _WORKER_OPS = frozenset(
     {Data.PUSH, Data.PULL, Data.INIT, Data.STATS, Data.STATE_GET, Data.STATE_SET}
 )
+_PUSH = int(Data.PUSH)
 
 
 def server_transport(config: ServerConfig) -> Transport:
@@ -114,6 +116,14 @@ class Server(ControlPlane):
                 peer, rid, chunk, chunk.value, k, None
             ),
             self._halt,
+        )
+        #: The steady state's pushes (dense, BSP, nothing moving): served in one pass.
+        self._steady = SteadyPush(
+            self._store,
+            self._credentials,
+            self._receipts,
+            self._replicas.replicas,
+            self._transport.through_lane,
         )
         self._batches = Batches(self._loop)
         self._checkpoints = checkpoint.ServerCheckpoints(self._store, self._loop, self._coord)
@@ -251,6 +261,8 @@ class Server(ControlPlane):
                 header = decode(frames[0], self.config.job)
             rid = header["i"]
             op = header["o"]
+            if op == _PUSH and self._steady.push(peer, frames, header):
+                return  # (any other push, and one that fails a check: the general path)
             if op in (Data.ACK, Data.ERROR):
                 if self._replicas.answer(peer, op, rid, header):
                     return
