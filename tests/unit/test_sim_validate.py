@@ -172,6 +172,13 @@ def test_a_run_record_gives_the_maps_the_join_and_the_slow_server(tmp_path: Path
         {"kind": "straggler", "role": "server", "rank": 2, "t": 2.5},
         {"kind": "straggler", "role": "server", "rank": 4, "t": 2.6},
         {"kind": "member", "role": "server", "rank": 4, "state": "joined", "t": 4.25},
+        # Two migrations started 20 and 30 ms after the last report before each.
+        {"kind": "step", "rank": 0, "clock": 3, "t": 5.0},
+        {"kind": "step", "rank": 1, "clock": 3, "t": 5.01},
+        {"kind": "migration", "phase": "start", "epoch": 2, "t": 5.03},
+        {"kind": "migration", "phase": "done", "epoch": 2, "t": 5.5},
+        {"kind": "step", "rank": 1, "clock": 4, "t": 6.0},
+        {"kind": "migration", "phase": "start", "epoch": 3, "t": 6.03},
     ]
     (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events))
     facts = agreement.record_facts(tmp_path, 4)
@@ -181,5 +188,6 @@ def test_a_run_record_gives_the_maps_the_join_and_the_slow_server(tmp_path: Path
         "join_s": 2.25,
         "join_steps": 0,  # no step reported in between
         "slow_server": 2,
+        "decision_s": 0.025,
     }
     assert agreement.record_facts(tmp_path / "absent", 4) == {}

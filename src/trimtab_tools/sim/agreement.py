@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -150,8 +151,10 @@ def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
     the first server wanted to its joining; None if none joined), ``join_steps`` (the
     job's steps reported between the two: the last step any worker had reported at
     each), ``addrs`` (each server's address, from its ``member`` events; keys as
-    strings) and ``slow_server`` (of the first ``servers``, the one the coordinator
-    named a straggler most often; None if none). Blocks (reads a file); an absent or
+    strings), ``slow_server`` (of the first ``servers``, the one the coordinator
+    named a straggler most often; None if none) and ``decision_s`` (the median, over
+    the migrations PSLD started, of the seconds from the last worker's report before
+    each to its start event; None if none). Blocks (reads a file); an absent or
     unreadable record gives ``{}``."""
     events = record_events(record)
     if not events:
@@ -162,10 +165,15 @@ def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
     joined: float | None = None
     clock, wanted_clock, joined_clock = -1, -1, -1
     named: collections.Counter[int] = collections.Counter()
+    last_report: float | None = None
+    delays: list[float] = []
     for e in events:
         kind = e.get("kind")
         if kind == "step":
             clock = max(clock, int(e.get("clock", -1)))
+            last_report = float(e["t"]) if "t" in e else None
+        elif kind == "migration" and e.get("phase") == "start" and last_report is not None:
+            delays.append(float(e["t"]) - last_report)
         elif kind == "member" and e.get("role") == "server" and e.get("addr"):
             addrs[str(e["rank"])] = str(e["addr"])
         if kind == "placement" and "owners" in e:
@@ -190,4 +198,5 @@ def record_facts(record: str | Path | None, servers: int) -> dict[str, Any]:
         "join_s": None if join is None else round(join, 3),
         "join_steps": None if join is None else joined_clock - wanted_clock,
         "slow_server": named.most_common(1)[0][0] if named else None,
+        "decision_s": round(statistics.median(delays), 4) if delays else None,
     }

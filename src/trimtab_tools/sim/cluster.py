@@ -75,6 +75,11 @@ class ClusterModel:
             backward (``frontend/optimizer.py``'s ``_send_rest``: validate-sim's
             bandwidth job, whose script sets ``.grad`` itself); else backward pushes
             them last tensor first over its share of the compute (``forward_share``).
+        decision_s: seconds from the last report of a step reaching the coordinator to
+            its new map leaving it (PSLD's decision, the migration's start, the map's
+            publication); a map that reaches a server before the step's first push
+            there is cut at the round under way (:mod:`.cuts`). ``validate-sim``
+            calibrates it from the run record.
     """
 
     sample_s: float = 0.001
@@ -97,6 +102,7 @@ class ClusterModel:
     measurement_noise: RecordedNoise = dataclasses.field(default_factory=RecordedNoise)
     clean_figures: bool = False
     pushes_in_order: bool = False
+    decision_s: float = 0.0
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -106,6 +112,8 @@ class ClusterModel:
             raise ConfigError(f"--forward-share must be in [0, 1], got {self.forward_share}")
         if min(self.latency_s, self.step_overhead_s, self.join_s, self.message_s) < 0:
             raise ConfigError("latency, step overhead, join time and message cost must be >= 0")
+        if not 0 <= self.decision_s < 60:
+            raise ConfigError(f"decision_s must be in [0, 60) seconds, got {self.decision_s}")
         if not 0 <= self.jitter <= 2:
             raise ConfigError(f"--jitter must be in [0, 2], got {self.jitter}")
         if self.workers_per_host < 1 or self.servers_per_host < 1:

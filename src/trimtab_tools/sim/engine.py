@@ -6,25 +6,25 @@ Events, each at its simulated time:
 * ``step k``: every worker's step ``k`` through the data path at once
   (:func:`~trimtab_tools.sim.datapath.step_times`): the workers' start times, their
   batch sizes and slowdowns, the map in force and the servers' speeds at ``k``;
-* ``reports k``: the last worker's report of step ``k`` reaches the coordinator, which
-  feeds the policies what the runtime's coordinator feeds them (each worker's sample,
-  PSLD's step times and per-server spans, the servers' load counters) and, at the step
-  boundary, asks them what the runtime asks (:mod:`trimtab.roles.coordinator.rebalance`
+* ``reports k``: the last worker's report of step ``k`` reaches the coordinator (with
+  step ``k + 1``'s first push, :mod:`.reporting`), which feeds the policies what the
+  runtime's coordinator feeds them (samples, PSLD's step times and spans, load counters)
+  and, at the step boundary, asks them what the runtime asks (``coordinator.rebalance``
   and ``steps``): PSLD's new map, scaling's server wanted or given back, LB-BSP's sizes;
 * ``migrated``: the last handover of a migration reached its new owner;
 * ``joined``: a server asked for by the scaling policy serves.
 
 A worker starts its next step as soon as its replies are in. Under an adaptive batching
-it reports a step with its next step's first push and waits, at that next step's end,
-for the answer: the sizes decided from step ``k``'s reports hold from step ``k + 2``
-(LB-BSP's semi-dynamic scheme, as ``StepReporter.end_step`` runs it). A map decided
-during step ``k + 1`` holds from step ``k + 2``, as in the runtime. Not thread-safe.
+it waits, at step ``k + 1``'s end, for the sizes decided from step ``k``'s reports, which
+hold from step ``k + 2`` (LB-BSP's semi-dynamic scheme, ``StepReporter.end_step``). A
+map decided during step ``k + 1`` holds from step ``k + 2``, as in the runtime. Not thread-safe.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +40,7 @@ from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
 from trimtab_tools.sim.members import Members
 from trimtab_tools.sim.noise import MIN_BUSY_S, Draws
+from trimtab_tools.sim.reporting import ReportTiming, map_reaches
 from trimtab_tools.sim.trace import Decision, Trace
 
 __all__ = ["Decision", "Simulation", "Trace"]
@@ -112,6 +113,7 @@ class Simulation:
         self.flagged_workers: set[int] = set()
         self._queue: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = 0
+        self.reporting = ReportTiming(self._at, job.cluster.latency_s, job.steps, self.elastic)
         self._started = -1  # the last step computed
         self._last_step: StepTimes | None = None
         # The step under way as PSLD sees it (input, figures, window noise); figures cut.
@@ -210,11 +212,8 @@ class Simulation:
         tr.epochs.append(self._epoch)
         if self.batches.size <= 16:
             tr.batches.append(self.batches.astype(int).tolist())
-        batch = self.batches
-        self._at(
-            float(ends.max()) + c.latency_s,
-            lambda now: self._reports(k, ranks, batch, x, t, seen, now),
-        )
+        report = functools.partial(self._reports, k, ranks, self.batches, x, t, seen)
+        self.reporting.step(k, x, float(ends.max()), report)
         self._ends[k] = dict(zip(ranks, ends.tolist(), strict=True))
         self._maybe_start(k + 1)
 
@@ -272,7 +271,7 @@ class Simulation:
 
     def _cut_under_way(self, owners: np.ndarray, now: float) -> None:
         """Chunks leaving for ``owners`` whose server had no push of the step under way
-        when the new map reached it are cut at its round (:mod:`.cuts`): that step is
+        when the new map reached it (:mod:`.reporting`) are cut at its round: that step is
         simulated again as PSLD sees it, their pushes answered moved; they are handed
         over at once. (The step's timing stays the old map's.)"""
         under_way = self._under_way
@@ -281,7 +280,8 @@ class Simulation:
         step, x, seen, windows = under_way
         c = self.job.cluster
         moving = np.flatnonzero(owners != self.owners)
-        handed = cut_now(moving, self.owners, seen.first_in, now + c.latency_s)
+        reached = map_reaches(now, c.decision_s, c.latency_s)
+        handed = cut_now(moving, self.owners, seen.first_in, reached)
         if handed.size == 0:
             return
         again = seen_when_cut(x, handed)
