@@ -49,10 +49,12 @@ def _loop() -> tuple[NodeLoop, _Wire]:
     return NodeLoop(JOB, wire, logging.getLogger("test")), wire  # type: ignore[arg-type]
 
 
-def _open(batches: Batches, parts: list[list[bytes]], rid: int = 100) -> list[Any]:
+def _open(
+    batches: Batches, parts: list[list[bytes]], rid: int = 100, peer: str = "peer", rank: int = 0
+) -> list[Any]:
     frames = batch.pack(rid, JOB, parts)
     header = decode(frames[0], JOB)
-    return batches.open("peer", header, [memoryview(f) for f in frames[1:]], _credential)
+    return batches.open(peer, rank, header, [memoryview(f) for f in frames[1:]], _credential)
 
 
 def test_a_batchs_replies_leave_together_in_order_once_every_part_is_answered() -> None:
@@ -75,6 +77,24 @@ def test_a_batchs_replies_leave_together_in_order_once_every_part_is_answered() 
     assert [msgpack.unpackb(p[0])["i"] for p in got] == [7, 8, 9]
     assert [msgpack.unpackb(p[0])["o"] for p in got] == [Data.MOVED, Data.ERROR, Data.VALUE]
     assert batches.opened == 1 and batches.parts == 3 and batches.open_batches == 0
+
+
+def test_a_lost_workers_batches_are_forgotten_and_the_others_kept() -> None:
+    loop, wire = _loop()
+    batches = Batches(loop)
+    _open(batches, [_part(Data.PULL, rid, sr=1) for rid in (7, 8)], peer="a", rank=0)
+    _open(batches, [_part(Data.PULL, rid, sr=1) for rid in (7, 9)], 101, peer="b", rank=1)
+    loop.send("a", {"o": int(Data.VALUE), "i": 7})  # one part of worker 0's batch answered
+    assert batches.open_batches == 2 and len(loop.gathered) == 3
+    # Worker 0 is lost: nothing stays owed to it; worker 1's batch still gathers.
+    assert batches.workers([1]) == 1
+    assert batches.open_batches == 1 and set(loop.gathered) == {("b", 7), ("b", 9)}
+    loop.send("a", {"o": int(Data.VALUE), "i": 8})  # (late: goes alone, to nobody's batch)
+    loop.send("b", {"o": int(Data.VALUE), "i": 9})
+    loop.send("b", {"o": int(Data.VALUE), "i": 7})
+    assert [peer for peer, _ in wire.sent] == ["a", "b"] and not loop.gathered
+    assert msgpack.unpackb(wire.sent[1][1][0])["o"] == Data.BATCH
+    assert batches.open_batches == 0 and batches.workers([1]) == 0
 
 
 @pytest.mark.parametrize(

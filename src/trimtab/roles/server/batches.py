@@ -9,7 +9,7 @@ thread-safe: the server's loop owns it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trimtab.errors import ProtocolError
@@ -24,12 +24,12 @@ _ROWS = (int(Data.PUSH), int(Data.PULL))
 class _Batch:
     """One BATCH's replies, as they come."""
 
-    __slots__ = ("left", "parts", "rid")
+    __slots__ = ("left", "parts", "peer", "rank", "rid", "rids")
 
-    def __init__(self, rid: int, count: int) -> None:
-        self.rid = rid
-        self.parts: list[list[Any]] = [[] for _ in range(count)]
-        self.left = count
+    def __init__(self, peer: Peer, rank: int, rid: int, rids: list[int]) -> None:
+        self.peer, self.rank, self.rid, self.rids = peer, rank, rid, rids
+        self.parts: list[list[Any]] = [[] for _ in rids]
+        self.left = len(rids)
 
 
 class Batches:
@@ -37,19 +37,26 @@ class Batches:
 
     def __init__(self, loop: NodeLoop) -> None:
         self._loop = loop
-        #: Batches opened, not yet answered in full; batches and parts opened in all.
-        self.open_batches = 0
+        #: Batches opened, not yet answered in full.
+        self._open: set[_Batch] = set()
+        #: Batches and parts opened in all.
         self.opened = 0
         self.parts = 0
+
+    @property
+    def open_batches(self) -> int:
+        """How many batches still owe a part's reply."""
+        return len(self._open)
 
     def open(
         self,
         peer: Peer,
+        rank: int,
         header: Header,
         frames: Sequence[memoryview],
         check: Callable[[Header], object],
     ) -> list[tuple[list[memoryview], Header]]:
-        """The parts of BATCH ``header`` from ``peer`` (``frames``: those after its
+        """The parts of BATCH ``header`` from ``peer``, worker ``rank`` (``frames``: those after its
         header), each ``(its frames, its header decoded)``, their replies now owed to
         the batch. Every part's header is checked before any is registered: it decodes
         (this job's), is a row PUSH or PULL (``sr``) with a positive request id of its
@@ -73,8 +80,8 @@ class Batches:
             seen.add(rid)
             check(h)
             out.append((part, h))
-        pending = _Batch(int(header["i"]), len(out))
-        self.open_batches += 1
+        pending = _Batch(peer, rank, int(header["i"]), [h["i"] for _, h in out])
+        self._open.add(pending)
         self.opened += 1
         self.parts += len(out)
         for k, (_, h) in enumerate(out):
@@ -86,9 +93,21 @@ class Batches:
             pending.parts[k] = [encode(header), *frames]
             pending.left -= 1
             if pending.left == 0:
-                self.open_batches -= 1
+                self._open.discard(pending)
                 self._loop.transport.send(
                     peer, batch.pack(pending.rid, self._loop.job, pending.parts)
                 )
 
         return keep
+
+    def workers(self, ranks: Iterable[int]) -> int:
+        """The job's workers are ``ranks`` now: forget the batches of any other (a lost
+        worker's parts may never be answered, and its batch's reply would go nowhere),
+        so that nothing is held for it. Returns how many were forgotten. Never blocks."""
+        keep = set(ranks)
+        gone = [b for b in self._open if b.rank not in keep]
+        for b in gone:
+            self._open.discard(b)
+            for rid in b.rids:
+                self._loop.gathered.pop((b.peer, rid), None)
+        return len(gone)

@@ -14,6 +14,7 @@ from trimtab.protocol import elastic, headers, rejoin, replica
 from trimtab.protocol.messages import Control, Header, decode, error_of, read_error
 from trimtab.protocol.rejoin import RejoinHeader
 from trimtab.roles.server import checkpoint
+from trimtab.roles.server.batches import Batches
 from trimtab.roles.server.config import ServerConfig
 from trimtab.roles.server.coordlink import CoordinatorLink, held_job_map
 from trimtab.roles.server.handover import Handover
@@ -45,6 +46,7 @@ class ControlPlane:
     _store: ChunkStore
     _credentials: Credentials
     _receipts: Receipts
+    _batches: Batches
     _handover: Handover
     _joining: Joining
     _replicas: ReplicaLink
@@ -124,6 +126,7 @@ class ControlPlane:
             self._credentials.admit(ws["ws"])
             self._receipts.workers(ws["ws"])
             self._replicas.after_rounds(self._store.set_workers(ws["ws"]), self._answer)
+            self._batches.workers(ws["ws"])  # (after the rounds it let complete)
             self._loop.send(self._coord, elastic.workers_ack(generation=ws["g"]))
         elif op == Control.OK and "k" in header:
             # The job's clock (answering LOAD), for a server with little to do.

@@ -286,8 +286,10 @@ class Server(ControlPlane):
                 self._replicas.take(peer, frames, header, self._credentials.server(header))
                 return
             if op == Data.BATCH:  # row requests for several chunks: each served alone
-                self._credentials.worker(header)
-                parts = self._batches.open(peer, header, frames[1:], self._credentials.worker)
+                rank = self._credentials.worker(header)
+                parts = self._batches.open(
+                    peer, rank, header, frames[1:], self._credentials.worker
+                )
                 for part, sub in parts:
                     self._on_data(peer, part, sub)
                 return
