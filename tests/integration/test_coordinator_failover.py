@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -127,4 +130,44 @@ def test_on_the_bed_a_killed_coordinator_is_replaced_and_the_job_equals_one_proc
     versions = [v for s in stats["servers"] for v in s["versions"].values()]
     assert versions and all(v == STEPS for v in versions), versions
     assert said.count("rebuilt the job from its members: 2 servers, 2 workers back") == 1
+    assert processes_of(config.job) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_broadcast_in_flight_when_the_coordinator_dies_completes_under_its_replacement(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 broadcast its parameters, rank 1 took them, and the coordinator dies
+    before rank 2 asks: the root's put (answered once every worker took the value) goes
+    again to the replacement, rank 1 tells it the value was taken, and rank 2 gets the
+    root's values from it. Before, the root was answered at once and went on, and rank
+    2 waited for a value the replacement never had."""
+    config = LaunchConfig(workers=3, servers=1, chunk_bytes=512, deadline_s=90.0)
+    lines: list[str] = []
+    script = Path(__file__).with_name("broadcast_failover_worker.py")
+    job = Job(
+        config,
+        [sys.executable, str(script), str(tmp_path)],
+        output=lambda src, line: lines.append(f"[{src}] {line}"),
+    )
+    status: list[int] = []
+    runner = threading.Thread(target=lambda: status.append(job.run()), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "kill0").exists():
+        assert runner.is_alive() and time.monotonic() < deadline, "\n".join(lines[-60:])
+        time.sleep(0.02)
+    (coordinator,) = [p for p in job._procs if p.source == "coordinator"]
+    coordinator.handle.signal(signal.SIGKILL)
+    coordinator.handle.wait()
+    rebuilt({0: "coordinator", 1: "coordinator"})(job, 1, lines)  # (one replacement)
+    (tmp_path / "killed0").write_text("1")
+    runner.join(80)
+    said = "\n".join(lines[-60:])
+    assert status == [0], said
+    root = torch.load(tmp_path / "rank0.pt")
+    for rank in (1, 2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert all(torch.equal(got[k], root[k]) for k in root), f"rank {rank}\n{said}"
+    assert "\n".join(lines).count("rebuilt the job from its members") == 1
     assert processes_of(config.job) == []

@@ -11,13 +11,15 @@ import pytest
 from tests.unit.test_coordinator_migration import TERMS, placed
 from trimtab.errors import JobAborted, ProtocolError
 from trimtab.policies.placement import PLACEMENTS
-from trimtab.protocol import rejoin
-from trimtab.protocol.messages import Control
+from trimtab.protocol import headers, rejoin
+from trimtab.protocol.messages import Control, decode, encode
 from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.maps import Maps
 from trimtab.roles.coordinator.members import Members, MemberState
 from trimtab.roles.coordinator.outbox import Outbox, Refuse, Send
 from trimtab.roles.coordinator.rejoin import SERVER_GRACE_S, Rejoins
+from trimtab.roles.worker.config import WorkerConfig
+from trimtab.roles.worker.failover import ControlFailover
 from trimtab.runtime import credentials
 from trimtab.runtime.rejoin import Rejoin
 
@@ -273,3 +275,24 @@ def test_a_server_waiting_for_a_replacement_takes_only_its_proof_or_the_job_s_en
     proof = credentials.rejoin_proof(SERVER_KEY, JOB, "coordinator", link.rejoin.nonce)
     assert not link.take(dict(rejoin.rejoined(proof=b"x" * 16))) and link.rejoin.away
     assert not link.take(dict(rejoin.rejoined(proof=proof))) and not link.rejoin.away
+
+
+def test_a_worker_replays_its_last_broadcast_taken_then_its_unanswered_requests() -> None:
+    config = WorkerConfig(coordinator="tcp://127.0.0.1:1", job=JOB)
+    failover = ControlFailover(config, None, b"c", None)  # type: ignore[arg-type]
+
+    def message(header: Any, rid: int) -> list[Any]:
+        return [encode({**header, "i": rid, "j": JOB})]
+
+    failover.sent(4, message(headers.bcast_get(key="bcast0"), 4), Control.BCAST_GET)
+    failover.answered(4, Control.BCAST_VALUE)  # taken
+    failover.sent(5, message(headers.bcast_get(key="bcast1"), 5), Control.BCAST_GET)
+    failover.answered(5, Control.ERROR)  # refused: not taken, not replayed
+    put = message(headers.bcast_put(key="bcast2", meta={}), 6)
+    failover.sent(6, put, Control.BCAST_PUT)  # its root's OK waits for every worker
+    failover.rejoin.begin("the coordinator died")
+    proof = credentials.rejoin_proof(MEMBER_KEY, JOB, "coordinator", failover.rejoin.nonce)
+    usual, again = failover.take(dict(rejoin.rejoined(proof=proof)), MEMBER_KEY)
+    assert not usual and len(again) == 2 and again[1] is put
+    replay = decode(again[0][0], JOB)
+    assert (replay["o"], replay["key"], replay["rp"]) == (Control.BCAST_GET, "bcast0", True)

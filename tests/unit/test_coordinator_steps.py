@@ -15,7 +15,7 @@ from trimtab.protocol.messages import Control, decode, encode
 from trimtab.roles.coordinator import Coordinator, CoordinatorConfig
 from trimtab.roles.coordinator.collectives import Collectives
 from trimtab.roles.coordinator.members import Member, Members
-from trimtab.roles.coordinator.outbox import Send
+from trimtab.roles.coordinator.outbox import Refuse, Send
 from trimtab.roles.coordinator.steps import REPORT_EVERY_S, Steps, report_interval_s
 from trimtab.transport import Fabric
 
@@ -112,16 +112,63 @@ def test_a_barrier_releases_everyone_once_all_arrived() -> None:
 def test_a_broadcast_reaches_each_other_worker_before_or_after_the_put() -> None:
     c = Collectives(3)
     frames = [memoryview(b"value")]
-    assert c.get(b"b", 1, "k") == []
-    out = c.put(b"a", 2, "k", {"shape": [5]}, frames)
-    assert out[0] == Send(b"a", {"o": int(Control.OK), "i": 2})
-    assert out[1] == Send(
-        b"b", {"o": int(Control.BCAST_VALUE), "i": 1, "meta": {"shape": [5]}}, frames
-    )
+    assert c.get(b"b", 1, 1, "k") == []
+    out = c.put(b"a", 2, 0, "k", {"shape": [5]}, frames)
+    # The value to the worker that asked; the root waits until every worker took it.
+    assert out == [
+        Send(b"b", {"o": int(Control.BCAST_VALUE), "i": 1, "meta": {"shape": [5]}}, frames)
+    ]
     with pytest.raises(ProtocolError, match="'k' was already put"):
-        c.put(b"a", 3, "k", {}, frames)
-    assert len(c.get(b"c", 4, "k")) == 1  # the last one: the value is dropped
-    assert c.get(b"c", 5, "k") == []  # waits for a new put
+        c.put(b"a", 3, 0, "k", {}, frames)
+    out = c.get(b"c", 4, 2, "k")  # the last one: the root is answered, the value dropped
+    assert [(m.peer, m.header["o"]) for m in out] == [
+        (b"c", int(Control.BCAST_VALUE)),
+        (b"a", int(Control.OK)),
+    ]
+    assert out[1].header["i"] == 2  # type: ignore[union-attr]
+    assert c.get(b"c", 5, 2, "k") == []  # waits for a new put
+
+
+def test_a_replacement_coordinator_learns_who_took_a_broadcast_and_answers_its_root() -> None:
+    # The coordinator died after worker 1 took the value and before worker 2 asked:
+    # the replacement gets worker 1's replayed get, the root's put sent again, then
+    # worker 2's get, in any order of the first two.
+    for replay_first in (True, False):
+        c = Collectives(3)
+        frames = [memoryview(b"value")]
+        out: list[Any] = []
+        if replay_first:
+            assert c.get(b"b", 7, 1, "k", replayed=True) == []  # nothing answers a replay
+        out += c.put(b"a", 2, 0, "k", {}, frames)
+        if not replay_first:
+            out += c.get(b"b", 7, 1, "k", replayed=True)
+        assert out == []  # worker 2 has not taken it
+        out = c.get(b"c", 4, 2, "k")
+        assert [(m.peer, m.header["o"]) for m in out] == [
+            (b"c", int(Control.BCAST_VALUE)),
+            (b"a", int(Control.OK)),
+        ]
+
+
+def test_a_broadcasts_root_is_refused_when_a_worker_leaves_without_taking_it() -> None:
+    c = Collectives(3)
+    c.put(b"a", 2, 0, "k", {}, [memoryview(b"v")])
+    c.get(b"b", 3, 1, "k")
+    (refused,) = c.left(2)
+    assert isinstance(refused, Refuse) and refused.peer == b"a" and refused.rid == 2
+    assert "worker 2 left the job without taking it" in refused.msg
+    # An elastic job that loses a worker counts those taking part: the root is answered.
+    c = Collectives(3)
+    c.put(b"a", 2, 0, "k", {}, [memoryview(b"v")])
+    c.get(b"b", 3, 1, "k")
+    assert c.resize(2) == [Send(b"a", {"o": int(Control.OK), "i": 2})]
+    # A worker cannot take one value twice, nor its root take its own.
+    c = Collectives(3)
+    c.put(b"a", 2, 0, "k", {}, [memoryview(b"v")])
+    c.get(b"b", 3, 1, "k")
+    for peer, rank in ((b"b", 1), (b"a", 0)):
+        (again,) = c.get(peer, 4, rank, "k")
+        assert isinstance(again, Refuse) and "taken by this worker already" in again.msg
 
 
 def test_the_dispatch_table_answers_in_protocol_and_refuses_the_rest() -> None:

@@ -485,7 +485,7 @@ CASES: list[tuple[Reader, Any, list[str], list[str]]] = [
     (h.read_scale_reply, h.scale_reply(rid=1, target=2), ["target"], []),
     (h.read_barrier, h.barrier(name="b"), ["name"], []),
     (h.read_bcast_put, h.bcast_put(key="k", meta={"names": [], "frames": []}), ["key", "meta"], []),
-    (h.read_bcast_get, h.bcast_get(key="k"), ["key"], []),
+    (h.read_bcast_get, h.bcast_get(key="k", replayed=True), ["key"], ["rp"]),
     (h.read_bcast_value, h.bcast_value(rid=1, meta={"names": [], "frames": []}), ["meta"], []),
     (h.read_declare, h.declare(tensors=TENSORS, opt=OPT), ["tensors", "opt"], []),
     (

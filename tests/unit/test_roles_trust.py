@@ -97,12 +97,12 @@ def test_a_peer_keeps_only_so_much_waiting_at_the_coordinator() -> None:
     for n in range(MAX_WAITING_PER_PEER):
         assert col.barrier(b"w0", n, f"b{n}") == []
     with pytest.raises(ProtocolError, match="wait already"):
-        col.get(b"w0", 99, "k")
+        col.get(b"w0", 99, 0, "k")
     with pytest.raises(ProtocolError, match="in barrier 'b0' already"):
         col.barrier(b"w0", 100, "b0")
     col.barrier(b"w1", 1, "b0")
     assert [s.peer for s in col.barrier(b"w2", 1, "b0")] == [b"w0", b"w1", b"w2"]
-    assert col.get(b"w0", 101, "k") == []  # one was released: room again
+    assert col.get(b"w0", 101, 0, "k") == []  # one was released: room again
 
 
 def test_early_handovers_are_bounded_in_count() -> None:

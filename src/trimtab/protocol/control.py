@@ -411,7 +411,8 @@ def read_adopt_reply(header: Header) -> AdoptReplyHeader:
 
 
 class BcastPutHeader(WireHeader):
-    """BCAST_PUT, root worker -> coordinator, + the tensors' frames; answered OK."""
+    """BCAST_PUT, root worker -> coordinator, + the tensors' frames; answered OK once
+    every other worker took the value."""
 
     key: str  # the broadcast's name, the same on every worker
     meta: dict[str, Any]  # relayed unread: names (the tensors, in order), frames (per tensor)
@@ -428,17 +429,24 @@ def read_bcast_put(header: Header) -> BcastPutHeader:
 
 
 class BcastGetHeader(WireHeader):
-    """BCAST_GET, worker -> coordinator; answered BCAST_VALUE once the root put it."""
+    """BCAST_GET, worker -> coordinator; answered BCAST_VALUE once the root put it.
+    Replayed (``rp``) to a replacement coordinator: taken from the one before, not
+    answered."""
 
     key: str
+    rp: NotRequired[bool]  # taken from a coordinator before this one
 
 
-def bcast_get(*, key: str) -> BcastGetHeader:
-    return {"o": _BCAST_GET, "key": key}
+def bcast_get(*, key: str, replayed: bool = False) -> BcastGetHeader:
+    header: BcastGetHeader = {"o": _BCAST_GET, "key": key}
+    if replayed:
+        header["rp"] = True
+    return header
 
 
 def read_bcast_get(header: Header) -> BcastGetHeader:
     field(header, "key", str)
+    optional(header, "rp", bool)
     return cast(BcastGetHeader, header)
 
 

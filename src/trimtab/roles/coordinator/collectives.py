@@ -32,6 +32,19 @@ class Part:
     frames: Sequence[Frame]
 
 
+@dataclasses.dataclass
+class _Value:
+    """A broadcast's value put, and who took it (ranks). ``peer``: its root's, owed OK
+    (None once nobody is: the root was lost)."""
+
+    meta: Header
+    frames: Sequence[Frame]
+    peer: Peer | None
+    rid: int
+    rank: int
+    takers: set[int]
+
+
 class Collectives:
     """Named barriers of every worker; broadcasts: the root puts a value once, each
     other worker gets it (before or after the put), and it is dropped once all have; and
@@ -42,8 +55,9 @@ class Collectives:
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self._barriers: dict[str, list[tuple[Peer, int]]] = {}
-        self._values: dict[str, tuple[Header, Sequence[Frame], int]] = {}
-        self._getters: dict[str, list[tuple[Peer, int]]] = {}
+        self._values: dict[str, _Value] = {}
+        self._getters: dict[str, list[tuple[Peer, int, int]]] = {}  # (peer, rid, rank)
+        self._taken: dict[str, set[int]] = {}  # replayed gets of values not put (yet)
         self._gathers: dict[str, dict[int, Part]] = {}
         self._left: set[int] = set()
         self._waiting: dict[Peer, int] = {}  # barrier arrivals and gets, per peer
@@ -115,43 +129,63 @@ class Collectives:
             self._released(p)
         return [Send(p, headers.ok(rid=r)) for p, r in arrived]
 
-    def put(self, peer: Peer, rid: int, key: str, meta: Header, frames: Sequence[Frame]) -> Outbox:
-        """The root's BCAST_PUT of ``key``: OK to it, then the value to every worker that
-        asked already. Raises a BAD_STATE :class:`ProtocolError` if ``key`` was put, or
-        :data:`MAX_VALUES` values wait to be taken."""
+    def put(
+        self, peer: Peer, rid: int, rank: int, key: str, meta: Header, frames: Sequence[Frame]
+    ) -> Outbox:
+        """Root worker ``rank``'s BCAST_PUT of ``key``: the value to every worker that
+        asked already, and OK to the root once every other worker took it (a broadcast
+        is a collective: the root's frames stay its own until then, so that a
+        replacement coordinator gets them again from its resent put). Raises a
+        BAD_STATE :class:`ProtocolError` if ``key`` was put, or :data:`MAX_VALUES`
+        values wait to be taken."""
         if key in self._values:
             raise ProtocolError(ErrorCode.BAD_STATE.value, f"broadcast {key!r} was already put")
         if len(self._values) >= MAX_VALUES:
             raise ProtocolError(
                 ErrorCode.BAD_STATE.value, f"{len(self._values)} broadcasts wait to be taken"
             )
-        self._values[key] = (meta, frames, 0)
-        out: Outbox = [Send(peer, headers.ok(rid=rid))]
-        for p, r in self._getters.pop(key, []):
+        # Takers known already: workers that took it from a coordinator before this one.
+        self._values[key] = _Value(meta, frames, peer, rid, rank, self._taken.pop(key, set()))
+        out: Outbox = []
+        for p, r, taker in self._getters.pop(key, []):
             self._released(p)
-            if key in self._values:
-                out.append(self._serve(p, r, key))
-            else:  # more getters than workers but the root: one is no worker of the job
-                msg = f"broadcast {key!r} was taken by every worker already"
-                out.append(Refuse(p, r, ErrorCode.BAD_STATE.value, msg))
-        return out
+            out += self._serve(p, r, taker, key)
+        return out + self._settle(key)
 
-    def get(self, peer: Peer, rid: int, key: str) -> Outbox:
-        """A worker's BCAST_GET of ``key``: the value now if it was put, else later."""
+    def get(self, peer: Peer, rid: int, rank: int, key: str, *, replayed: bool = False) -> Outbox:
+        """Worker ``rank``'s BCAST_GET of ``key``: the value now if it was put, else
+        later. ``replayed``: the worker took it from a coordinator before this one (it
+        says so after a failover): counted as taken, not answered."""
+        if replayed:
+            if key in self._values:
+                self._values[key].takers.add(rank)
+                return self._settle(key)
+            if key not in self._taken and len(self._taken) >= MAX_VALUES:
+                del self._taken[next(iter(self._taken))]  # (the oldest: a stale replay)
+            self._taken.setdefault(key, set()).add(rank)
+            return []
         if key in self._values:
-            return [self._serve(peer, rid, key)]
+            return self._serve(peer, rid, rank, key) + self._settle(key)
         self._wait(peer)
-        self._getters.setdefault(key, []).append((peer, rid))
+        self._getters.setdefault(key, []).append((peer, rid, rank))
         return []
 
-    def _serve(self, peer: Peer, rid: int, key: str) -> Send:
-        meta, frames, served = self._values[key]
-        # Every worker but the root gets it once; then it is dropped.
-        if served + 1 >= self.num_workers - 1:
-            del self._values[key]
-        else:
-            self._values[key] = (meta, frames, served + 1)
-        return Send(peer, headers.bcast_value(rid=rid, meta=meta), frames)
+    def _serve(self, peer: Peer, rid: int, rank: int, key: str) -> Outbox:
+        value = self._values[key]
+        if rank == value.rank or rank in value.takers:
+            msg = f"broadcast {key!r} was taken by this worker already, or it is its root"
+            return [Refuse(peer, rid, ErrorCode.BAD_STATE.value, msg)]
+        value.takers.add(rank)
+        return [Send(peer, headers.bcast_value(rid=rid, meta=value.meta), value.frames)]
+
+    def _settle(self, key: str) -> Outbox:
+        """Broadcast ``key``'s OK to its root, once every other worker took it (then the
+        value is dropped)."""
+        value = self._values[key]
+        if len(value.takers) < self.num_workers - 1:
+            return []
+        del self._values[key]
+        return [] if value.peer is None else [Send(value.peer, headers.ok(rid=value.rid))]
 
     def gather(self, rank: int, key: str, part: Part) -> Outbox:
         """Worker ``rank``'s part of gather ``key``. Once every worker sent one, each is
@@ -197,10 +231,12 @@ class Collectives:
 
     def resize(self, num_workers: int) -> Outbox:
         """An elastic job now has ``num_workers`` workers taking part (one was lost, or
-        joiners were admitted): barriers count them from now on, and one that every
-        worker taking part reached is released. Never blocks."""
+        joiners were admitted): barriers and broadcasts count them from now on, and one
+        that every worker taking part reached (took) is released. Never blocks."""
         self.num_workers = max(1, num_workers)
         out: Outbox = []
+        for key in list(self._values):
+            out += self._settle(key)
         for name, arrived in list(self._barriers.items()):
             if len(arrived) >= self.num_workers:
                 del self._barriers[name]
@@ -211,9 +247,20 @@ class Collectives:
 
     def left(self, rank: int) -> Outbox:
         """Worker ``rank`` left the job: refuse (BAD_STATE) every gather waiting without
-        its part, and each one sent from now on, rather than keep them waiting forever."""
+        its part, and each one sent from now on, and the root of each broadcast it did
+        not take, rather than keep them waiting forever."""
         self._left.add(rank)
         out: Outbox = []
+        for key, value in list(self._values.items()):
+            if value.rank == rank:
+                value.peer = None  # (its value stays for the others: nobody to answer)
+            elif rank not in value.takers and value.peer is not None:
+                del self._values[key]
+                msg = (
+                    f"broadcast {key!r}: worker {rank} left the job without taking it; "
+                    "every worker must call each collective"
+                )
+                out.append(Refuse(value.peer, value.rid, ErrorCode.BAD_STATE.value, msg))
         for key in [k for k, parts in self._gathers.items() if rank not in parts]:
             msg = (
                 f"{_label(key)}: worker {rank} left the job without calling it; every "

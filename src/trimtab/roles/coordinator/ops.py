@@ -198,13 +198,16 @@ class MemberOps(MemberLoss):
         self, member: Member, header: Header, frames: list[memoryview], out: Outbox
     ) -> None:
         put = headers.read_bcast_put(header)
-        out += self._collectives.put(member.peer, header["i"], put["key"], put["meta"], frames)
+        out += self._collectives.put(
+            member.peer, header["i"], member.rank, put["key"], put["meta"], frames
+        )
 
     def _on_bcast_get(
         self, member: Member, header: Header, _: list[memoryview], out: Outbox
     ) -> None:
+        get = headers.read_bcast_get(header)
         out += self._collectives.get(
-            member.peer, header["i"], headers.read_bcast_get(header)["key"]
+            member.peer, header["i"], member.rank, get["key"], replayed=bool(get.get("rp"))
         )
 
     def _on_gather(

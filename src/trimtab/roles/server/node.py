@@ -287,9 +287,7 @@ class Server(ControlPlane):
                 return
             if op == Data.BATCH:  # row requests for several chunks: each served alone
                 rank = self._credentials.worker(header)
-                parts = self._batches.open(
-                    peer, rank, header, frames[1:], self._credentials.worker
-                )
+                parts = self._batches.open(peer, rank, header, frames[1:], self._credentials.worker)
                 for part, sub in parts:
                     self._on_data(peer, part, sub)
                 return

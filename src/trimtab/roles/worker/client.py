@@ -264,7 +264,7 @@ class WorkerClient:
                 self._data.wake()  # the thread receiving on the data sockets sends it
         else:
             control = [encode(header), *frames]
-            self._failover.sent(rid, control)
+            self._failover.sent(rid, control, header["o"])
             self._outbox.append((to, control))
             self._transport.wake()
         return fut
@@ -454,7 +454,7 @@ class WorkerClient:
         with self._lock:
             fut = self._pending.pop(header["i"], None)
         if peer == self._coord:
-            self._failover.answered(header["i"])
+            self._failover.answered(header["i"], op)
         if fut is None:
             log.warning("reply to unknown request %s (op %s)", header["i"], op)
             return

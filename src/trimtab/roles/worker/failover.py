@@ -6,6 +6,10 @@ rank, and a proof of its credential over a fresh nonce) and holds every new cont
 request meanwhile; the training thread's data path goes on (pushes and values are the
 servers'). Once a REJOINED proves the replacement holds the member key, every request
 the dead coordinator left unanswered is sent again, in order, then the held ones.
+
+First goes the worker's last broadcast value taken (its BCAST_GET, marked replayed): a
+broadcast's root is answered only once every other worker took the value, so its put,
+unanswered, is sent again, and the replacement must learn who took it already.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import logging
 from collections.abc import Callable
 
 from trimtab.errors import ProtocolError
-from trimtab.protocol import rejoin
-from trimtab.protocol.messages import Control, Header, encode
+from trimtab.protocol import headers, rejoin
+from trimtab.protocol.messages import Control, Header, decode, encode
 from trimtab.roles.worker.config import WorkerConfig
 from trimtab.runtime import credentials
 from trimtab.runtime.loop import Heartbeat
@@ -48,19 +52,33 @@ class ControlFailover:
         self._heartbeat = heartbeat
         self.rejoin = Rejoin(config.job, config.coordinator_timeout_s)
         self._unanswered: dict[int, list[Frame]] = {}
+        self._gets: set[int] = set()  # the BCAST_GETs among them
+        self._taken: list[Frame] | None = None  # the last BCAST_GET answered, replayed
 
     @property
     def away(self) -> bool:
         """Whether the worker waits for a replacement (control requests are held)."""
         return self.rejoin.away
 
-    def sent(self, rid: int, message: list[Frame]) -> None:
-        """Control request ``rid`` (``message``) is on its way."""
+    def sent(self, rid: int, message: list[Frame], op: int) -> None:
+        """Control request ``rid`` (``message``, of ``op``) is on its way."""
         self._unanswered[rid] = message
+        if op == Control.BCAST_GET:
+            self._gets.add(rid)
 
-    def answered(self, rid: int) -> None:
-        """Control request ``rid`` was answered."""
-        self._unanswered.pop(rid, None)
+    def answered(self, rid: int, op: int) -> None:
+        """Control request ``rid`` was answered (by ``op``)."""
+        message = self._unanswered.pop(rid, None)
+        if rid in self._gets:
+            self._gets.discard(rid)
+            if message is not None and op == Control.BCAST_VALUE:
+                header = decode(bytes(message[0]), self.rejoin.job)
+                self._taken = [
+                    encode(
+                        headers.bcast_get(key=header["key"], replayed=True)
+                        | {"i": rid, "j": self.rejoin.job}
+                    )
+                ]
 
     def check(self, token: bytes, rank: int, floor: Callable[[], int], closing: bool) -> str | None:
         """Whether the coordinator is gone: then, for a registered worker (``token``)
@@ -101,7 +119,8 @@ class ControlFailover:
                 log.warning("ignored a malformed REJOINED: %s", exc)
                 return False, []
             if self.rejoin.end(shown, token):
-                return False, [m for _, m in sorted(self._unanswered.items())]
+                again = [m for _, m in sorted(self._unanswered.items())]
+                return False, again if self._taken is None else [self._taken, *again]
             return False, []
         if self.away and op not in (Control.ABORT, Control.SHUTDOWN, Control.ERROR):
             log.debug("ignored op %s from a coordinator not proven yet", op)
