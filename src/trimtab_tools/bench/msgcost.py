@@ -95,7 +95,7 @@ def _split(
 
 
 def _key(secret: bytes | None) -> Any:
-    """The job's key made of ``secret`` (``None``: no authentication)."""
+    """The job's key made of ``secret``, 32 random bytes (``None``: no authentication)."""
     from trimtab.transport.auth import JobKey
 
     return None if secret is None else JobKey(secret)
@@ -216,25 +216,14 @@ def _snapshots(into: list[Snapshot], server_pid: int | None = None) -> Callable[
 _WORKER_THREADS = {"MainThread", "trimtab-credit", "trimtab-io"}
 
 
-def _secret(auth: bool) -> bytes | None:
-    """A new job secret, or ``None`` without authentication."""
-    import secrets
-
-    from trimtab.transport.auth import SECRET_BYTES
-
-    return secrets.token_bytes(SECRET_BYTES) if auth else None
-
-
 def _trimtab_round(chunk_bytes: int, steps: int, auth: bool = True) -> dict[str, float]:
     """One timed run of trimtab's roles (``auth``: with a job key); CPU seconds by part
     and wall seconds."""
-    job, secret = uuid.uuid4().hex[:8], _secret(auth)
+    job, secret = uuid.uuid4().hex[:8], (os.urandom(32) if auth else None)
     roles = _start_roles(job, chunk_bytes, secret)
     marks: list[Snapshot] = []
     try:
-        wall = _worker_steps(
-            roles[0].address, job, chunk_bytes, steps, _snapshots(marks), secret
-        )
+        wall = _worker_steps(roles[0].address, job, chunk_bytes, steps, _snapshots(marks), secret)
     finally:
         _stop_roles(*roles)
     (before, total), (after, total_after) = marks
@@ -366,17 +355,13 @@ def _in_process(target: Callable[..., None], *args: Any) -> tuple[Any, Any, Any,
     return proc, first, done, out
 
 
-def _trimtab_round_processes(
-    chunk_bytes: int, steps: int, auth: bool = True
-) -> dict[str, float]:
+def _trimtab_round_processes(chunk_bytes: int, steps: int, auth: bool = True) -> dict[str, float]:
     """As :func:`_trimtab_round`, its coordinator and server in another process."""
-    job, secret = uuid.uuid4().hex[:8], _secret(auth)
+    job, secret = uuid.uuid4().hex[:8], (os.urandom(32) if auth else None)
     proc, address, done, _ = _in_process(_trimtab_serve, job, chunk_bytes, secret)
     marks: list[Snapshot] = []
     try:
-        wall = _worker_steps(
-            address, job, chunk_bytes, steps, _snapshots(marks, proc.pid), secret
-        )
+        wall = _worker_steps(address, job, chunk_bytes, steps, _snapshots(marks, proc.pid), secret)
         server_py, server_zmq = _child_cpu(proc.pid, marks[1], marks[3])
     finally:
         done.set()
