@@ -14,6 +14,7 @@ from trimtab_tools.bench import msgcost
 @pytest.mark.timeout(120)
 def test_it_measures_both_and_splits_the_cpu_by_role() -> None:
     result = msgcost.measure(steps=5, rounds=1)
+    assert result["auth"] is True  # (a user's job's default: trimtab's roles hold a key)
     assert result["chunks_per_step"] == msgcost.TENSORS * msgcost.CHUNKS_PER_TENSOR
     for which in ("trimtab", "lean"):
         parts = result[which]
@@ -37,6 +38,14 @@ def test_with_processes_each_server_runs_apart_and_is_counted_there() -> None:
         # before the count).
         assert parts["worker_us"] > 0 and parts["server_us"] > 0, parts
         assert parts["other_us"] > 0 and parts["wall_us"] > 0, parts
+
+
+@pytest.mark.slow  # (the insecure mode, measured beside the default)
+@pytest.mark.timeout(120)
+def test_without_auth_it_measures_the_roles_without_a_key() -> None:
+    result = msgcost.measure(steps=5, rounds=1, auth=False)
+    assert result["auth"] is False
+    assert result["trimtab"]["worker_us"] > 0 and result["trimtab"]["server_us"] > 0
 
 
 def test_it_refuses_chunks_that_would_travel_inside_the_header(

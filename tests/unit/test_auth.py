@@ -88,6 +88,31 @@ def test_replayed_modified_reordered_and_foreign_messages_are_refused() -> None:
         s.open([memoryview(b"short")])
 
 
+def test_a_seal_is_the_documented_hmac_with_one_two_and_three_frames() -> None:
+    # The trailer is <Q seq, then HMAC-SHA256(direction key, seq | header | <nQ lengths of
+    # the frames after it)[:16], as the hmac module computes it: whichever HMAC object
+    # the session keeps, and the two-frame case packed without a list.
+    import hashlib
+    import hmac
+
+    send, recv = secrets.token_bytes(32), secrets.token_bytes(32)
+    c, s = Session(send, recv), Session(recv, send)
+    for seq, frames in enumerate(
+        [[b"head"], [b"head2", memoryview(b"x" * 70000)], [b"h3", b"ab", bytearray(b"cde")]], 1
+    ):
+        sealed = c.seal(frames)
+        lengths = [memoryview(f).nbytes for f in frames[1:]]
+        packed = struct.pack(f"<{len(lengths)}Q", *lengths) if lengths else b""
+        want = hmac.new(send, digestmod=hashlib.sha256)
+        want.update(struct.pack("<Q", seq) + bytes(frames[0]) + packed)
+        assert bytes(sealed[0]) == bytes(frames[0]) + struct.pack("<Q", seq) + want.digest()[:16]
+        assert sealed[1:] == frames[1:]
+        opened = s.open([memoryview(bytes(f)) for f in sealed])
+        assert [bytes(f) for f in opened] == [bytes(f) for f in frames]
+    with pytest.raises(AuthRefused, match="MAC"):  # a payload's length is MACed, 2 frames too
+        s.open([memoryview(bytes(c.seal([b"h", b"abc"])[0])), memoryview(b"abcd")])
+
+
 def test_the_secret_file_must_be_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_secret_file(tmp_path)
     assert (path.stat().st_mode & 0o777) == 0o600

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
+from trimtab.transport.frames import EVENTS, POLLIN, recv_buffers, recv_frames, send_frames
 
 
 @pytest.fixture
@@ -38,3 +38,22 @@ def test_messages_arrive_whole_and_in_order(pair: tuple[zmq.Socket[bytes], ...])
     assert not a.getsockopt(EVENTS) & POLLIN
     with pytest.raises(zmq.Again):
         recv_frames(a)
+
+
+@pytest.mark.timeout(30)
+def test_buffers_arrive_whole_in_order_and_outlive_their_frames(
+    pair: tuple[zmq.Socket[bytes], ...],
+) -> None:
+    a, b = pair
+    big = memoryview(bytearray(range(256)) * 1024)  # zero-copy: the buffer is the frame's
+    send_frames(b, [b"head", big])
+    send_frames(b, [b"alone"])
+    assert a.poll(10_000)
+    first = recv_buffers(a)
+    assert a.poll(10_000)
+    second = recv_buffers(a)
+    # Nothing but the buffers holds the frames now: their bytes are still there.
+    assert [bytes(x) for x in first] == [b"head", big.tobytes()]
+    assert [bytes(x) for x in second] == [b"alone"]
+    with pytest.raises(zmq.Again):
+        recv_buffers(a)

@@ -257,6 +257,13 @@ class Pusher:
                     continue
                 futs, clock = sent
                 self._current = sent  # (swept by _resend_moved, as self.arriving is)
+                # The same for every chunk of p (nothing below replaces p.data or
+                # changes summation): whether its answers are rows, and for values,
+                # p's bytes where small chunks are written (_write_value, inlined).
+                table, summation = is_table(p), self.summation
+                item = p.element_size()
+                bytes_of = None if table or summation else self._byte_view(p)
+                versions, rounds = self._versions, self.rounds
                 for c, (f, header, frames, owner, pushed) in zip(
                     self.chunks_of[p], futs, strict=True
                 ):
@@ -266,7 +273,7 @@ class Pusher:
                     # A VALUE (its keys: ValueHeader), read directly and unchecked:
                     # read_value would add a call and its checks per chunk. The cast
                     # checks nothing; h and got stand for reply.header and reply.frames.
-                    h = cast(ValueHeader, reply.header)
+                    h: ValueHeader = reply.header  # type: ignore[assignment]
                     got = reply.frames
                     if h.get("sm"):
                         nbytes = int(h.get("n", 0)) * DTYPE_SIZES.get(str(h.get("dt")), 0)
@@ -289,12 +296,25 @@ class Pusher:
                         # server just relieved of chunks with all its old load over the
                         # span of the few it kept (a 20 MB/s server read 56).
                         traffic[2] -= pushed
-                    if "sr" in h or is_table(p):  # rows
-                        self.rows.take(p, c, h, got, grad=self.summation)
-                        self.rounds[c.id] = h["k"]
-                    elif not self.summation:
-                        self._write_value(p, c, h, got)
-                        self.rounds[c.id] = h["k"]
+                    if "sr" in h or table:  # rows
+                        self.rows.take(p, c, h, got, grad=summation)
+                        rounds[c.id] = h["k"]
+                    elif not summation:
+                        # Small chunks of a CPU parameter as bytes; the rest as _write.
+                        size = c.numel * item
+                        if (
+                            bytes_of is not None
+                            and got
+                            and size <= BYTE_WRITE_MAX
+                            and got[0].nbytes == size
+                            and h.get("dt") == c.dtype
+                        ):
+                            versions[c.id] = h["v"]
+                            at = c.offset * item
+                            bytes_of[at : at + size] = got[0]
+                        else:
+                            self._write(p.data, c, h, got)
+                        rounds[c.id] = h["k"]
                     elif not h.get("z"):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
@@ -381,32 +401,10 @@ class Pusher:
         src = tensor_from(frames[0], h["dt"], h["n"])
         dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
 
-    def _write_value(
-        self, p: torch.Tensor, c: ChunkSpec, h: ValueHeader, frames: list[memoryview]
-    ) -> None:
-        """Write a chunk's new value (VALUE header ``h``, tensor ``frames``) into
-        parameter ``p``: small chunks of a CPU parameter as bytes, the others as
-        :meth:`_write` does."""
-        frame = frames[0] if frames else None
-        item = p.element_size()
-        size = c.numel * item
-        view = None
-        if (
-            frame is not None
-            and size <= BYTE_WRITE_MAX
-            and frame.nbytes == size
-            and h.get("dt") == c.dtype
-        ):
-            view = self._byte_view(p)
-        if view is None or frame is None:
-            self._write(p.data, c, h, frames)
-            return
-        self._versions[c.id] = h["v"]
-        view[c.offset * item : c.offset * item + size] = frame
-
     def _byte_view(self, p: torch.Tensor) -> memoryview | None:
-        """A byte view of ``p``'s memory, kept while ``p.data`` stays the same; None for
-        a parameter not on the CPU or not contiguous."""
+        """A byte view of ``p``'s memory, kept while ``p.data`` stays the same (a chunk's
+        new value up to :data:`BYTE_WRITE_MAX` is written into it by :meth:`arrive`);
+        None for a parameter not on the CPU or not contiguous."""
         if p.device.type != "cpu":
             return None
         ptr = p.data_ptr()

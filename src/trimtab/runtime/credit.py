@@ -165,9 +165,14 @@ class CreditGate(Generic[K, M]):
             if not s.held:
                 return []
             released: list[M] = []
-            while s.held and self._fits(s, s.held[0][3]):
+            # (_fits and _take, inlined: a credit a chunk releases the next push)
+            while s.held and (s.in_flight == 0 or s.in_flight + s.held[0][3] <= s.window):
                 _, _, held_rid, held_bytes, message = heapq.heappop(s.held)
-                self._take(s, held_rid, held_bytes)
+                s.sent[held_rid] = held_bytes
+                s.in_flight += held_bytes
+                self.outstanding += 1
+                if s.in_flight > self.stats.peak_bytes:
+                    self.stats.peak_bytes = s.in_flight
                 released.append(message)
             return released
 

@@ -15,7 +15,7 @@ import zmq.backend
 
 from trimtab.transport.base import Frame
 
-__all__ = ["EVENTS", "NOBLOCK", "POLLIN", "SNDMORE", "recv_frames", "send_frames"]
+__all__ = ["EVENTS", "NOBLOCK", "POLLIN", "SNDMORE", "recv_buffers", "recv_frames", "send_frames"]
 
 #: pyzmq's compiled send (``zmq.Socket`` subclasses it), unbound.
 _SEND = zmq.backend.Socket.send
@@ -47,3 +47,15 @@ def recv_frames(sock: zmq.Socket[bytes]) -> list[zmq.Frame]:
         part = sock.recv(NOBLOCK, copy=False)
         parts.append(part)
     return parts
+
+
+def recv_buffers(sock: zmq.Socket[bytes]) -> list[memoryview]:
+    """:func:`recv_frames`' frames' buffers (each keeps its frame alive), without a
+    list of the frames made first. Raises ``zmq.Again`` when nothing is queued. Never
+    blocks."""
+    part = sock.recv(NOBLOCK, copy=False)
+    buffers = [part.buffer]
+    while part.more:
+        part = sock.recv(NOBLOCK, copy=False)
+        buffers.append(part.buffer)
+    return buffers

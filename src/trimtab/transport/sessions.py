@@ -116,9 +116,16 @@ class ZmqSessions:
                 return None, []
             return frames, []
         session = self._out.get(address)
-        if session is not None:
-            checked = self._checked(address, frames)
-            return (None, []) if checked is None else (self._open(address, session, checked), [])
+        if session is not None:  # (_checked and _open, inlined: every data message)
+            why = self._limits.check_frames(frames)
+            if why:
+                self.refuse(address, why)
+                return None, []
+            try:
+                return session.open(frames), []
+            except AuthRefused as exc:
+                self.refuse(address, str(exc))
+                return None, []
         hs = self._shaking_out.get(address)
         if hs is None or len(frames) != 1 or frames[0].nbytes != CHALLENGE_BYTES:
             self.refuse(address, "not a handshake")
@@ -153,11 +160,16 @@ class ZmqSessions:
                 return None, None
             return frames, None
         session = self._in.get(identity)
-        if session is not None:
-            checked = self._checked(identity, frames)
-            return (
-                (None, None) if checked is None else (self._open(identity, session, checked), None)
-            )
+        if session is not None:  # (_checked and _open, inlined: every data message)
+            why = self._limits.check_frames(frames)
+            if why:
+                self.refuse(identity, why)
+                return None, None
+            try:
+                return session.open(frames), None
+            except AuthRefused as exc:
+                self.refuse(identity, str(exc))
+                return None, None
         size = frames[0].nbytes if len(frames) == 1 else -1
         try:
             hs = self._shaking_in.get(identity)
@@ -176,21 +188,3 @@ class ZmqSessions:
         except AuthRefused as exc:
             self.refuse(identity, str(exc))
             return None, None
-
-    # -- both -------------------------------------------------------------------------
-
-    def _checked(self, who: object, frames: list[memoryview]) -> list[memoryview] | None:
-        why = self._limits.check_frames(frames)
-        if why:
-            self.refuse(who, why)
-            return None
-        return frames
-
-    def _open(
-        self, who: object, session: Session, frames: list[memoryview]
-    ) -> list[memoryview] | None:
-        try:
-            return session.open(frames)
-        except AuthRefused as exc:
-            self.refuse(who, str(exc))
-            return None

@@ -38,7 +38,7 @@ import zmq.backend
 from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.auth import JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
-from trimtab.transport.frames import EVENTS, POLLIN, recv_frames, send_frames
+from trimtab.transport.frames import POLLIN, recv_buffers, recv_frames, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
@@ -72,9 +72,9 @@ log = logging.getLogger("trimtab.transport")
 
 #: How many messages one ready socket may yield per poll before others get a turn.
 _BURST = 64
-#: pyzmq's compiled getsockopt (``Socket.getsockopt`` converts the option to its enum
-#: first: two Python calls a message), unbound.
-_GET = zmq.backend.Socket.get
+#: pyzmq's compiled poll: whether a socket has more queued is asked with it, one C call
+#: (``Socket.get(EVENTS)`` converts the option to its enum: two Python calls a message).
+_POLL = zmq.backend.zmq_poll
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -267,7 +267,9 @@ class ZmqTransport(Transport):
             self.send(self.connect(address), frames)
             return
         self._limits.check_frames_sent(frames)
-        self._to_dealer(dealer, address, frames)
+        sealed = self._sessions.seal_out(address, list(frames))  # (_to_dealer, inlined)
+        if sealed is not None:
+            send_frames(dealer, sealed)
 
     def _to_dealer(self, dealer: zmq.Socket[bytes], address: str, frames: Sequence[Frame]) -> None:
         """Seal ``frames`` for ``address`` and send them through its ``dealer`` (or keep
@@ -312,7 +314,7 @@ class ZmqTransport(Transport):
         gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
-            events = self._poll(timeout_ms)
+            events = poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)  # (_poll)
             woken = self._wake_r in events
             if woken:
                 with contextlib.suppress(BlockingIOError):
@@ -368,7 +370,7 @@ class ZmqTransport(Transport):
                     if peer not in known:
                         watch.seen(peer, parts[-1])
             # Asking is cheaper than the exception a receive on an empty socket raises.
-            if not _GET(router, EVENTS) & POLLIN:  # type: ignore[operator]
+            if not _POLL([(router, POLLIN)], 0):
                 return
 
     def _from_dealer(self, dealer: zmq.Socket[bytes]) -> None:
@@ -381,16 +383,16 @@ class ZmqTransport(Transport):
         ready = self._ready
         for _ in range(_BURST):
             try:
-                parts = recv_frames(dealer)
+                buffers = recv_buffers(dealer)
             except zmq.Again:
                 return
-            frames, out = on_dealer(address, [p.buffer for p in parts])
+            frames, out = on_dealer(address, buffers)
             for message in out:
                 send_frames(dealer, message)
             if frames is not None:
                 ready.append(Envelope(peer, frames))
             # Asking is cheaper than the exception a receive on an empty socket raises.
-            if not _GET(dealer, EVENTS) & POLLIN:  # type: ignore[operator]
+            if not _POLL([(dealer, POLLIN)], 0):
                 return
 
     @property
@@ -399,11 +401,6 @@ class ZmqTransport(Transport):
         or over the limits (ZAP's refusals included). Never blocks."""
         zap = self._shared.zap
         return self._sessions.refused + (zap.refused if zap is not None else 0)
-
-    def _poll(self, timeout_ms: int | None) -> dict[Any, int]:
-        """Ready sockets and descriptors, after up to ``timeout_ms`` (forever for None),
-        polling first for :attr:`spin_s` where its spins pay (:func:`poll_spinning`)."""
-        return poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)
 
     def recv_queued(self) -> Envelope | None:
         return self._ready.popleft() if self._ready else None

@@ -26,8 +26,12 @@ the bed, where each role is a process. ``server_us`` is then that process's Pyth
 threads (the server's, pyzmq's garbage collector, trimtab's idle coordinator), and
 ``other_us`` ZeroMQ's I/O threads of both processes and the worker's rest.
 
-Authentication is off in both (a MAC costs about 1 us a message; ``bench datapath
---auth compare`` measures it). Linux only (``/proc``).
+``--auth on`` (the default, as every user's job: ``trimtab run`` and ``init()`` make
+or read the job's secret, and run without it only with ``--no-auth``/``TRIMTAB_AUTH=0``)
+gives trimtab's roles a job key: each connection's handshake, a MAC on every header,
+and the transport's per-message paths with a key. ``--auth off`` runs them without one
+(insecure), which before 2026-11-29 was the only measure (``"auth": false`` in its JSON).
+The lean PS has no authentication in either. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -90,22 +94,38 @@ def _split(
     return {"worker": w, "server": s, "other": max(0.0, total - w - s)}
 
 
-def _start_roles(job: str, chunk_bytes: int) -> tuple[Any, Any, Any, Any]:
+def _key(secret: bytes | None) -> Any:
+    """The job's key made of ``secret``, 32 random bytes (``None``: no authentication)."""
+    from trimtab.transport.auth import JobKey
+
+    return None if secret is None else JobKey(secret)
+
+
+def _start_roles(
+    job: str, chunk_bytes: int, secret: bytes | None = None
+) -> tuple[Any, Any, Any, Any]:
     """trimtab's coordinator and server for one worker, as threads of this process:
-    ``(coordinator, its thread, server, its thread)``. Blocks briefly."""
+    ``(coordinator, its thread, server, its thread)``; with ``secret``, authenticated
+    (and their server key derived from it, as ``trimtab coordinator``/``server`` do).
+    Blocks briefly."""
     from trimtab.roles.coordinator.config import CoordinatorConfig
     from trimtab.roles.coordinator.node import Coordinator
     from trimtab.roles.server.config import ServerConfig
     from trimtab.roles.server.node import Server
     from trimtab.transport import ZmqTransport
 
+    key = _key(secret)
+    server_key = b"" if key is None else key.derive(b"server join")
     coord = Coordinator(
-        CoordinatorConfig(num_workers=1, num_servers=1, job=job, chunk_bytes=chunk_bytes),
-        ZmqTransport(bind=True, lane=False),
+        CoordinatorConfig(
+            num_workers=1, num_servers=1, job=job, chunk_bytes=chunk_bytes, server_key=server_key
+        ),
+        ZmqTransport(bind=True, lane=False, auth=key),
     )
     coord_thread = coord.start()
     server = Server(
-        ServerConfig(coordinator=coord.address, job=job), ZmqTransport(bind=True, lane=False)
+        ServerConfig(coordinator=coord.address, job=job, server_key=server_key),
+        ZmqTransport(bind=True, lane=False, auth=key),
     )
     return coord, coord_thread, server, server.start()
 
@@ -121,11 +141,17 @@ def _stop_roles(coord: Any, coord_thread: Any, server: Any, server_thread: Any) 
 
 
 def _worker_steps(
-    address: str, job: str, chunk_bytes: int, steps: int, mark: Callable[[], None]
+    address: str,
+    job: str,
+    chunk_bytes: int,
+    steps: int,
+    mark: Callable[[], None],
+    secret: bytes | None = None,
 ) -> float:
     """The worker: :data:`WARMUP` steps, ``mark()``, ``steps`` timed steps, ``mark()``;
-    then it checks the SGD result and leaves the job (which ends it). Returns the timed
-    steps' wall seconds. Blocks; raises ``RuntimeError`` if the result is wrong."""
+    then it checks the SGD result and leaves the job (which ends it); with ``secret``,
+    authenticated. Returns the timed steps' wall seconds. Blocks; raises
+    ``RuntimeError`` if the result is wrong."""
     import torch
 
     import trimtab
@@ -139,7 +165,7 @@ def _worker_steps(
         shared_memory=False,
         credit_bytes=-1,  # one chunk in flight each way: the default of a real job
     )
-    ctx = Context(config, transport=ZmqTransport(bind=False, lane=False))
+    ctx = Context(config, transport=ZmqTransport(bind=False, lane=False, auth=_key(secret)))
     try:
         numel = CHUNKS_PER_TENSOR * chunk_bytes // 4
         params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(TENSORS)]
@@ -190,13 +216,14 @@ def _snapshots(into: list[Snapshot], server_pid: int | None = None) -> Callable[
 _WORKER_THREADS = {"MainThread", "trimtab-credit", "trimtab-io"}
 
 
-def _trimtab_round(chunk_bytes: int, steps: int) -> dict[str, float]:
-    """One timed run of trimtab's roles; CPU seconds by part and wall seconds."""
-    job = uuid.uuid4().hex[:8]
-    roles = _start_roles(job, chunk_bytes)
+def _trimtab_round(chunk_bytes: int, steps: int, auth: bool = True) -> dict[str, float]:
+    """One timed run of trimtab's roles (``auth``: with a job key); CPU seconds by part
+    and wall seconds."""
+    job, secret = uuid.uuid4().hex[:8], (os.urandom(32) if auth else None)
+    roles = _start_roles(job, chunk_bytes, secret)
     marks: list[Snapshot] = []
     try:
-        wall = _worker_steps(roles[0].address, job, chunk_bytes, steps, _snapshots(marks))
+        wall = _worker_steps(roles[0].address, job, chunk_bytes, steps, _snapshots(marks), secret)
     finally:
         _stop_roles(*roles)
     (before, total), (after, total_after) = marks
@@ -283,13 +310,16 @@ def _child_snapshot(pid: int) -> Snapshot:
     return _cpu_by_thread(pid), _cpu_of(pid)
 
 
-def _trimtab_serve(out: Any, done: Any, job: str, chunk_bytes: int) -> None:
-    """A process's body: trimtab's coordinator and server until the job ends; the
-    coordinator's address goes to ``out`` (a queue). Blocks."""
+def _trimtab_serve(
+    out: Any, done: Any, job: str, chunk_bytes: int, secret: bytes | None = None
+) -> None:
+    """A process's body: trimtab's coordinator and server until the job ends (with
+    ``secret``, authenticated); the coordinator's address goes to ``out`` (a queue).
+    Blocks."""
     import torch
 
     torch.set_num_threads(1)
-    roles = _start_roles(job, chunk_bytes)
+    roles = _start_roles(job, chunk_bytes, secret)
     out.put(roles[0].address)
     done.wait(600.0)  # (the parent reads this process's CPU first)
     _stop_roles(*roles)
@@ -325,13 +355,13 @@ def _in_process(target: Callable[..., None], *args: Any) -> tuple[Any, Any, Any,
     return proc, first, done, out
 
 
-def _trimtab_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
+def _trimtab_round_processes(chunk_bytes: int, steps: int, auth: bool = True) -> dict[str, float]:
     """As :func:`_trimtab_round`, its coordinator and server in another process."""
-    job = uuid.uuid4().hex[:8]
-    proc, address, done, _ = _in_process(_trimtab_serve, job, chunk_bytes)
+    job, secret = uuid.uuid4().hex[:8], (os.urandom(32) if auth else None)
+    proc, address, done, _ = _in_process(_trimtab_serve, job, chunk_bytes, secret)
     marks: list[Snapshot] = []
     try:
-        wall = _worker_steps(address, job, chunk_bytes, steps, _snapshots(marks, proc.pid))
+        wall = _worker_steps(address, job, chunk_bytes, steps, _snapshots(marks, proc.pid), secret)
         server_py, server_zmq = _child_cpu(proc.pid, marks[1], marks[3])
     finally:
         done.set()
@@ -372,11 +402,17 @@ def _lean_round_processes(chunk_bytes: int, steps: int) -> dict[str, float]:
 
 
 def measure(
-    chunk_bytes: int = 16384, steps: int = 300, rounds: int = 3, *, processes: bool = False
+    chunk_bytes: int = 16384,
+    steps: int = 300,
+    rounds: int = 3,
+    *,
+    processes: bool = False,
+    auth: bool = True,
 ) -> dict[str, Any]:
     """Run ``rounds`` rounds of trimtab's roles and of the lean PS, alternating; return
     the medians per chunk (us) and the ratios. Blocks for the runs (about 10 s a round
-    at the defaults). ``processes``: each server in a process of its own. Raises
+    at the defaults). ``processes``: each server in a process of its own; ``auth``:
+    trimtab's roles with a job key (as a user's job), else without (insecure). Raises
     ``RuntimeError`` if a run fails, ``ValueError`` for arguments out of range."""
     if steps < 1 or rounds < 1 or chunk_bytes < 8192 or chunk_bytes % 4:
         raise ValueError("need steps >= 1, rounds >= 1, chunk_bytes >= 8192 and a multiple of 4")
@@ -388,7 +424,7 @@ def measure(
     trimtab_round = _trimtab_round_processes if processes else _trimtab_round
     lean_round = _lean_round_processes if processes else _lean_round
     for _ in range(rounds):
-        runs["trimtab"].append(trimtab_round(chunk_bytes, steps))
+        runs["trimtab"].append(trimtab_round(chunk_bytes, steps, auth))
         runs["lean"].append(lean_round(chunk_bytes, WARMUP + steps))
     lean_chunks = (WARMUP + steps) * TENSORS * CHUNKS_PER_TENSOR
 
@@ -405,7 +441,7 @@ def measure(
         "chunks_per_step": TENSORS * CHUNKS_PER_TENSOR,
         "steps": steps,
         "rounds": rounds,
-        "auth": False,
+        "auth": auth,
         "processes": processes,
         "trimtab": tt,
         "lean": lean,
@@ -424,12 +460,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="each server in a process of its own (no GIL shared with the worker)",
     )
+    p.add_argument(
+        "--auth",
+        choices=("on", "off"),
+        default="on",
+        help="trimtab's roles with the job's key, as a user's job (on, the default), or "
+        "without (off: insecure, the measure before 2026-11-29); the lean PS has none",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         result = measure(
-            args.chunk_bytes, args.steps, args.rounds, processes=getattr(args, "processes", False)
+            args.chunk_bytes,
+            args.steps,
+            args.rounds,
+            processes=getattr(args, "processes", False),
+            auth=getattr(args, "auth", "on") == "on",
         )
     except (ValueError, RuntimeError) as exc:
         print(f"trimtab bench msgcost: {exc}", file=sys.stderr)

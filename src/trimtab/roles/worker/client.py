@@ -234,7 +234,7 @@ class WorkerClient:
         with self._lock:
             self._pending[rid] = fut
         if isinstance(to, str):
-            plain = cast(Header, header)
+            plain: Header = header  # type: ignore[assignment]  # (cast() is a call)
             plain["r"] = self.rank
             plain["t"] = self.credential
             if held:  # (no credit: a batch's replies come in one message)
@@ -318,7 +318,8 @@ class WorkerClient:
                     if not self._data_lock.acquire(timeout=min(left, 0.005)):
                         continue
                 try:
-                    self._send_data_locked()
+                    if self._data_out:
+                        self._send_data_locked()
                     # Short slices, so a job that ended (the I/O thread fails every
                     # future) or a request queued by another thread is seen soon.
                     env = self._data.recv(min(left, 0.05))
@@ -337,7 +338,8 @@ class WorkerClient:
                     self._fail(f"worker data sockets failed: {exc}")
                 finally:
                     self._data_lock.release()
-                self._flush_data()
+                if self._data_out:
+                    self._flush_data()
         finally:
             self._turns.leave()
 

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple, Protocol, cast
+from typing import NamedTuple, Protocol
 
 from trimtab.errors import ChunkMoved, NodeTimeout, ProtocolError, RemoteError, RetryableError
 from trimtab.protocol import headers
@@ -127,25 +127,33 @@ class DataFuture(concurrent.futures.Future[Reply]):
         self._finish(None, exception)
 
     def _finish(self, result: Reply | None, exception: BaseException | None) -> None:
+        # (_wake's work, under the same hold of the lock: a sleeper that comes later
+        # sees it done and does not sleep)
         with self._mutex:
             if self._state in _DONE:
                 raise concurrent.futures.InvalidStateError(f"{self!r}: done already")
             self._result, self._exception = result, exception
             self._state = _FINISHED
-        self._wake()
+            sleepers, self._sleepers = self._sleepers, []
+        for sleeper in sleepers:
+            sleeper.release()
+        for fn in self._done_callbacks:
+            self._call(fn)
 
     def result(self, timeout: float | None = None) -> Reply:
         """Its reply, or raise its exception, waiting up to ``timeout`` seconds (None:
         forever) for another thread to complete it (this one receives nothing: see
         :func:`wait`). Blocks; raises ``TimeoutError``, ``CancelledError``."""
-        self._sleep(timeout)
+        if self._state != _FINISHED:  # (finished: _sleep would return at once)
+            self._sleep(timeout)
         if self._exception is not None:
             raise self._exception
-        return cast(Reply, self._result)
+        return self._result  # type: ignore[return-value]  # (set with it; cast() is a call)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Its exception (None if it has a reply), waiting as :meth:`result` does."""
-        self._sleep(timeout)
+        if self._state != _FINISHED:
+            self._sleep(timeout)
         return self._exception
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Reply]], object]) -> None:
