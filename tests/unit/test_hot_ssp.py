@@ -1,14 +1,18 @@
 """Hot rows under SSP and ASP (NuPS's background synchronisation): each worker reads its
-replicas with no request, and reads them afresh every ``period`` forwards (SSP: its
-staleness bound) in the requests it sends anyway; a hot row read is never older than
-the bound allows, and training stays where one process's goes."""
+replicas with no request; each push's answer carries the rows of the worker's hot set
+that any worker changed since its last answer (as its dense values follow every
+update), so the replicas are never read afresh, and training stays where one
+process's goes. (``HotRows.period``, a caller's extra periodic read, is tested too.)"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.sparse_job import Model, global_batches, loss_of, reference, train_worker
-from trimtab.frontend.hotrows import HotRows, period_for
+from tests.unit.test_rows_store import WHOLE, WIDTH, push_rows, row_grad, table_of, table_store
+from trimtab.frontend.hotrows import HotRows
+from trimtab.policies.consistency import CONSISTENCY
 from trimtab.policies.hotkeys import HotKeys
 
 
@@ -23,10 +27,46 @@ def _loss(params: list[torch.Tensor]) -> float:
     return sum(losses) / len(losses)
 
 
-def test_the_period_follows_the_consistency() -> None:
-    assert period_for("bsp", 0, 10) == 0  # exact: every update comes back
-    assert period_for("ssp", 3, 10) == 3 and period_for("ssp", 0, 10) == 1
-    assert period_for("asp", 0, 10) == 10
+@pytest.mark.parametrize("consistency", ["ssp", "asp"])
+@pytest.mark.parametrize("chunk_bytes", [28, WHOLE], ids=["rows-cut", "whole-rows"])
+def test_an_answer_carries_the_hot_rows_any_worker_changed_since_the_last(
+    consistency: str, chunk_bytes: int
+) -> None:
+    """Under SSP and ASP each push is its own round: worker 0's answers carry the rows
+    of its hot set that changed since its previous answer, whoever changed them, with
+    their values as of the answer's round (the set's first answer: all of it), and no
+    other row; a worker with no hot set gets what its push changed, as before."""
+    store = table_store(chunk_bytes, "Adagrad")
+    args = {"staleness": 2} if consistency == "ssp" else {}
+    store.consistency = CONSISTENCY.create(consistency, workers=2, **args)
+    hot = [1, 3]  # (rows straddling two chunks where chunks cut rows)
+
+    def rows_of(replies: list, rank: int) -> dict[int, torch.Tensor]:
+        got: dict[int, torch.Tensor] = {}
+        table = table_of(store)
+        for r in replies:
+            if r.rank != rank or r.rows is None:
+                continue
+            ids = [int(i) for i in r.rows]
+            spec = r.chunk.spec
+            if ids:  # (the values carried are the rows' current elements in the chunk)
+                lo = torch.tensor(ids) * WIDTH
+                at = (lo.view(-1, 1) + torch.arange(WIDTH)).view(-1)
+                mine = at[(at >= spec.offset) & (at < spec.offset + spec.numel)]
+                assert torch.equal(r.value, table.view(-1)[mine])
+            for i in ids:
+                got[i] = table[i]
+        return got
+
+    told = rows_of(push_rows(store, 0, row_grad([0], 1), 0, hot=hot), 0)
+    assert sorted(told) == hot  # the set just told: all of it, current
+    assert rows_of(push_rows(store, 1, row_grad([1, 2], 2), 0), 1).keys() == {1, 2}
+    followed = rows_of(push_rows(store, 0, row_grad([4], 3), 1, hot=[]), 0)
+    assert sorted(followed) == [1]  # worker 1 changed row 1 (and 2, not hot), 0 row 4
+    changed = rows_of(push_rows(store, 0, row_grad([3], 4), 2, hot=[]), 0)
+    assert sorted(changed) == [3]  # its own update of a hot row
+    push_rows(store, 1, row_grad([2], 5), 1)  # (not hot: nothing for worker 0)
+    assert rows_of(push_rows(store, 0, row_grad([0], 6), 3, hot=[]), 0) == {}
 
 
 def test_replicas_are_read_afresh_once_their_period_is_up() -> None:
@@ -68,8 +108,9 @@ def _run(cluster_factory, staleness: int, hot: int) -> tuple[list[dict], list[li
 def test_hot_rows_under_ssp_stay_within_the_bound_and_the_loss_near_one_process(
     cluster_factory,
 ) -> None:
-    """SSP with a bound of 2, 40 hot rows chosen every 3 forwards: every hot read within
-    the bound, the replicas used between two reads, the loss near one process's. (On
+    """SSP with a bound of 2, 40 hot rows chosen every 3 forwards: the replicas serve
+    reads and are never read afresh (the answers bring every change), the loss near one
+    process's. (On
     this toy SSP itself moves the loss: each push is an update of its own, in the order
     the pushes come: without replicas 1.069 to 1.078 against one process's 1.054 over
     four runs, with them 1.064 to 1.076. The experiment's CTR job checks 0.005:
@@ -79,9 +120,9 @@ def test_hot_rows_under_ssp_stay_within_the_bound_and_the_loss_near_one_process(
     for count in counts:
         report = count["hot"]
         assert report["hit_rate"] > 0.2, report  # the replicas served reads
-        # Read afresh every `staleness` forwards: never older than that, and used
-        # between two reads (not read every forward).
-        assert 0 < report["max_age"] < staleness, report
+        # The replicas follow every update through the pushes' answers: never read
+        # afresh (max_age counts forwards since such a read; 0: none was due).
+        assert report["max_age"] == 0, report
     one = _loss(reference("adagrad", server=True))
     for got in results:
         assert abs(_loss(got) - one) < 0.04

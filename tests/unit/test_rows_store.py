@@ -52,8 +52,11 @@ def row_grad(rows: list[int], seed: int) -> torch.Tensor:
     )
 
 
-def push_rows(store: ChunkStore, rank: int, grad: torch.Tensor, clock: int) -> list[Any]:
-    """Rank ``rank``'s row pushes of ``grad`` to every chunk; the replies released."""
+def push_rows(
+    store: ChunkStore, rank: int, grad: torch.Tensor, clock: int, hot: list[int] | None = None
+) -> list[Any]:
+    """Rank ``rank``'s row pushes of ``grad`` to every chunk; the replies released.
+    ``hot``: the worker's hot set, told (a list of rows; [] says the version only)."""
     specs = [store.chunks[c].spec for c in sorted(store.chunks)]
     out: list[Any] = []
     for spec, (ids, values) in zip(
@@ -62,6 +65,13 @@ def push_rows(store: ChunkStore, rank: int, grad: torch.Tensor, clock: int) -> l
         header = {"o": int(Data.PUSH), "i": rank, "c": spec.id, "e": 1, "r": rank, "k": clock,
                   "w": 1.0, "dt": "float32", "n": values.numel(), "sr": ids.numel()}  # fmt: skip
         frames = [as_bytes(ids), as_bytes(values)] if ids.numel() else []
+        if hot is not None:
+            header["hf"] = 1
+            first, end = spec.offset // WIDTH, -(-(spec.offset + spec.numel) // WIDTH)
+            mine = torch.tensor([r for r in hot if first <= r < end], dtype=torch.int64)
+            if hot:
+                header["hs"] = mine.numel()
+                frames += [as_bytes(mine)] if mine.numel() else []
         out.extend(store.push(b"peer%d" % rank, header, frames, False))
     return out
 

@@ -10,10 +10,9 @@ import torch
 from trimtab.core.chunks import ChunkSpec, TensorSpec
 from trimtab.errors import ConfigError
 from trimtab.frontend.compression import compressor
-from trimtab.frontend.hotrows import period_for
 from trimtab.frontend.pusher import Pusher
 from trimtab.frontend.state import scatter
-from trimtab.frontend.tables import eager_state, hot_of, is_table, link
+from trimtab.frontend.tables import eager_state, is_table, link
 from trimtab.protocol import headers
 from trimtab.protocol.messages import INLINE_MAX
 from trimtab.roles.server.optim import ON_SERVERS, OptimizerMode, hyperparameters
@@ -85,10 +84,6 @@ def declare_table(
     for p in tensors:
         if is_table(p):
             link(p, pusher)
-            hot = hot_of(p)  # (under SSP and ASP its replicas are read again in time)
-            hot.period = period_for(
-                ctx.job.consistency, ctx.job.staleness, hot.settings.refresh_steps
-            )
     if table.clock is not None:
         if mode is OptimizerMode.SERVER:
             pusher.pull(tensors)

@@ -98,6 +98,8 @@ class _ServerTable(nn.Module):
         self.weight = table_parameter(num_embeddings, embedding_dim, dtype, init, hot)
         self._hot = hot
         self._prefetched: tuple[torch.Tensor, list[Any], list[Any]] | None = None
+        #: The next forward's hot set, chosen by the prefetch ((None,): the same set).
+        self._chosen: tuple[torch.Tensor | None] | None = None
         #: Rows read (through the forward's own reads, or prefetched and current).
         self.rows_read = 0
         self.rows_prefetched = 0
@@ -115,8 +117,12 @@ class _ServerTable(nn.Module):
             raise UsageError("a growing table reads its ids as they come: call no prefetch")
         unique = torch.unique(ids.detach().cpu())
         hot = self._hot
-        if hot.refresh_due(ahead=1):  # (SSP, ASP: the held rows are read with these)
-            unique = torch.unique(torch.cat([unique, hot.ids]))
+        if hot.due(ahead=1) and self._chosen is None:
+            self._chosen = (hot.choose(),)  # (the forward's new set: its rows read now)
+        new = self._chosen[0] if self._chosen is not None else None
+        refresh = hot.refresh_due(ahead=1)  # (SSP, ASP: the held rows are read with these)
+        if new is not None or refresh or hot.stale:  # (what the forward's _rehold reads)
+            unique = self._wanted(unique, hot.ids if new is None else new, new, refresh)[1]
         else:
             unique = unique[~torch.isin(unique, hot.ids)]  # (the hot are here)
         requests = row_requests(self.weight, pusher.chunks_of[self.weight], unique, pusher.epoch)
@@ -136,7 +142,8 @@ class _ServerTable(nn.Module):
         hot = self._hot
         refresh = hot.refresh_due(ahead=1)  # (SSP, ASP: every held row read afresh)
         hot.count(unique)
-        new = hot.choose() if hot.due() else None
+        chosen, self._chosen = self._chosen, None  # (by the prefetch, which read its rows)
+        new = chosen[0] if chosen is not None else hot.choose() if hot.due() else None
         if new is not None or hot.stale or refresh:
             # (SSP, ASP: a new set's rows kept are read again too: their age restarts)
             everything = refresh or (new is not None and hot.period > 0)
@@ -164,11 +171,7 @@ class _ServerTable(nn.Module):
         again, and ``everything`` (SSP, ASP: the replicas' period is up). Blocks."""
         hot, p = self._hot, self.weight
         ids = hot.ids if new is None else new
-        kept = torch.zeros(ids.numel(), dtype=torch.bool)
-        if not hot.stale and not everything and hot.ids.numel():
-            kept = torch.isin(ids, hot.ids)
-        cold = unique[~torch.isin(unique, ids)]
-        wanted = torch.unique(torch.cat([ids[~kept], cold]))
+        kept, wanted = self._wanted(unique, ids, new, everything)
         values = self._cold(pusher, wanted)
         held = torch.empty(ids.numel(), *p.shape[1:], dtype=p.dtype)
         held[kept] = hot.values[torch.searchsorted(hot.ids, ids[kept])]
@@ -179,6 +182,22 @@ class _ServerTable(nn.Module):
         out[is_hot] = mine
         out[~is_hot] = values[torch.searchsorted(wanted, unique[~is_hot])]
         return out
+
+    def _wanted(
+        self, unique: torch.Tensor, ids: torch.Tensor, new: torch.Tensor | None, refresh: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Of the hot set ``ids`` (``new``, or None: the held set) which rows stay as held
+        (a mask), and the rows a forward over ``unique`` then reads (sorted): the
+        others of the set and ``unique``'s cold ones. Every row of the set is read
+        after a stale answer, when ``refresh`` is due, and for a new set under SSP and
+        ASP (its age restarts). Never blocks."""
+        hot = self._hot
+        everything = refresh or (new is not None and hot.period > 0)
+        kept = torch.zeros(ids.numel(), dtype=torch.bool)
+        if not hot.stale and not everything and hot.ids.numel():
+            kept = torch.isin(ids, hot.ids)
+        cold = unique[~torch.isin(unique, ids)]
+        return kept, torch.unique(torch.cat([ids[~kept], cold]))
 
     def _cold(self, pusher: Pusher, unique: torch.Tensor) -> torch.Tensor:
         """Rows ``unique`` (sorted): those prefetched, if the prefetch is current, from

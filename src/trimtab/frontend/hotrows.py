@@ -10,12 +10,12 @@ changed, so the replicas follow every update. A server that answers with another
 version (the chunk moved, a backup took over, the job resumed) lacks the set: the rows
 of its chunks are read again and the set sent again.
 
-Under SSP and ASP a push's answer carries the rows its own update changed, not the
-other workers' updates: the replicas are then read afresh every :attr:`HotRows.period`
-forwards (SSP: its staleness bound; ASP: the table's ``hot_refresh``), in the requests
-the worker sends anyway (the prefetch of the forward it is due at, or that forward's
-cold reads): a hot row read is never more than ``period`` forwards older than a cold
-read of it at the same point. Not thread-safe.
+Under SSP and ASP each push is an update of its own, and its answer carries the rows of
+the worker's hot set that changed since its last answer, by any worker's update (the
+server keeps them per worker: roles/server/rows.py's ``follow_hot``), as of the
+answer's round. So the replicas follow every update as the dense parameters do, within
+SSP's bound, with no read of their own (before 2026-11-29's ninth session they were read
+afresh every ``staleness`` forwards). Not thread-safe.
 """
 
 from __future__ import annotations
@@ -26,17 +26,6 @@ from trimtab.policies.hotkeys import HotKeys, choose_hot, hit_rate
 from trimtab.runtime.rows import row_span, width_of
 
 
-def period_for(consistency: str, staleness: int, refresh_steps: int) -> int:
-    """:attr:`HotRows.period` under a job's ``consistency``: 0 under BSP (exact), SSP's
-    ``staleness`` bound (at least 1), the table's ``refresh_steps`` otherwise (ASP has
-    no bound of its own). Pure."""
-    if consistency == "bsp":
-        return 0
-    if consistency == "ssp":
-        return max(staleness, 1)
-    return max(refresh_steps, 1)
-
-
 class HotRows:
     """The hot rows of one table: ids (sorted), values, the access counts behind them.
 
@@ -44,8 +33,10 @@ class HotRows:
         version: the hot set's version (each choice that changes it adds one).
         unsent: chunks whose server is yet to be told the current set.
         stale: chunks whose server answered with another version.
-        period: 0 (BSP: every update of a held row comes back), or the most forwards
-            the replicas serve between two reads of their values (SSP, ASP).
+        period: 0 (every update of a held row comes back with the pushes' answers,
+            in every consistency mode: what trimtab's servers do), or the most forwards
+            the replicas serve between two reads of every held row's values (a
+            caller's choice; nothing in trimtab sets it now).
         fetched: the forward (:attr:`forwards`) whose reads last brought every held
             row's values; ``max_age``: the most forwards a read of a held row found
             them older than that.
@@ -67,14 +58,19 @@ class HotRows:
         self.hits = 0
         self.reads = 0
 
-    def due(self) -> bool:
-        """Whether this forward chooses the hot set again (every ``refresh_steps``)."""
-        return self.settings.size > 0 and self.forwards % self.settings.refresh_steps == 0
+    def due(self, ahead: int = 0) -> bool:
+        """Whether the forward ``ahead`` forwards after the last one counted chooses the
+        hot set again (every ``refresh_steps``; ``ahead=0``: the one just counted)."""
+        size, every = self.settings.size, self.settings.refresh_steps
+        return size > 0 and (self.forwards + ahead) % every == 0
 
     def refresh_due(self, ahead: int = 0) -> bool:
         """Whether the forward ``ahead`` forwards after the last one is due to read every
-        held row afresh (:attr:`period`; never under BSP)."""
-        return self.period > 0 and self.forwards + ahead - self.fetched >= self.period
+        held row afresh (:attr:`period`; never under BSP, nor with no row held: a
+        classic table under SSP does no replica work)."""
+        if self.period <= 0 or self.ids.numel() == 0:
+            return False
+        return self.forwards + ahead - self.fetched >= self.period
 
     def count(self, unique: torch.Tensor) -> None:
         """This forward reads rows ``unique``."""

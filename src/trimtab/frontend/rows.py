@@ -88,6 +88,8 @@ class RowPath:
         self._versions = versions
         # Summation mode: each parameter's mean rows as they arrive, chunk by chunk.
         self._pieces: dict[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        #: A table's answered hot rows (ids, rows) per chunk, written at :meth:`finish`.
+        self._hot_rows: dict[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         #: Rows and bytes pushed and answered so far (both ways), for reports and tests.
         self.rows_sent = 0
         self.bytes_sent = 0
@@ -184,7 +186,8 @@ class RowPath:
             if values.numel() != count * width:
                 raise UsageError(f"chunk {c.id}: {count} rows answered with {values.numel()}")
             self.rows_received += count
-            hot.write_rows(ids, values.view(count, width))
+            # (written at finish, the table's chunks at once: one search, not one a chunk)
+            self._hot_rows.setdefault(p, []).append((ids, values.view(count, width)))
             return
         positions = elements(ids, width, c.offset, c.numel)
         if values.numel() != positions.numel():
@@ -201,6 +204,24 @@ class RowPath:
     def finish(self, p: torch.Tensor) -> None:
         """After every chunk of ``p`` was taken: in summation mode, ``p.grad`` := the
         mean gradient of its rows (sparse, laid out as torch's embeddings make it)."""
+        held = self._hot_rows.pop(p, None)
+        if held:
+            _write_held(hot_of(p), held)
         pieces = self._pieces.pop(p, None)
         if pieces is not None:
             p.grad = assemble(tuple(p.shape), pieces, p.dtype).to(p.device)
+
+
+def _write_held(hot: Any, held: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Write a step's answered hot rows of one table, taken chunk by chunk (so their ids
+    increase), in one pass; pieces left by an arrival cut short (ids not increasing
+    then) are written one by one, in the order they came. Never blocks."""
+    if len(held) == 1:
+        hot.write_rows(*held[0])
+        return
+    ids = torch.cat([i for i, _ in held])
+    if bool((ids[1:] > ids[:-1]).all()):
+        hot.write_rows(ids, torch.cat([r for _, r in held]))
+        return
+    for piece in held:
+        hot.write_rows(*piece)

@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--tables", type=int, default=4)
     parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--bag", type=int, default=4)
     parser.add_argument("--s", type=float, default=1.1)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--addr", default="127.0.0.1", help="DDP's rank 0 address")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = CTR(args.rows, tables=args.tables, s=args.s)
+    data = CTR(args.rows, tables=args.tables, bag=args.bag, s=args.s)
     rank, world = args.rank, args.world
     if args.mode == "trimtab":
         import trimtab

@@ -37,7 +37,8 @@ RESULT = "SPARSE-RESULT "
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=500_000, help="rows per table (4 tables)")
-    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--dim", type=int, default=16, help="row width (DLRM's configs: 16 to 128)")
+    p.add_argument("--bag", type=int, default=4, help="ids per bag (multi-hot)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=512, help="global batch")
     p.add_argument("--hot", type=int, default=2000, help="hot rows per table (hot run)")
@@ -72,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _common(args: argparse.Namespace) -> list[str]:
     return [
-        "--rows", str(args.rows), "--dim", str(args.dim), "--steps", str(args.steps),
+        "--rows", str(args.rows), "--dim", str(args.dim), "--bag", str(args.bag),
+        "--steps", str(args.steps),
         "--batch", str(args.batch), "--s", "0" if args.uniform else "1.1",
     ]  # fmt: skip
 
@@ -219,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
     speed = {name: r["samples_per_s"] for name, r in results.items()}
     report = {
         "workload": {
-            "tables": 4, "rows_per_table": args.rows, "dim": args.dim,
+            "tables": 4, "rows_per_table": args.rows, "dim": args.dim, "bag": args.bag,
             "ids": "uniform" if args.uniform else "zipf(1.1)", "steps": args.steps,
             "global_batch": args.batch, "workers": 2, "servers": 2,
             "tables_mb": round(table_mb, 1), "testbed": bool(args.testbed),
@@ -247,7 +249,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"tables: 4 x {args.rows} rows x {args.dim} ({table_mb:.0f} MiB), ids "
+    print(f"tables: 4 x {args.rows} rows x {args.dim} ({table_mb:.0f} MiB), bags of "
+          f"{args.bag}, ids "
           f"{report['workload']['ids']}, {args.steps} steps of {args.batch}")  # fmt: skip
     print(f"{'run':8} {'samples/s':>10} {'log loss':>9} {'AUC':>6}  peak RSS per worker (MiB)")
     for name, r in results.items():

@@ -55,6 +55,9 @@ class Chunk:
         #: A table's hot rows each worker holds (rank -> (version, ids)): its pushes'
         #: answers carry those of the changed rows only (see frontend/hotrows.py).
         self.hot: dict[int, tuple[int, torch.Tensor]] = {}
+        #: Asynchronous modes: the rows of each worker's hot set changed since its last
+        #: answer (a new set: all of it), which its next answer carries (rank -> ids).
+        self.hot_changed: dict[int, torch.Tensor] = {}
         self.mean_only = False  # this round answers the mean gradient, applies nothing
         self.arrived: set[int] = set()
         self.waiting: list[Reply] = []

@@ -105,6 +105,35 @@ def answer_for(
     return mine, chunk.value[elements(mine, width, spec.offset, spec.numel)]
 
 
+def follow_hot(chunk: Chunk, ids: torch.Tensor) -> None:
+    """Asynchronous modes: a round changed rows ``ids`` (sorted): add those of each
+    worker's hot set to the rows its next answer carries. So a worker's replicas follow
+    every worker's updates, each answer bringing them as of its round, as its dense
+    values are: within SSP's bound with no read of their own. Never blocks."""
+    for rank, (_, held) in chunk.hot.items():
+        mine = ids[torch.isin(ids, held)]
+        if not mine.numel():
+            continue
+        before = chunk.hot_changed.get(rank)
+        if before is not None:
+            mine = torch.unique(torch.cat([before, mine]))
+        chunk.hot_changed[rank] = mine
+
+
+def hot_answer(chunk: Chunk, width: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asynchronous modes: what worker ``rank``'s answer carries (and no later one
+    again): the rows of its hot set changed since its last answer (:func:`follow_hot`;
+    a set it just told: all of them) and their current elements, copied. Never blocks."""
+    ids = chunk.hot_changed.pop(rank, None)
+    if ids is None:
+        ids = torch.zeros(0, dtype=torch.int64)
+    spec = chunk.spec
+    if spec.offset % width == 0 and spec.numel % width == 0:  # whole rows: gather them
+        local = ids - spec.offset // width
+        return ids, chunk.value.view(-1, width)[local].reshape(-1)
+    return ids, chunk.value[elements(ids, width, spec.offset, spec.numel)]
+
+
 def read_ids(
     chunk: Chunk, width: int, count: int, frame: memoryview
 ) -> tuple[torch.Tensor, torch.Tensor]:

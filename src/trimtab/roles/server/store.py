@@ -26,6 +26,8 @@ from trimtab.roles.server.optim import OptimizerMode
 from trimtab.roles.server.rows import (
     answer_for,
     apply_rows,
+    follow_hot,
+    hot_answer,
     is_rows,
     merge_rows,
     read_ids,
@@ -233,6 +235,8 @@ class ChunkStore:
         # Everything is validated: from here on the chunk's state changes.
         if rows is not None and rows[2] is not None:
             chunk.hot[rank] = rows[2]
+            if not self.consistency.synchronous:  # (its answer: the set's current rows)
+                chunk.hot_changed[rank] = rows[2][1]
         if msg.get("g"):
             chunk.mean_only = True
         if hp and chunk.optimizer is not None:
@@ -332,9 +336,19 @@ class ChunkStore:
                     reply.rows, reply.value = answer_for(chunk, width, reply.rank, ids, result)
                 reply.round = chunk.round
         else:
-            # Asynchronous: the buffer changes with the next push, so replies carry a copy.
-            snapshot = None if result is None else result.clone()
+            # Asynchronous: the buffer changes with the next push, so replies carry a copy;
+            # a worker's hot rows follow every worker's updates (rows.py's follow_hot).
+            snapshot = None
+            follows = ids is not None and applies and bool(chunk.hot)
+            if follows:
+                assert ids is not None
+                follow_hot(chunk, ids)
             for reply in chunk.waiting:
+                if follows and reply.rank in chunk.hot:
+                    reply.rows, reply.value = hot_answer(chunk, width, reply.rank)
+                    continue
+                if snapshot is None and result is not None:
+                    snapshot = result.clone()
                 reply.value, reply.rows = snapshot, ids
             chunk.held.extend(chunk.waiting)
             replies = self.release(chunk)
