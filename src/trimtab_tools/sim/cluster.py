@@ -83,7 +83,7 @@ class ClusterModel:
         meter_push_s: where given, the busy seconds a server's load meter counts per
             push it handles, with its reply, in place of the model's handler times (its
             busy seconds only, not its timing): ``validate-sim`` calibrates it from the
-            calm run's record (``load`` events: 540 to 580 us a push on the test bed,
+            calm run's record (``load`` events: 460 to 580 us a push on the test bed,
             where the model's handlers took 130 to 630 us, fitted to the step times).
             PSLD's busy windows then fill as the runtime's do: a window of at least
             ``SpeedEstimator.min_busy_s`` after the first step, so its first plan comes

@@ -76,7 +76,7 @@ PSLD_JOB = {"steps": 150, "compute_ms": 20.0, "link": 80e6, "slowdown": 4.0}
 DECISION_S = 0.022
 #: A server's load meter's busy seconds per push where a measured run lacks its
 #: record's (``--measured`` outputs before 2026-11-29's sixth round): the calm runs of
-#: that session's sittings counted 540 to 580 us.
+#: that session's sittings counted 460 to 580 us.
 METER_PUSH_S = 560e-6
 
 
