@@ -77,8 +77,8 @@ class ClusterModel:
             them last tensor first over its share of the compute (``forward_share``).
         decision_s: seconds from the last report of a step reaching the coordinator to
             its new map leaving it (PSLD's decision, the migration's start, the map's
-            publication); a map that reaches a server before the step's first push
-            there is cut at the round under way (:mod:`.cuts`). ``validate-sim``
+            publication); a map that enters a server's inbound queue before the
+            step's first push there is cut at the round under way (:mod:`.cuts`). ``validate-sim``
             calibrates it from the run record.
         meter_push_s: where given, the busy seconds a server's load meter counts per
             push it handles, with its reply, in place of the model's handler times (its
