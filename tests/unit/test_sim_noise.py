@@ -164,3 +164,26 @@ def test_the_stragglers_ratio_is_taken_step_by_step_and_follows_a_load_that_come
         "worker:2:slowdown=5.0000@20-30",
         "worker:2:slowdown=5.0000@30-",
     ]
+
+
+def test_the_meters_busy_seconds_per_push_come_from_the_load_events() -> None:
+    events = [
+        {"kind": "load", "server": 0, "busy_s": 0.0, "bytes": 0.0, "requests": 0},
+        {"kind": "load", "server": 0, "busy_s": 0.001, "bytes": 1.0, "requests": 2},
+        {"kind": "load", "server": 0, "busy_s": 0.011, "bytes": 9.0, "requests": 22},
+        {"kind": "load", "server": 1, "busy_s": 0.002, "bytes": 1.0, "requests": 1},
+        {"kind": "load", "server": 1, "busy_s": 0.008, "bytes": 9.0, "requests": 11},
+        {"kind": "step", "clock": 0},
+    ]
+    # 0.5 ms a request on server 0, 0.6 on server 1: the median of the two.
+    assert noise.meter_push_s(events) == pytest.approx(0.00055)
+    assert noise.meter_push_s(events[:2]) is None
+
+
+def test_busy_windows_are_kept_as_the_speed_estimator_takes_them() -> None:
+    windows: dict[int, list[float]] = {}
+    keeper = noise.WindowRecord(windows)
+    keeper.take(0, 0.002, 1e6)  # under MIN_BUSY_S: not yet a window
+    keeper.take(0, 0.006, 3e6)
+    keeper.take(0, 0.016, 4e6)
+    assert windows == {0: [3e6 / 0.006, 1e6 / 0.010]}

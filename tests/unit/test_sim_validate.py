@@ -32,7 +32,8 @@ def _bandwidth_record(message_s: float, jitter: float = 0.0) -> dict[str, object
     psld = Simulation(validate.bandwidth_job(record, message_s, calm=False, jitter=jitter))
     psld.run()
     record["step_times"] = worker0_seconds(psld.trace, 0)
-    record["epochs"] = [*psld.trace.epochs[1:], psld.trace.epochs[-1]]
+    # As a worker records them: the map it routes by when each step ends.
+    record["epochs"] = agreement.held_epochs(psld.trace.epochs, psld.trace.learned)
     record["migrations"] = psld.trace.migrations
     return record
 

@@ -41,6 +41,7 @@ __all__ = [
     "FIRST",
     "STEP_SLACK",
     "batches_agree",
+    "held_epochs",
     "map_changes",
     "maps_agree",
     "record_events",
@@ -78,6 +79,21 @@ def map_changes(
         )
         out.append({"step": i, "moves": moves})
     return out
+
+
+def held_epochs(epochs: Sequence[int], learned: Mapping[int, int]) -> list[int]:
+    """A simulated run's map epochs as a real worker records them (the bed's
+    ``epochs``: the epoch of the map it routes by when each step ends): ``epochs[i]``
+    the map in force at step ``i``, or the one ``learned[i]`` names where the workers
+    learned a new map during step ``i`` (a migration cut at its round: its pushes
+    answered *moved*, the worker fetches the map at once). Pure.
+
+    A map decided during step ``k`` (on step ``k - 1``'s reports) is in force from step
+    ``k + 1``: a worker adopts it at that step's first push, so its record shows the
+    change at step ``k + 1``, or at ``k`` where the migration was cut at ``k``'s round.
+    (Until issue 38's sixth round validate-sim read ``epochs[i + 1]`` for step ``i``,
+    a step before the bed's record of the same decision.)"""
+    return [max(e, learned.get(i, e)) for i, e in enumerate(epochs)]
 
 
 def maps_agree(measured: list[dict[str, Any]], simulated: list[dict[str, Any]]) -> bool:

@@ -77,9 +77,17 @@ class ClusterModel:
             them last tensor first over its share of the compute (``forward_share``).
         decision_s: seconds from the last report of a step reaching the coordinator to
             its new map leaving it (PSLD's decision, the migration's start, the map's
-            publication); a map that reaches a server before the step's first push
-            there is cut at the round under way (:mod:`.cuts`). ``validate-sim``
+            publication); a map that enters a server's inbound queue before the
+            step's first push there is cut at the round under way (:mod:`.cuts`). ``validate-sim``
             calibrates it from the run record.
+        meter_push_s: where given, the busy seconds a server's load meter counts per
+            push it handles, with its reply, in place of the model's handler times (its
+            busy seconds only, not its timing): ``validate-sim`` calibrates it from the
+            calm run's record (``load`` events: 460 to 580 us a push on the test bed,
+            where the model's handlers took 130 to 630 us, fitted to the step times).
+            PSLD's busy windows then fill as the runtime's do: a window of at least
+            ``SpeedEstimator.min_busy_s`` after the first step, so its first plan comes
+            on that step's reports, as on the bed.
     """
 
     sample_s: float = 0.001
@@ -103,6 +111,7 @@ class ClusterModel:
     clean_figures: bool = False
     pushes_in_order: bool = False
     decision_s: float = 0.0
+    meter_push_s: float | None = None
 
     def __post_init__(self) -> None:
         rates = (self.worker_nic_bps, self.server_nic_bps, self.server_bps, self.update_bps)
@@ -114,6 +123,8 @@ class ClusterModel:
             raise ConfigError("latency, step overhead, join time and message cost must be >= 0")
         if not 0 <= self.decision_s < 60:
             raise ConfigError(f"decision_s must be in [0, 60) seconds, got {self.decision_s}")
+        if self.meter_push_s is not None and not 0 <= self.meter_push_s < 1:
+            raise ConfigError(f"meter_push_s must be in [0, 1) seconds, got {self.meter_push_s}")
         if not 0 <= self.jitter <= 2:
             raise ConfigError(f"--jitter must be in [0, 2], got {self.jitter}")
         if self.workers_per_host < 1 or self.servers_per_host < 1:

@@ -2,7 +2,11 @@
 workers' figures of a step so cut (pure; every input is an argument).
 
 A server cuts a chunk leaving it at the round in progress when no push of that round
-reached it before the new map did: it answers that step's pushes of the chunk *moved*
+reached it before the new map did. Its inbound link is a queue (the test bed's ``tbf``,
+a NIC's ring): the map comes in after every push that entered the queue before it, so
+the race is to the queue, not to a push's last byte (until issue 38's sixth round the
+simulator raced the push's last byte, 13 ms over the bed's slow link, and so won nearly
+every race that the bed lost). So cut, it answers that step's pushes of the chunk *moved*
 (the workers send them again to the new owner) and hands the chunk over at once, its
 last round answered. A worker then leaves a moved push's bytes out of the server's
 traffic (``frontend/pusher.py``), though they crossed its link and the span it times:
@@ -23,13 +27,13 @@ from trimtab_tools.sim.datapath import StepInput, StepTimes, step_times
 __all__ = ["cut_now", "handover_rates", "seen_when_cut"]
 
 
-def cut_now(
-    moving: np.ndarray, was: np.ndarray, first_in: np.ndarray, reached: float
-) -> np.ndarray:
+def cut_now(moving: np.ndarray, was: np.ndarray, queued: np.ndarray, reached: float) -> np.ndarray:
     """Of chunks ``moving`` (owned by ``was``, per chunk), those cut at the round in
-    progress: their server's first push of the step (``first_in``, per server) came in
-    after the new map reached it (``reached``)."""
-    handed: np.ndarray = moving[first_in[was[moving]] > reached]
+    progress: the new map entered their server's inbound queue (``reached``) before
+    the step's first push there did (``queued``, per server:
+    ``StepTimes.first_queued``). A map queued behind a push is read after it (a FIFO),
+    however long that push takes to come in over a slow link."""
+    handed: np.ndarray = moving[queued[was[moving]] > reached]
     return handed
 
 

@@ -109,6 +109,9 @@ class StepInput:
             figures (``frontend/pusher.py`` takes a moved push's bytes off).
         in_order: a worker's pushes leave in the chunks' order (gradients handed over
             together to ``optimizer.step()``), not last tensor first (backward's).
+        meter_push_s: busy seconds a server's load meter counts per push it merges and
+            answers, where calibrated (it then replaces the model's handler times in
+            the busy seconds, not in the timing; None: those handler times).
     """
 
     starts: np.ndarray
@@ -130,6 +133,7 @@ class StepInput:
     link: np.ndarray | None = None
     moved: np.ndarray | None = None
     in_order: bool = False
+    meter_push_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +150,10 @@ class StepTimes:
             push to its last reply, the shortest from the start of its wait, and every
             worker's bytes both ways (S,; 0 for a server owning nothing).
         first_in: per server, when the step's first push was in (S,; inf: none).
+        first_queued: per server, when the step's first push entered its inbound
+            queue (its NIC's, or its shaped link's), a link's latency after it left the
+            worker (S,; inf: none). A message that enters the queue later is read after
+            that push (a FIFO: the test bed's ``tbf``, a NIC's ring).
     """
 
     ends: np.ndarray
@@ -157,6 +165,7 @@ class StepTimes:
     tail_s: np.ndarray
     seen_bytes: np.ndarray
     first_in: np.ndarray
+    first_queued: np.ndarray
 
 
 def _per_worker_order(w_count: int, columns: np.ndarray) -> np.ndarray:
@@ -224,6 +233,9 @@ def step_times(x: StepInput) -> StepTimes:
     # merge, the update, a reply's CPU and a throttle's pacing, not its NIC's time.
     reply_busy = kept * sizes / x.cap[owners] + per_message
     busy = np.bincount(owners, (merge_each + reply_busy) * w_count + update_each, s_count)
+    if x.meter_push_s is not None:  # the meter's figure, calibrated (a moved push: one answer)
+        metered = kept * x.meter_push_s + (1 - kept) * per_message
+        busy = np.bincount(owners, metered * w_count, s_count)
     nbytes = np.bincount(owners, sizes * (1 + kept) * w_count, s_count)
     read = np.maximum(got, compute_ends[:, None])  # replies are read during the wait
     if x.moved is not None:  # a moved push's answer closes no span (pusher.py)
@@ -231,6 +243,8 @@ def step_times(x: StepInput) -> StepTimes:
     span, tail = _spans(ready, read, compute_ends, owners, s_count)
     first_in = np.full(s_count, np.inf)
     np.minimum.at(first_in, owners, in_s.reshape(w_count, c_count).min(axis=0))
+    first_queued = np.full(s_count, np.inf)
+    np.minimum.at(first_queued, owners, arrive.reshape(w_count, c_count).min(axis=0))
     return StepTimes(
         ends=ends,
         compute_ends=compute_ends,
@@ -243,6 +257,7 @@ def step_times(x: StepInput) -> StepTimes:
         if x.moved is None
         else np.bincount(owners, sizes * 2 * kept * w_count, s_count),
         first_in=first_in,
+        first_queued=first_queued,
     )
 
 

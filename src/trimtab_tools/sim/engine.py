@@ -39,7 +39,7 @@ from trimtab_tools.sim.datapath import StepInput, StepTimes, ready_shares, step_
 from trimtab_tools.sim.decisions import Policies
 from trimtab_tools.sim.job import SimJob
 from trimtab_tools.sim.members import Members
-from trimtab_tools.sim.noise import MIN_BUSY_S, Draws
+from trimtab_tools.sim.noise import Draws, WindowRecord
 from trimtab_tools.sim.reporting import ReportTiming, map_reaches
 from trimtab_tools.sim.trace import Decision, Trace
 
@@ -103,8 +103,8 @@ class Simulation:
         # PSLD's figures' measurement noise (recorded on a real run; none by default).
         self.draws = Draws(job.cluster.measurement_noise, job.cluster.seed + 2, s.max_servers)
         self._joins: list[int] = []  # the steps after whose reports a server joins
-        self._window_last: dict[int, tuple[float, float]] = {}
         self.trace = Trace()
+        self._windows = WindowRecord(self.trace.windows)  # PSLD's windows, for validate-sim
         if len(chunks) <= MAPS_CHUNKS:
             self.trace.maps[0] = list(owners)
         #: What the consistency policy did (asynchronous jobs; none here).
@@ -190,6 +190,7 @@ class Simulation:
             message_s=c.message_s,
             link=self.nodes.server_links(k),
             in_order=c.pushes_in_order,
+            meter_push_s=c.meter_push_s,
         )
         t = step_times(x)
         seen_x = x if not c.clean_figures else self._clean_input(k, x)  # what PSLD sees
@@ -281,9 +282,10 @@ class Simulation:
         c = self.job.cluster
         moving = np.flatnonzero(owners != self.owners)
         reached = map_reaches(now, c.decision_s, c.latency_s)
-        handed = cut_now(moving, self.owners, seen.first_in, reached)
+        handed = cut_now(moving, self.owners, seen.first_queued, reached)
         if handed.size == 0:
             return
+        self.trace.learned[step] = self._epoch + 1  # answered moved, the workers fetch it
         again = seen_when_cut(x, handed)
         n = again.busy_s.size
         self.busy[:n] += (again.busy_s - seen.busy_s) / windows[:n]
@@ -344,7 +346,7 @@ class Simulation:
         keep = servers <= 16  # the trace keeps PSLD's figures (validate-sim's noise)
         for srv in range(servers):  # each server's load report (its counters)
             if keep:
-                self._keep_window(srv)
+                self._windows.take(srv, float(self.busy[srv]), float(self.moved[srv]))
             p.call(
                 "speeds.observe",
                 p.speeds.observe,
@@ -444,15 +446,6 @@ class Simulation:
         if new is not None and new != owners:
             self._last_decision = clock
             self._migrate(np.array(new, dtype=np.int64), clock, now)
-
-    def _keep_window(self, srv: int) -> None:
-        """Keep server ``srv``'s busy window since its last in the trace (as
-        ``SpeedEstimator.observe`` takes it: at least ``MIN_BUSY_S`` busy seconds)."""
-        last = self._window_last.get(srv, (0.0, 0.0))
-        busy, nbytes = float(self.busy[srv]) - last[0], float(self.moved[srv]) - last[1]
-        if busy >= MIN_BUSY_S and nbytes > 0:
-            self.trace.windows.setdefault(srv, []).append(nbytes / busy)
-            self._window_last[srv] = (float(self.busy[srv]), float(self.moved[srv]))
 
     def _chunk_costs(self) -> list[int]:
         return chunk_costs(self.chunk_bytes, len(self.ranks))

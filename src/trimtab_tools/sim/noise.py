@@ -35,7 +35,9 @@ __all__ = [
     "WINDOW",
     "Draws",
     "RecordedNoise",
+    "WindowRecord",
     "deviations",
+    "meter_push_s",
     "recorded",
     "scatter",
     "thinned",
@@ -194,3 +196,39 @@ class Draws:
                 windows = self._windows[self._rng.integers(0, self._windows.size, self.count)]
             self._steps.append((np.exp(bounds), np.exp(windows)))
         return self._steps[clock]
+
+
+class WindowRecord:
+    """Keeps each simulated server's busy windows as ``SpeedEstimator.observe`` takes
+    them (at least :data:`MIN_BUSY_S` busy seconds and some bytes since the last one)
+    in ``windows`` (a trace's: :func:`from_figures` reads them). Not thread-safe."""
+
+    def __init__(self, windows: dict[int, list[float]]) -> None:
+        self.windows = windows
+        self._last: dict[int, tuple[float, float]] = {}
+
+    def take(self, server: int, busy_s: float, nbytes: float) -> None:
+        """Server ``server``'s cumulative counters at a report. Never blocks."""
+        last = self._last.get(server, (0.0, 0.0))
+        busy, moved = busy_s - last[0], nbytes - last[1]
+        if busy >= MIN_BUSY_S and moved > 0:
+            self.windows.setdefault(server, []).append(moved / busy)
+            self._last[server] = (busy_s, nbytes)
+
+
+def meter_push_s(events: Iterable[Mapping[str, Any]]) -> float | None:
+    """The busy seconds a server's load meter counted per request (a push and its
+    reply) in a run record's ``load`` events: per server, from its first report with
+    a request to its last; the median over the servers. None without two such reports
+    of any server. Pure."""
+    spans: dict[int, list[tuple[float, int]]] = {}
+    for e in events:
+        if e.get("kind") == "load" and int(e.get("requests", 0)) > 0:
+            seen = spans.setdefault(int(e["server"]), [])
+            seen.append((float(e["busy_s"]), int(e["requests"])))
+    each = [
+        (b[-1][0] - b[0][0]) / (b[-1][1] - b[0][1])
+        for b in spans.values()
+        if len(b) >= 2 and b[-1][1] > b[0][1]
+    ]
+    return statistics.median(each) if each else None

@@ -5,11 +5,11 @@ A runtime worker reports step ``k`` with step ``k + 1``'s first push
 coordinator hears the last report of step ``k`` when the last worker's compute of step
 ``k + 1`` handed its first gradient over, and a map it decides then leaves it
 ``ClusterModel.decision_s`` later (PSLD's decision, the migration's start, the map's
-publication: 20 to 26 ms on the test bed). Whether that map reaches a server before
-the step's first push there decides whether the server cuts the moving chunks at the
-round under way (:mod:`.cuts`). The last step's reports leave at the job's end (the
-optimizer's ``flush``); an elastic job's workers report before each boundary's barrier
-(``send_now``), at the step's end.
+publication: 1.4 to 12 ms on the test bed). Whether that map enters a server's
+inbound queue before the step's first push there decides whether the server cuts the
+moving chunks at the round under way (:mod:`.cuts`). The last step's reports leave at
+the job's end (the optimizer's ``flush``); an elastic job's workers report before each
+boundary's barrier (``send_now``), at the step's end.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ class Trace:
     batch_min: list[int] = dataclasses.field(default_factory=list)
     batch_max: list[int] = dataclasses.field(default_factory=list)
     epochs: list[int] = dataclasses.field(default_factory=list)
+    #: Steps during which the workers learned a new map's epoch, not yet in force: a
+    #: migration cut at the step's round (its pushes answered *moved*; the workers fetch
+    #: the map then). A real worker's record of the epoch it routes by shows it there.
+    learned: dict[int, int] = dataclasses.field(default_factory=dict)
     #: Every worker's batch size at each step, in jobs of at most 16 workers.
     batches: list[list[int]] = dataclasses.field(default_factory=list)
     decisions: list[Decision] = dataclasses.field(default_factory=list)

@@ -44,6 +44,7 @@ from trimtab.errors import ConfigError
 from trimtab.settings import ElasticSettings, JobSettings, PlacementSettings
 from trimtab_tools.sim import static_scenario
 from trimtab_tools.sim.agreement import (
+    held_epochs,
     map_changes,
     maps_agree,
     record_events,
@@ -52,7 +53,7 @@ from trimtab_tools.sim.agreement import (
 from trimtab_tools.sim.cluster import ClusterModel
 from trimtab_tools.sim.engine import Simulation
 from trimtab_tools.sim.job import SimJob
-from trimtab_tools.sim.noise import RecordedNoise, from_figures, thinned
+from trimtab_tools.sim.noise import RecordedNoise, from_figures, meter_push_s, thinned
 from trimtab_tools.sim.noise import recorded as recorded_noise
 from trimtab_tools.sim.report import worker0_seconds
 
@@ -73,6 +74,10 @@ PSLD_JOB = {"steps": 150, "compute_ms": 20.0, "link": 80e6, "slowdown": 4.0}
 #: (``--measured`` outputs before 2026-11-29's fifth round): the records of 11-28's and
 #: 11-29's sittings published the map 20 to 26 ms after the last report.
 DECISION_S = 0.022
+#: A server's load meter's busy seconds per push where a measured run lacks its
+#: record's (``--measured`` outputs before 2026-11-29's sixth round): the calm runs of
+#: that session's sittings counted 460 to 580 us.
+METER_PUSH_S = 560e-6
 
 
 def step_error(simulated: float, measured: float) -> float:
@@ -127,6 +132,7 @@ def _measure_bandwidth(steps: int) -> dict[str, Any]:
         "calibration_step_times": calm["step_times"],
         # PSLD's figures' noise on the calm run (every server alike: the machine's).
         "noise": recorded_noise(record_events(calm.get("record"))).to_json(),
+        "meter_push_s": meter_push_s(record_events(calm.get("record"))),
         "psld_noise_scatter": recorded_noise(record_events(run.get("record"))).scatters(),
         "rates": rates,
         "slow_server": slow,
@@ -181,6 +187,7 @@ def bandwidth_job(
         join_s=m.get("join_s") or ClusterModel.join_s,
         join_steps=m.get("join_steps"),
         decision_s=DECISION_S if m.get("decision_s") is None else m["decision_s"],
+        meter_push_s=METER_PUSH_S if m.get("meter_push_s") is None else m["meter_push_s"],
         measurement_noise=noise or RecordedNoise(),
         # PSLD's figures' noise: the record's alone.
         clean_figures=bool(noise and (noise.bounds or noise.windows)) if clean is None else clean,
@@ -251,7 +258,7 @@ def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]
     noise = measurement_noise(m, message_s, jitter)
     sim = Simulation(bandwidth_job(m, message_s, calm=False, jitter=jitter, noise=noise))
     sim.run()
-    after = [*sim.trace.epochs[1:], sim.trace.epochs[-1]]  # the map routed by after a step
+    after = held_epochs(sim.trace.epochs, sim.trace.learned)  # as a worker records them
     measured = map_changes(m["epochs"], {int(k): v for k, v in m.get("maps", {}).items()})
     simulated = map_changes(after, sim.trace.maps)
     decisions = {
@@ -261,6 +268,10 @@ def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]
         "calibrated_join_steps": m.get("join_steps"),
         "calibrated_decision_ms": round(sim.job.cluster.decision_s * 1e3, 1),
         "decision_from_record": m.get("decision_s") is not None,
+        "calibrated_meter_push_us": round(sim.job.cluster.meter_push_s * 1e6, 1)
+        if sim.job.cluster.meter_push_s is not None
+        else None,
+        "meter_from_record": m.get("meter_push_s") is not None,
         "recorded_noise": (
             RecordedNoise.from_json(m["noise"]).scatters() if m.get("noise") else None
         ),
