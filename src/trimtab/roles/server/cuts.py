@@ -11,6 +11,16 @@ step paid for the round trips (issue 20's migration pause); cut after it, the st
 as if nothing moved, the chunks go as their round is answered, during the workers'
 next compute, and the workers route the next step by the new map (MAP_NEWS).
 
+A round is under way on a table where a push of it is in on one of its chunks here,
+*or where one of them completed it already* (its round is past it). A step's pushes
+come in chunk after chunk: between one chunk's last push and the next one's first, no
+chunk here has a push in, yet the table's round is half done. Read from the pushes in
+alone, a map that came then cut the chunks done with the round after it and the rest
+at it: some of a server's leaving chunks had the step's pushes answered *moved*, the
+others not (issue 38's bed records: 6 of 32 moves of two or more chunks off a server,
+e.g. N1 step 1: one of the slow server's six leaving chunks stayed for the step, 12 of
+its 32 traffic units, not 8 or 32).
+
 A big move is spread over :data:`SPREAD_STEPS` steps (:func:`spread`): the chunks
 leaving a server are cut at successive rounds, a like share of their bytes at each, so
 no one step pays for moving them all (issue 20's migration pause: a forced migration of
@@ -35,20 +45,31 @@ SPREAD_MIN_BYTES = 4 << 20
 
 
 def rounds_under_way(store: ChunkStore) -> dict[int, int]:
-    """Per table, the latest round that some worker pushed to on a chunk of it here.
-    Pure."""
+    """Per table, the latest round under way on a chunk of it here: pushed to (a push
+    of it in) or, under a synchronous policy, completed (the round before the chunk's,
+    where it has none in: a chunk at round ``k`` completed ``k - 1``). Under BSP no
+    chunk of a table starts round ``k + 1`` before every chunk completed ``k`` (a worker
+    pushes the next step once every value of this one is in), so a round completed on
+    one chunk is the one every chunk still at it is in. Asynchronous rounds are each
+    chunk's own (one a push): only pushes in count there. Pure."""
+    synchronous = store.consistency.synchronous
     under_way: dict[int, int] = {}
     for chunk in store.chunks.values():
         if chunk.arrived:
-            table = store.table_of(chunk.spec)
-            under_way[table] = max(under_way.get(table, chunk.round), chunk.round)
+            started = chunk.round
+        elif synchronous and chunk.round > 0:
+            started = chunk.round - 1
+        else:
+            continue
+        table = store.table_of(chunk.spec)
+        under_way[table] = max(under_way.get(table, started), started)
     return under_way
 
 
 def cut_of(chunk: Chunk, table: int, under_way: Mapping[int, int]) -> int:
     """The cut of ``chunk`` (of ``table``): after its round in progress if that round
-    was pushed to, on it or on another chunk of its table (``under_way``, from
-    :func:`rounds_under_way`), else at it. Pure."""
+    is under way, on it or on another chunk of its table (``under_way``, from
+    :func:`rounds_under_way`: pushed to, or completed), else at it. Pure."""
     started = bool(chunk.arrived) or under_way.get(table) == chunk.round
     return chunk.round + (1 if started else 0)
 

@@ -130,8 +130,9 @@ class Handover:
     def plan(self, header: headers.MigrateHeader) -> dict[str, int]:
         """Take a MIGRATE map (read): decide, for each chunk leaving, the clock from which it
         is its new owner's (:func:`~trimtab.roles.server.cuts.cut_of`: the round in
-        progress if no push of its table's round arrived yet, else the next), and expect
-        the chunks arriving. Returns the cuts, by chunk id."""
+        progress if its table's round has not begun here, no push of it in and no chunk
+        of the table past it, else the next), and expect the chunks arriving. Returns
+        the cuts, by chunk id."""
         store = self.store
         if not store.specs:
             store.learn_job(header)  # a server that joined after the job started
