@@ -88,12 +88,12 @@ def test_replayed_modified_reordered_and_foreign_messages_are_refused() -> None:
         s.open([memoryview(b"short")])
 
 
-def test_a_seal_is_the_documented_hmac_with_one_two_and_three_frames() -> None:
-    # The trailer is <Q seq, then HMAC-SHA256(direction key, seq | header | <nQ lengths of
-    # the frames after it)[:16], as the hmac module computes it: whichever HMAC object
-    # the session keeps, and the two-frame case packed without a list.
+def test_a_seal_is_the_documented_keyed_blake2b_with_one_two_and_three_frames() -> None:
+    # The trailer is <Q seq, then BLAKE2b(key=direction key, digest_size=16)(seq | header |
+    # <nQ lengths of the frames after it) (docs/security.md), as hashlib computes it from
+    # scratch, not from the session's copied state; the two-frame case packed without a
+    # list.
     import hashlib
-    import hmac
 
     send, recv = secrets.token_bytes(32), secrets.token_bytes(32)
     c, s = Session(send, recv), Session(recv, send)
@@ -103,9 +103,10 @@ def test_a_seal_is_the_documented_hmac_with_one_two_and_three_frames() -> None:
         sealed = c.seal(frames)
         lengths = [memoryview(f).nbytes for f in frames[1:]]
         packed = struct.pack(f"<{len(lengths)}Q", *lengths) if lengths else b""
-        want = hmac.new(send, digestmod=hashlib.sha256)
-        want.update(struct.pack("<Q", seq) + bytes(frames[0]) + packed)
-        assert bytes(sealed[0]) == bytes(frames[0]) + struct.pack("<Q", seq) + want.digest()[:16]
+        want = hashlib.blake2b(
+            struct.pack("<Q", seq) + bytes(frames[0]) + packed, key=send, digest_size=16
+        ).digest()
+        assert bytes(sealed[0]) == bytes(frames[0]) + struct.pack("<Q", seq) + want
         assert sealed[1:] == frames[1:]
         opened = s.open([memoryview(bytes(f)) for f in sealed])
         assert [bytes(f) for f in opened] == [bytes(f) for f in frames]

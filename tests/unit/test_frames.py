@@ -9,7 +9,14 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from trimtab.transport.frames import EVENTS, POLLIN, recv_buffers, recv_frames, send_frames
+from trimtab.transport.frames import (
+    EVENTS,
+    POLLIN,
+    recv_buffers,
+    recv_frames,
+    recv_routed,
+    send_frames,
+)
 
 
 @pytest.fixture
@@ -57,3 +64,34 @@ def test_buffers_arrive_whole_in_order_and_outlive_their_frames(
     assert [bytes(x) for x in second] == [b"alone"]
     with pytest.raises(zmq.Again):
         recv_buffers(a)
+
+
+@pytest.mark.timeout(30)
+def test_a_routers_message_arrives_as_its_identity_buffers_and_last_frame() -> None:
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        dealer.setsockopt(zmq.IDENTITY, b"dealer-1")
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        big = memoryview(bytearray(range(256)) * 1024)  # zero-copy: the frame's buffer
+        send_frames(dealer, [b"head", big])
+        send_frames(dealer, [b"alone"])
+        assert router.poll(10_000)
+        identity, buffers, last = recv_routed(router)
+        assert identity == b"dealer-1"
+        assert [bytes(x) for x in buffers] == [b"head", big.tobytes()]
+        assert last.bytes == big.tobytes()  # (the frame a connection's descriptor is read off)
+        assert router.poll(10_000)
+        identity, buffers, last = recv_routed(router)
+        assert (identity, [bytes(x) for x in buffers], last.bytes) == (
+            b"dealer-1",
+            [b"alone"],
+            b"alone",
+        )
+        with pytest.raises(zmq.Again):
+            recv_routed(router)
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()

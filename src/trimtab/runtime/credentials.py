@@ -146,7 +146,7 @@ class Credentials:
     def worker(self, header: Header) -> int:
         """The worker rank ``r`` whose credential ``t`` ``header`` carries. Raises a
         FORBIDDEN :class:`ProtocolError` if it carries none or a wrong one."""
-        rank = header.get("r")
+        rank: int = header.get("r", -1)  # (checked below; no cast call a push)
         token = header.get("t")
         expected = self._workers.get(rank) if type(rank) is int else None
         key = self._key
@@ -160,7 +160,7 @@ class Credentials:
                 f"op {header.get('o')} needs a worker's credential: 't' and the rank 'r' it "
                 "was issued for (its REGISTERED gives a worker both)"
             )
-        return cast(int, rank)
+        return rank
 
     def adoption(self, header: Header, root: int) -> int:
         """The adoption number ``ad`` of an INIT of worker ``root`` whose grant ``g`` is

@@ -49,6 +49,10 @@ class ZmqSessions:
         self._shaking_out: dict[str, ClientHandshake] = {}
         self._waiting: dict[str, list[list[Frame]]] = {}
         self._in: dict[bytes, Session] = {}
+        #: The sessions of proven ROUTER identities (the same dict, never replaced): the
+        #: transport's send seals a message to one with its session, without a call here
+        #: (an identity without one never proved itself: its messages are dropped).
+        self.proven_in = self._in
         self._shaking_in: collections.OrderedDict[bytes, ServerHandshake] = (
             collections.OrderedDict()
         )
@@ -140,13 +144,6 @@ class ZmqSessions:
         return None, [[proof], *(session.seal(m) for m in self._waiting.pop(address))]
 
     # -- peers that connected to us (ROUTER) ------------------------------------------
-
-    def seal_in(self, identity: bytes, frames: list[Frame]) -> list[Frame] | None:
-        """``frames`` as they go to ``identity``, or None if it never proved itself."""
-        if self._key is None:
-            return frames
-        session = self._in.get(identity)
-        return None if session is None else session.seal(frames)
 
     def on_router(
         self, identity: bytes, frames: list[memoryview]

@@ -29,8 +29,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, cast
 
 import zmq
 import zmq.backend
@@ -38,7 +39,7 @@ import zmq.backend
 from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.auth import JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
-from trimtab.transport.frames import POLLIN, recv_buffers, recv_frames, send_frames
+from trimtab.transport.frames import POLLIN, recv_buffers, recv_routed, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
@@ -71,6 +72,11 @@ __all__ = [
 log = logging.getLogger("trimtab.transport")
 
 #: How many messages one ready socket may yield per poll before others get a turn.
+#: ``Envelope(peer, frames)`` made in C (the named tuple's ``__new__`` is a Python
+#: function: a call a message received).
+_envelope = cast(
+    Callable[[tuple[Peer, list[memoryview]]], Envelope], partial(tuple.__new__, Envelope)
+)
 _BURST = 64
 #: pyzmq's compiled poll: whether a socket has more queued is asked with it, one C call
 #: (``Socket.get(EVENTS)`` converts the option to its enum: two Python calls a message).
@@ -133,6 +139,7 @@ class ZmqTransport(Transport):
         self._shared = _shared or SharedContext(auth)
         self._key = self._shared.key
         self._sessions = ZmqSessions(self._key, limits)
+        self._proven_in = self._sessions.proven_in  # (send's lookup, without a call)
         self._shared.acquire()
         self._closed = False
         self.spin_s = spin_s
@@ -232,7 +239,8 @@ class ZmqTransport(Transport):
         the limits (its receiver would refuse it)."""
         self._limits.check_frames_sent(frames)
         if peer.startswith(b"i:"):
-            conn = self._lane_in.get(peer[2:])
+            identity = peer[2:]
+            conn = self._lane_in.get(identity)
             if conn is not None:
                 self._lanes.send(conn, frames)
                 return
@@ -241,11 +249,11 @@ class ZmqTransport(Transport):
             # A lane peer that has gone is unknown to the router, which drops the message
             # as it does for its own departed peers (and so do we, for one never proven).
             if self._key is None:  # (nothing to seal: the data path's every reply)
-                send_frames(self._router, [peer[2:], *frames])
+                send_frames(self._router, [identity, *frames])
                 return
-            sealed = self._sessions.seal_in(peer[2:], list(frames))
-            if sealed is not None:
-                send_frames(self._router, [peer[2:], *sealed])
+            session = self._proven_in.get(identity)
+            if session is not None:  # (None: it never proved itself: dropped)
+                send_frames(self._router, [identity, *session.seal(frames)])
             return
         address = peer[2:].decode()
         conn = self._lane_out.get(address)
@@ -356,19 +364,18 @@ class ZmqTransport(Transport):
         known = watch.known
         for _ in range(_BURST):
             try:
-                parts = recv_frames(router)
+                identity, buffers, last = recv_routed(router)
             except zmq.Again:
                 return
-            if len(parts) >= 2:
-                identity = parts[0].bytes
-                frames, reply = on_router(identity, [p.buffer for p in parts[1:]])
+            if buffers:
+                frames, reply = on_router(identity, buffers)
                 if reply is not None:
                     router.send_multipart([identity, *reply])
                 if frames is not None:
                     peer = b"i:" + identity  # (in_peer)
-                    ready.append(Envelope(peer, frames))
+                    ready.append(_envelope((peer, frames)))
                     if peer not in known:
-                        watch.seen(peer, parts[-1])
+                        watch.seen(peer, last)
             # Asking is cheaper than the exception a receive on an empty socket raises.
             if not _POLL([(router, POLLIN)], 0):
                 return
@@ -390,7 +397,7 @@ class ZmqTransport(Transport):
             for message in out:
                 send_frames(dealer, message)
             if frames is not None:
-                ready.append(Envelope(peer, frames))
+                ready.append(_envelope((peer, frames)))
             # Asking is cheaper than the exception a receive on an empty socket raises.
             if not _POLL([(dealer, POLLIN)], 0):
                 return
