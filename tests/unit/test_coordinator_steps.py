@@ -162,6 +162,11 @@ def test_a_broadcasts_root_is_refused_when_a_worker_leaves_without_taking_it() -
     c.put(b"a", 2, 0, "k", {}, [memoryview(b"v")])
     c.get(b"b", 3, 1, "k")
     assert c.resize(2) == [Send(b"a", {"o": int(Control.OK), "i": 2})]
+    # One that admits a worker does not wait for it: it joined after the put.
+    c = Collectives(2)
+    c.put(b"a", 2, 0, "k", {}, [memoryview(b"v")])
+    assert c.resize(3) == []
+    assert [m.peer for m in c.get(b"b", 3, 1, "k")] == [b"b", b"a"]
     # A worker cannot take one value twice, nor its root take its own.
     c = Collectives(3)
     c.put(b"a", 2, 0, "k", {}, [memoryview(b"v")])

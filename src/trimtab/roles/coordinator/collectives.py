@@ -35,7 +35,8 @@ class Part:
 @dataclasses.dataclass
 class _Value:
     """A broadcast's value put, and who took it (ranks). ``peer``: its root's, owed OK
-    (None once nobody is: the root was lost)."""
+    (None once nobody is: the root was lost). ``needed``: the takers it waits for, the
+    other workers of the job when it was put (a worker admitted later does not call it)."""
 
     meta: Header
     frames: Sequence[Frame]
@@ -43,6 +44,7 @@ class _Value:
     rid: int
     rank: int
     takers: set[int]
+    needed: int
 
 
 class Collectives:
@@ -145,7 +147,8 @@ class Collectives:
                 ErrorCode.BAD_STATE.value, f"{len(self._values)} broadcasts wait to be taken"
             )
         # Takers known already: workers that took it from a coordinator before this one.
-        self._values[key] = _Value(meta, frames, peer, rid, rank, self._taken.pop(key, set()))
+        taken = self._taken.pop(key, set())
+        self._values[key] = _Value(meta, frames, peer, rid, rank, taken, self.num_workers - 1)
         out: Outbox = []
         for p, r, taker in self._getters.pop(key, []):
             self._released(p)
@@ -179,10 +182,11 @@ class Collectives:
         return [Send(peer, headers.bcast_value(rid=rid, meta=value.meta), value.frames)]
 
     def _settle(self, key: str) -> Outbox:
-        """Broadcast ``key``'s OK to its root, once every other worker took it (then the
-        value is dropped)."""
+        """Broadcast ``key``'s OK to its root, once every other worker took it (of those
+        when it was put, and still in the job: :meth:`resize`); then the value is
+        dropped."""
         value = self._values[key]
-        if len(value.takers) < self.num_workers - 1:
+        if len(value.takers) < min(value.needed, self.num_workers - 1):
             return []
         del self._values[key]
         return [] if value.peer is None else [Send(value.peer, headers.ok(rid=value.rid))]
