@@ -12,6 +12,7 @@ from trimtab.policies.psld import (
     SpeedEstimator,
     drain_move,
     explore_move,
+    fewest_moves,
     rebalance,
     server_times,
 )
@@ -511,3 +512,21 @@ def test_a_trial_in_flight_is_visible_to_the_scaling_policy() -> None:
     assert not ctl.trial_running
     assert ctl.decide(4, sizes, owners, [100.0, 40.0]) is not None
     assert ctl.trial_running
+
+
+def test_a_plan_reaches_its_loads_in_the_fewest_moves_whichever_way_it_was_found() -> None:
+    # Issue 38's bed: 32 chunks round robin on 4 servers, server 1 slow. The greedy
+    # search moved chunks onto server 0 until it was the slowest, then two of server
+    # 0's own to server 3: 8 moves where 6 give every server the same load. The plan
+    # now depends on the loads reached, not on the path: slow figures 4 and 4.7 times
+    # below the others' (7 and 8 greedy moves before) give the same 6 moves.
+    sizes, owners = [100] * 32, [0, 1, 2, 3] * 8
+    plans = [rebalance(sizes, owners, [143.6, v, 143.6, 143.6]) for v in (30.5, 36.0)]
+    assert plans[0].owners == plans[1].owners
+    pairs = enumerate(zip(owners, plans[0].owners, strict=True))
+    moves = [(c, a, b) for c, (a, b) in pairs if a != b]
+    assert moves == [(1, 1, 0), (5, 1, 0), (9, 1, 2), (13, 1, 2), (17, 1, 3), (21, 1, 3)]
+    assert plans[0].moved_bytes == 600
+    # Per size: a server gives its lowest-numbered chunks of a size, the takers in order.
+    assert fewest_moves([1, 2, 1, 2], [0, 0, 0, 0], [0, 1, 1, 0]) == (1, 1, 0, 0)
+    assert fewest_moves([1, 1], [0, 1], [1, 0]) == (0, 1)  # a swap of equals: none

@@ -120,3 +120,23 @@ def test_pushes_go_last_tensor_first_unless_in_order() -> None:
     in_order = step_times(_step(**shape, in_order=True))
     assert in_order.first_in[0] > backward.first_in[0]
     assert in_order.first_in[1] < backward.first_in[1]
+
+
+def test_a_span_starts_when_its_worker_began_sending_the_tensor() -> None:
+    # Two tensors of two chunks, pushed in order over a worker NIC of 10 MB/s (0.1 s a
+    # chunk), from the compute's end (0.1 s). Server 1 owns chunk 3 only: a worker reads
+    # the clock when it begins sending tensor 1 (chunk 2, at 0.3 s), not at the
+    # compute's end (issue 38: the bed's slow server read faster than the simulated).
+    shape: dict[str, object] = {
+        "owners": np.array([0, 0, 0, 1]),
+        "shares": np.ones(4),
+        "in_order": True,
+        "worker_nic_bps": 1e7,
+    }
+    t = step_times(_step(**shape, tensors=np.array([0, 0, 1, 1])))
+    alone = step_times(_step(**shape))  # a chunk a tensor: from chunk 3's own send
+    assert t.span_s[1] == pytest.approx(t.ends.max() - 0.3, rel=1e-6)
+    assert alone.span_s[1] == pytest.approx(t.ends.max() - 0.4, rel=1e-6)
+    assert t.tail_s[1] == pytest.approx(t.span_s[1])  # the wait began before the send
+    assert t.span_s[0] == pytest.approx(alone.span_s[0])  # chunk 0 left at the end
+    assert np.array_equal(t.ends, alone.ends)  # the timing is the same

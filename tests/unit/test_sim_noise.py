@@ -9,6 +9,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trimtab_tools.experiments.psld_bed import rank_on
@@ -187,3 +188,34 @@ def test_busy_windows_are_kept_as_the_speed_estimator_takes_them() -> None:
     keeper.take(0, 0.006, 3e6)
     keeper.take(0, 0.016, 4e6)
     assert windows == {0: [3e6 / 0.006, 1e6 / 0.010]}
+
+
+def test_the_bounds_are_drawn_again_as_recorded_every_server_together_in_order() -> None:
+    # Issue 38: the bed's figures move together and over several steps; drawn server by
+    # server and step by step, the simulated PSLD moved chunks the bed's did not.
+    events = [
+        e
+        for e in _noisy_events(0.1, steps=40)
+        if not (e["kind"] == "traffic" and e["clock"] == 7)  # a step with no figures
+    ]
+    recorded = noise.recorded(events)
+    assert len(recorded.series) == 39 and all(len(step) == 4 for step in recorded.series)
+    again = noise.RecordedNoise.from_json(json.loads(json.dumps(recorded.to_json())))
+    assert np.allclose(again.series, recorded.series, atol=1e-5)
+    # A run's step k takes the record's step start + k, each server one recorded
+    # server's pair: consecutive steps are consecutive recorded steps, all servers'.
+    series = np.exp(np.array(recorded.series))
+    draws = noise.Draws(recorded, seed=3, count=4)
+
+    def same(got: np.ndarray, step: np.ndarray) -> bool:
+        return bool(np.allclose(np.sort(got, axis=0), np.sort(step, axis=0)))
+
+    start = [i for i in range(len(series)) if same(draws.at(0)[0], series[i])]
+    assert len(start) == 1
+    for k in range(1, 5):
+        assert same(draws.at(k)[0], series[(start[0] + k) % len(series)])
+    # Without a series (an older output): each server's pair drawn from every pair.
+    older = noise.RecordedNoise(recorded.bounds, recorded.windows)
+    pairs = np.exp(np.array(recorded.bounds))
+    for row in noise.Draws(older, seed=3, count=4).at(0)[0]:
+        assert np.isclose(pairs, row).all(axis=1).any()

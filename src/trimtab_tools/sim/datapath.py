@@ -112,6 +112,10 @@ class StepInput:
         meter_push_s: busy seconds a server's load meter counts per push it merges and
             answers, where calibrated (it then replaces the model's handler times in
             the busy seconds, not in the timing; None: those handler times).
+        tensors: each chunk's tensor (C,; None: each chunk a tensor of its own). A
+            worker times a server's span from when it began sending the first tensor
+            with a chunk there (``frontend/pusher.py`` reads the clock once a tensor,
+            before its chunks' pushes), not from the compute's end.
     """
 
     starts: np.ndarray
@@ -134,6 +138,7 @@ class StepInput:
     moved: np.ndarray | None = None
     in_order: bool = False
     meter_push_s: float | None = None
+    tensors: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +197,10 @@ def step_times(x: StepInput) -> StepTimes:
     columns = np.arange(c_count) if x.in_order else np.arange(c_count)[::-1]
     backward = _per_worker_order(w_count, columns) if alone else None
     per_message = x.message_s
-    out_w = fifo(worker_host, ready.ravel(), flat_sizes / x.worker_nic_bps + per_message, backward)
+    out_each = flat_sizes / x.worker_nic_bps + per_message
+    out_w = fifo(worker_host, ready.ravel(), out_each, backward)
+    # When each push began to leave (its queue's service starts), as a worker times it.
+    pushed = _tensor_starts((out_w - out_each).reshape(w_count, c_count), x.tensors)
     arrive = out_w + x.latency_s
     order = queue_order(server_host, arrive)
     link = np.full(s_count, np.inf) if x.link is None else x.link
@@ -240,7 +248,7 @@ def step_times(x: StepInput) -> StepTimes:
     read = np.maximum(got, compute_ends[:, None])  # replies are read during the wait
     if x.moved is not None:  # a moved push's answer closes no span (pusher.py)
         read = np.where(x.moved[None, :], -np.inf, read)
-    span, tail = _spans(ready, read, compute_ends, owners, s_count)
+    span, tail = _spans(pushed, read, compute_ends, owners, s_count)
     first_in = np.full(s_count, np.inf)
     np.minimum.at(first_in, owners, in_s.reshape(w_count, c_count).min(axis=0))
     first_queued = np.full(s_count, np.inf)
@@ -261,17 +269,33 @@ def step_times(x: StepInput) -> StepTimes:
     )
 
 
+def _tensor_starts(sent: np.ndarray, tensors: np.ndarray | None) -> np.ndarray:
+    """Each push's start as its worker's clock reads it (``sent``: (W, C), each push's
+    own): that of its tensor's first push sent (``tensors``: each chunk's, a tensor's
+    chunks next to each other as ``make_chunks`` numbers them; None: as ``sent``). A
+    worker reads the clock once a tensor, before sending its chunks."""
+    if tensors is None or sent.size == 0:
+        return sent
+    cut = np.flatnonzero(np.r_[True, tensors[1:] != tensors[:-1]])
+    if cut.size == tensors.size:  # a chunk a tensor
+        return sent
+    first = np.minimum.reduceat(sent, cut, axis=1)
+    out: np.ndarray = np.repeat(first, np.diff(np.r_[cut, tensors.size]), axis=1)
+    return out
+
+
 def _spans(
-    ready: np.ndarray, read: np.ndarray, waited: np.ndarray, owners: np.ndarray, count: int
+    sent: np.ndarray, read: np.ndarray, waited: np.ndarray, owners: np.ndarray, count: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per server (``count`` of them; 0 for one owning nothing): the longest span over
-    workers from the first push to the last reply read, and the shortest from the later
-    of that push and the start of the wait (as ``reports.spans_of_step`` times them and
-    the coordinator gathers them)."""
+    workers from the first push sent (``sent``: when each push began to leave, by its
+    worker's clock) to the last reply read, and the shortest from the later of that push
+    and the start of the wait (as ``reports.spans_of_step`` times them and the
+    coordinator gathers them)."""
     order = np.argsort(owners, kind="stable")
     held = owners[order]
     cut = np.flatnonzero(np.r_[True, held[1:] != held[:-1]])
-    first = np.minimum.reduceat(ready[:, order], cut, axis=1)
+    first = np.minimum.reduceat(sent[:, order], cut, axis=1)
     last = np.maximum.reduceat(read[:, order], cut, axis=1)
     span, tail = np.zeros(count), np.zeros(count)
     span[held[cut]] = (last - first).max(axis=0)

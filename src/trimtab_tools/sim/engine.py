@@ -82,6 +82,7 @@ class Simulation:
         tensors, chunks = job.tensors(), job.chunks()
         self.chunk_bytes = [c.nbytes for c in chunks]
         self.sizes = np.array(self.chunk_bytes, dtype=float)
+        self.tensor_of = np.array([c.tensor for c in chunks], dtype=np.int64)
         in_order = job.cluster.pushes_in_order  # then every gradient at the compute's end
         self.shares = ready_shares(self.sizes, 1.0 if in_order else job.cluster.forward_share)
         owners = p.call("placement.place", p.placement.place, tensors, chunks, s.servers)
@@ -191,6 +192,7 @@ class Simulation:
             link=self.nodes.server_links(k),
             in_order=c.pushes_in_order,
             meter_push_s=c.meter_push_s,
+            tensors=self.tensor_of,
         )
         t = step_times(x)
         seen_x = x if not c.clean_figures else self._clean_input(k, x)  # what PSLD sees

@@ -15,9 +15,16 @@ less moves chunks earlier than the runtime.
 its server's running median (over :data:`WINDOW` figures, centred: a level the server
 holds for a while is not noise). :func:`thinned` keeps what the simulated figures'
 own scatter leaves unexplained (their variances add), and :class:`Draws` draws it
-again, step by step and server by server, by resampling the recorded deviations (the
-bounds' two as a pair: they come from the same spans). Pure but for :class:`Draws`'
-seeded random stream.
+again: the workers' bounds as the record has them, every server's deviations of one
+step together and the steps in their order (``RecordedNoise.series``, from a random
+step on), the busy windows by resampling (the bounds' two as a pair: they come from
+the same spans). Why in order: the bed's figures move together (a third to a half of
+their variance is common to the servers of a step) and over several steps; drawn
+server by server and step by step, the simulated PSLD made one to two and a half
+times as many moves after its first as the bed's in the first 20 steps, and the same
+decisions in 5 of 30 seeded runs of three sittings; replayed in order, in 13 of 30
+(issue 38, eighth round). Outputs without a series draw every pair independently, as
+before. Pure but for :class:`Draws`' seeded random stream.
 """
 
 from __future__ import annotations
@@ -74,10 +81,14 @@ def scatter(values: Iterable[float]) -> float:
 @dataclasses.dataclass(frozen=True)
 class RecordedNoise:
     """Log deviations to draw from: ``bounds`` the workers' (lower, upper) pairs,
-    ``windows`` the busy windows'. Either may be empty (nothing to draw)."""
+    ``windows`` the busy windows'. Either may be empty (nothing to draw). ``series``:
+    the bounds' pairs step by step in the record's order, one per server that has a
+    figure at every one of those steps (empty where not known: outputs before
+    2026-11-29's eighth round, or figures given without their steps)."""
 
     bounds: tuple[tuple[float, float], ...] = ()
     windows: tuple[float, ...] = ()
+    series: tuple[tuple[tuple[float, float], ...], ...] = ()
 
     def scatters(self) -> dict[str, float]:
         """The scatter (:func:`scatter`) of the lower bounds, the upper bounds and the
@@ -93,6 +104,7 @@ class RecordedNoise:
         return {
             "bounds": [[round(a, 5), round(b, 5)] for a, b in self.bounds],
             "windows": [round(w, 5) for w in self.windows],
+            "series": [[[round(a, 5), round(b, 5)] for a, b in step] for step in self.series],
         }
 
     @classmethod
@@ -100,7 +112,12 @@ class RecordedNoise:
         """From :meth:`to_json`'s values. Raises KeyError, TypeError or ValueError for
         malformed ones."""
         bounds = tuple((float(a), float(b)) for a, b in value["bounds"])
-        return cls(bounds, tuple(float(w) for w in value["windows"]))
+        series = tuple(
+            tuple((float(a), float(b)) for a, b in step) for step in value.get("series", ())
+        )
+        if len({len(step) for step in series}) > 1:
+            raise ValueError("series: every step needs the same servers")
+        return cls(bounds, tuple(float(w) for w in value["windows"]), series)
 
 
 def _per_server(figures: Mapping[int, Sequence[float]]) -> list[list[float]]:
@@ -108,17 +125,30 @@ def _per_server(figures: Mapping[int, Sequence[float]]) -> list[list[float]]:
 
 
 def from_figures(
-    bounds: Mapping[int, Sequence[tuple[float, float]]], windows: Mapping[int, Sequence[float]]
+    bounds: Mapping[int, Sequence[tuple[float, float]]],
+    windows: Mapping[int, Sequence[float]],
+    clocks: Mapping[int, Sequence[int]] | None = None,
 ) -> RecordedNoise:
     """The deviations of per-server figures: ``bounds`` each server's (lower, upper)
-    speed bounds step by step, ``windows`` its busy windows' speeds (bytes/s, > 0). A
-    server with fewer than :data:`MIN_FIGURES` of a kind gives none of it. Pure."""
+    speed bounds step by step, ``windows`` its busy windows' speeds (bytes/s, > 0);
+    ``clocks``, where given, the step of each of a server's bounds (then ``series``
+    holds the steps every such server has a figure at, in order). A server with fewer
+    than :data:`MIN_FIGURES` of a kind gives none of it. Pure."""
     pairs: list[tuple[float, float]] = []
-    for b in bounds.values():
+    by_server: dict[int, dict[int, tuple[float, float]]] = {}
+    for server, b in bounds.items():
         if len(b) >= MIN_FIGURES:
             low, high = deviations([x[0] for x in b]), deviations([x[1] for x in b])
-            pairs.extend(zip(low, high, strict=True))
-    return RecordedNoise(tuple(pairs), tuple(x for d in _per_server(windows) for x in d))
+            mine = list(zip(low, high, strict=True))
+            pairs.extend(mine)
+            if clocks is not None:
+                by_server[server] = dict(zip(clocks[server], mine, strict=True))
+    series: tuple[tuple[tuple[float, float], ...], ...] = ()
+    if len(by_server) >= 2:
+        steps = sorted(set.intersection(*(set(d) for d in by_server.values())))
+        series = tuple(tuple(by_server[s][k] for s in sorted(by_server)) for k in steps)
+    windowed = tuple(x for d in _per_server(windows) for x in d)
+    return RecordedNoise(tuple(pairs), windowed, series)
 
 
 def recorded(events: Iterable[Mapping[str, Any]]) -> RecordedNoise:
@@ -127,6 +157,7 @@ def recorded(events: Iterable[Mapping[str, Any]]) -> RecordedNoise:
     wait not > 0 left out) and the ``load`` events' busy windows (successive reports of
     a server, at least :data:`MIN_BUSY_S` busy seconds and some bytes apart). Pure."""
     bounds: dict[int, list[tuple[float, float]]] = {}
+    clocks: dict[int, list[int]] = {}
     windows: dict[int, list[float]] = {}
     last: dict[int, tuple[float, float]] = {}
     for e in events:
@@ -135,6 +166,7 @@ def recorded(events: Iterable[Mapping[str, Any]]) -> RecordedNoise:
             for server, span, wait, nbytes in e.get("servers", []):
                 if span > 0 and wait > 0 and nbytes > 0:
                     bounds.setdefault(int(server), []).append((nbytes / span, nbytes / wait))
+                    clocks.setdefault(int(server), []).append(int(e.get("clock", -1)))
         elif kind == "load":
             server, busy, nbytes = int(e["server"]), float(e["busy_s"]), float(e["bytes"])
             before = last.get(server)
@@ -145,7 +177,7 @@ def recorded(events: Iterable[Mapping[str, Any]]) -> RecordedNoise:
             if dbusy >= MIN_BUSY_S and dbytes > 0:
                 windows.setdefault(server, []).append(dbytes / dbusy)
                 last[server] = (busy, nbytes)
-    return from_figures(bounds, windows)
+    return from_figures(bounds, windows, clocks)
 
 
 def thinned(noise: RecordedNoise, simulated: Mapping[str, float]) -> RecordedNoise:
@@ -162,14 +194,19 @@ def thinned(noise: RecordedNoise, simulated: Mapping[str, float]) -> RecordedNoi
 
     lo, up, win = factor("lower"), factor("upper"), factor("windows")
     return RecordedNoise(
-        tuple((a * lo, b * up) for a, b in noise.bounds), tuple(w * win for w in noise.windows)
+        tuple((a * lo, b * up) for a, b in noise.bounds),
+        tuple(w * win for w in noise.windows),
+        tuple(tuple((a * lo, b * up) for a, b in step) for step in noise.series),
     )
 
 
 class Draws:
     """Deviations drawn from a :class:`RecordedNoise`, ``count`` servers a step, the
     same for a step however often it is asked (steps asked out of order draw the ones
-    between). Seeded: runs repeat. Not thread-safe; never blocks."""
+    between). Where the noise has a ``series``, step ``k``'s bounds are its step
+    ``start + k`` (around its end), each server following one recorded server's
+    (``start`` and the servers' shuffle drawn once); else each server's pair is drawn
+    from every pair. Seeded: runs repeat. Not thread-safe; never blocks."""
 
     def __init__(self, noise: RecordedNoise, seed: int, count: int) -> None:
         self._bounds = np.array(noise.bounds, dtype=float).reshape(-1, 2)
@@ -177,6 +214,12 @@ class Draws:
         self._rng = np.random.default_rng(seed)
         self.count = count
         self._steps: list[tuple[np.ndarray, np.ndarray]] = []
+        self._series = np.array(noise.series, dtype=float)
+        if self._series.size:
+            recorded_servers = self._series.shape[1]
+            self._start = int(self._rng.integers(0, len(self._series)))
+            shuffled = self._rng.permutation(max(count, recorded_servers)) % recorded_servers
+            self._which = shuffled[:count]
 
     @property
     def empty(self) -> bool:
@@ -190,7 +233,10 @@ class Draws:
         while len(self._steps) <= clock:
             bounds = np.zeros((self.count, 2))
             windows = np.zeros(self.count)
-            if self._bounds.size:
+            if self._series.size:
+                row = self._series[(self._start + len(self._steps)) % len(self._series)]
+                bounds = row[self._which]
+            elif self._bounds.size:
                 bounds = self._bounds[self._rng.integers(0, len(self._bounds), self.count)]
             if self._windows.size:
                 windows = self._windows[self._rng.integers(0, self._windows.size, self.count)]

@@ -21,6 +21,15 @@ STILL_SLOW = 1.5
 #: straggler at a quarter of the others' speed is planned for at once.
 PRIOR_ERROR = 0.1
 
+#: Steps of a server's workers' bounds before their scatter counts as its noise. From two
+#: or three steps a median deviation is half a difference or less: at clock 3 the test
+#: bed's PSLD had an error of 0.012 (0.1 to 0.17 from 16 steps) and the simulator's
+#: 0.023, and there a plan saving 9% of the step passed as beyond twice the noise (issue
+#: 38: one of the slow server's last two chunks moved). Until then the errors are
+#: :data:`PRIOR_ERROR`, as at the first move: a straggler 1.33 times slower or more is
+#: still told apart at once.
+MIN_SCATTER_STEPS = 4
+
 #: Found as slow each of this many re-measurements in a row, a server straggles for
 #: good (a lasting straggler, which psld may retire when it owns nothing). Once could be
 #: a passing slowdown that outlasted one idle period; twice spans that period and a
@@ -150,9 +159,10 @@ class SpeedEstimator:
     def errors(self, servers: int) -> list[float]:
         """Each figure's relative standard error (log space) for servers
         ``0..servers-1``, from the scatter of its windows (:meth:`LevelTracker.error`):
-        what a plan's predicted gain must beat to be more than noise. 0 for a server with
-        fewer than two windows or steps gets :data:`PRIOR_ERROR` (nothing known of its
-        noise yet).
+        what a plan's predicted gain must beat to be more than noise. A server with
+        fewer than two windows, or a corrected figure while no server has
+        :data:`MIN_SCATTER_STEPS` steps of bounds, gets :data:`PRIOR_ERROR` (nothing
+        known of its noise yet).
         A figure the workers' bounds corrected has their scatter over
         ``sqrt(keep_steps)``. Never blocks."""
         busy = {s: v for s in range(servers) if (v := self.speed(s)) is not None}
@@ -172,15 +182,15 @@ class SpeedEstimator:
     def _bound_scatter(self, which: int) -> float | None:
         """The scatter (log space, a standard deviation) of one step's worker-observed
         bound (0: lower, 1: upper) about its server's median over the last
-        ``scatter_steps`` steps, pooled over the servers; None with fewer than four
-        deviations."""
+        ``scatter_steps`` steps, pooled over the servers that have
+        :data:`MIN_SCATTER_STEPS` steps or more; None with none such."""
         deviations: list[float] = []
         for steps in self._scatter.values():
-            if len(steps) >= 2:
+            if len(steps) >= MIN_SCATTER_STEPS:
                 logs = [x[which] for x in steps]
                 centre = statistics.median(logs)
                 deviations.extend(abs(x - centre) for x in logs)
-        if len(deviations) < 4:
+        if not deviations:
             return None
         return 1.4826 * statistics.median(deviations)
 
