@@ -153,7 +153,9 @@ class Pusher(ChunkRequests):
         # The same for every chunk: nothing in the loop changes the map or the rank.
         epoch, rank, versions, empty = self.epoch, ctx.rank, self._versions, raw is None
         build, mean_only, trace = headers.push, self.mean_only, ctx.client.trace
-        for c in self.chunks_of[p]:
+        request, chunks = ctx.client.request, self.chunks_of[p]
+        # Each chunk's owner and its address, for the whole parameter in one call.
+        for c, (owner, address) in zip(chunks, ctx.routes(chunks, clock), strict=True):
             header = build(
                 chunk=c.id,
                 epoch=epoch,
@@ -168,8 +170,6 @@ class Pusher(ChunkRequests):
                 mean_only=mean_only,
             )
             nbytes = 0
-            owner = ctx.owner_of(c.id, clock)
-            address = ctx.address(owner)
             frames: list[memoryview] = []
             if raw is not None:
                 nbytes = c.numel * size
@@ -182,8 +182,7 @@ class Pusher(ChunkRequests):
                     frames = inline(header, data)
             if trace is not None:  # (stamped before it leaves: its merge comes later)
                 trace.mark("push", c.id, clock, rank)
-            request = ctx.client.request(address, header, frames)
-            futs.append((request, header, frames, owner, nbytes))
+            futs.append((request(address, header, frames), header, frames, owner, nbytes))
             if self.timed:
                 traffic = self._traffic.get(owner)
                 if traffic is None:

@@ -94,7 +94,7 @@ class ChunkRequests:
         for _ in range(MAX_MOVES):
             try:
                 self._awaited = (c.id, header["i"], clock)
-                return wait(fut, ctx.timeout_s)
+                return wait(fut, ctx.config.request_timeout_s)  # (ctx.timeout_s: a call)
             except ChunkMoved as moved:
                 ctx.refresh_map(moved.epoch)
                 header["e"] = self.epoch

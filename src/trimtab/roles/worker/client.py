@@ -20,7 +20,9 @@ import collections
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import cast
 
 from trimtab.errors import (
@@ -48,6 +50,11 @@ from trimtab.runtime.trace import Trace
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.worker")
+
+#: ``Reply(*fields)`` in one C call (a namedtuple's ``__new__`` is a Python lambda).
+_reply = cast(
+    Callable[[tuple[Header, list[memoryview], float]], Reply], partial(tuple.__new__, Reply)
+)
 
 __all__ = ["WorkerClient", "wait"]
 
@@ -235,52 +242,68 @@ class WorkerClient(DataSockets):
             self._transport.close()
 
     def _on_message(self, peer: Peer, frames: list[memoryview]) -> None:
+        """Take a message read off the data sockets or the control socket: complete the
+        future it answers, take its credit, or act on the coordinator's news. Never
+        raises for what a peer sent (an undecodable message is dropped, and said)."""
         try:
             header = decode(frames[0], self.config.job)
         except ProtocolError as exc:
             log.error("dropped an undecodable message from %r: %s", peer, exc)
             return
         op = header["o"]
-        if peer == self._coord:
-            usual, again = self._failover.take(header, self.credential)
-            held = {id(m) for _, m in self._outbox}  # (those go as they are)
-            self._outbox.extendleft((self._coord, m) for m in reversed(again) if id(m) not in held)
-            if op == Control.ERROR and self._failover.away:
-                return self._fail(f"the new coordinator refused us: {header.get('msg')}")
-            if not usual:
-                return None
-        if peer == self._coord and op in (Control.ABORT, Control.SHUTDOWN):
+        if peer != self._coord:  # a server's: the data path's every message, first
+            rid = header["i"]
+            if op == Control.HEARTBEAT:
+                return self._heartbeat.echoed(header, self.trace)  # (as the coordinator's)
+            if rid in self._held.batches:  # a BATCH's reply
+                for part in self._held.answered(header, frames, self._pending, self._lock):
+                    self._on_message(peer, part)
+                return
+            gate = self.credit
+            if gate is not None:
+                server = self._servers.get(peer)
+                if server is None:  # (kept: a slice and a decode per message otherwise)
+                    server = self._servers[peer] = peer[2:].decode()
+                if op == Data.CREDIT or gate.outstanding:
+                    # A CREDIT, or a reply (which credits a push not yet credited: an error).
+                    self._data_out.extend(gate.credit(server, rid))
+                    if op == Data.CREDIT:
+                        return
+                self._owed.discard(rid)
+                if header.get("ak"):  # a value the server counts against its window: read
+                    self._data_out.append((server, [self._credit_frame(rid)]))
+            with self._lock:
+                fut = self._pending.pop(rid, None)
+            if fut is None:
+                log.warning("reply to unknown request %s (op %s)", rid, op)
+            elif op == Data.VALUE and type(fut) is DataFuture and "b" not in header:
+                # complete()'s usual case, inlined: a value, its frames as they came.
+                # (_finish is set_result's body; the Reply made as _reply makes it)
+                fut._finish(_reply((header, frames[1:], time.perf_counter())), None)
+            else:
+                complete(fut, header, frames)
+            return
+        usual, again = self._failover.take(header, self.credential)
+        held = {id(m) for _, m in self._outbox}  # (those go as they are)
+        self._outbox.extendleft((self._coord, m) for m in reversed(again) if id(m) not in held)
+        if op == Control.ERROR and self._failover.away:
+            return self._fail(f"the new coordinator refused us: {header.get('msg')}")
+        if not usual:
+            return None
+        if op in (Control.ABORT, Control.SHUTDOWN):
             self._fail(str(header.get("why", "the job was shut down")))
             return
         if op == Control.HEARTBEAT:
             return self._heartbeat.echoed(header, self.trace)  # a clock sample, if traced
-        if peer == self._coord and op == Control.FAILOVER:
+        if op == Control.FAILOVER:
             self._server_lost(header)
             return
-        if peer != self._coord and self._held.owns(header["i"]):  # a BATCH's reply
-            for part in self._held.answered(header, frames, self._pending, self._lock):
-                self._on_message(peer, part)
-            return
-        gate = self.credit
-        if gate is not None and peer != self._coord:
-            server = self._servers.get(peer)
-            if server is None:  # (kept: a slice and a decode per message otherwise)
-                server = self._servers[peer] = peer[2:].decode()
-            if op == Data.CREDIT or gate.outstanding:
-                # A CREDIT, or a reply (which credits a push not yet credited: an error).
-                self._data_out.extend(gate.credit(server, header["i"]))
-                if op == Data.CREDIT:
-                    return
-            self._owed.discard(header["i"])
-            if header.get("ak"):  # a value the server counts against its window: read
-                self._data_out.append((server, [self._credit_frame(header["i"])]))
-        if op == Control.MAP_NEWS and peer == self._coord:
+        if op == Control.MAP_NEWS:
             self.map_news.keep(header)
             return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
-        if peer == self._coord:
-            self._failover.answered(header["i"], op)
+        self._failover.answered(header["i"], op)
         if fut is None:
             log.warning("reply to unknown request %s (op %s)", header["i"], op)
             return

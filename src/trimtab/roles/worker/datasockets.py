@@ -28,7 +28,7 @@ from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import Data, Header, encode
 from trimtab.roles.worker.batching import HeldRequests
 from trimtab.roles.worker.config import WorkerConfig
-from trimtab.roles.worker.replies import DataFuture
+from trimtab.roles.worker.replies import DONE, DataFuture
 from trimtab.roles.worker.turns import Turns
 from trimtab.runtime.credit import CreditGate
 from trimtab.transport import Frame, Peer, Transport
@@ -155,14 +155,16 @@ class DataSockets:
         """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
         completing whichever futures the replies answer. The credit thread steps aside
         meanwhile. Blocks; never raises (the caller reads the outcome from ``fut``)."""
-        if self._held:
+        if self._held.by_address:  # (self._held's __bool__, without its call)
             self.flush_held()
-        if fut.done():
+        # (fut._state in DONE: fut.done() without its call, twice a message below)
+        if fut._state in DONE:
             return
         deadline = time.monotonic() + timeout_s
+        out, send_to = self._data_out, self._data.send_to
         self._turns.enter()
         try:
-            while not fut.done():
+            while fut._state not in DONE:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
@@ -180,9 +182,12 @@ class DataSockets:
                     env = self._data.recv(min(left, 0.05))
                     while env is not None:
                         self._on_message(env.peer, env.frames)
-                        if self._data_out:  # pushes the credit just read released
-                            self._send_data_locked()
-                        if fut.done():
+                        # What the message released (a push, a value's CREDIT), sent:
+                        # _send_data_locked, inlined.
+                        while out:
+                            to, frames = out.popleft()
+                            send_to(to, frames)
+                        if fut._state in DONE:
                             break
                         # Not ours (a CREDIT, another's value): wait on with the sockets
                         # held; a wake-up (another thread's request) ends the wait.
