@@ -300,10 +300,10 @@ def test_a_push_that_was_moved_is_not_counted_as_work_of_the_server_it_reached(
         model(torch.ones(3, 20)).sum().backward()
         opt.step()
         # A stale map for the pushes of the next backward: server 0's chunks go to 1.
-        right = ctx.owner_of
-        ctx.owner_of = lambda c, clock=None: 1  # type: ignore[method-assign]
+        right = ctx.routes  # (a push routes its chunks by Context.routes)
+        ctx.routes = lambda chunks, clock: [(1, ctx.address(1)) for _ in chunks]  # type: ignore[method-assign]
         model(torch.ones(3, 20)).sum().backward()
-        ctx.owner_of = right  # type: ignore[method-assign]
+        ctx.routes = right  # type: ignore[method-assign]
         opt.step()  # server 1 answers "moved" for server 0's chunks; they are resent
         assert ctx.placement is not None and 0 in ctx.placement.owners
 

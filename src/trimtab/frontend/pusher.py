@@ -1,4 +1,5 @@
-"""The data path of one optimizer: its chunks' pushes, their answers, and the values.
+"""The data path of one optimizer's step: its chunks' pushes, their answers, and the
+values.
 
 A :class:`Pusher` holds the chunk table of an optimizer's parameters and moves them:
 :meth:`Pusher.push` sends a parameter's gradient, chunk by chunk, to each chunk's owner
@@ -6,15 +7,15 @@ A :class:`Pusher` holds the chunk table of an optimizer's parameters and moves t
 :meth:`Pusher.arrive` waits for the answers and writes them back, resending a push whose
 chunk moved meanwhile. Each chunk's work is one loop body of one function, with no object
 made per chunk beyond its header and future: the per-chunk hot path (``bench datapath``).
+Requests outside the step (pulls, seeding, state) and the wait that resends a moved
+request are :class:`~trimtab.frontend.requests.ChunkRequests`', which a Pusher is.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import time
-from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -24,29 +25,17 @@ from trimtab.errors import ChunkMoved, RemoteError
 from trimtab.frontend.compression import Compressor
 from trimtab.frontend.marks import marked, marking
 from trimtab.frontend.pushdump import unanswered
+from trimtab.frontend.requests import ChunkRequest, ChunkRequests
 from trimtab.frontend.rows import RowPath
-from trimtab.frontend.tables import chunk_init, is_table
+from trimtab.frontend.tables import is_table
 from trimtab.protocol import headers
-from trimtab.protocol.headers import (
-    InitHeader,
-    PullHeader,
-    PushHeader,
-    StateGetHeader,
-    StateSetHeader,
-    ValueHeader,
-)
+from trimtab.protocol.headers import PushHeader, ValueHeader
 from trimtab.protocol.messages import ErrorCode, inline
-from trimtab.roles.worker.client import wait
 from trimtab.roles.worker.context import Context
-from trimtab.roles.worker.replies import Reply, SharedMemoryRefused
-from trimtab.runtime.tensors import as_bytes, tensor_from, wire_dtype
+from trimtab.roles.worker.replies import Reply
+from trimtab.runtime.tensors import as_bytes, wire_dtype
 from trimtab.transport.shm import SlotMap
 
-log = logging.getLogger("trimtab")
-
-#: A request whose chunk moved this many times in a row gives up.
-MAX_MOVES = 8
-SEED_WINDOW = 16 << 20  # the most bytes of starting values in flight while seeding
 #: Values of chunks up to this size are written into the parameter as bytes (a slice of
 #: a byte view kept per parameter: about 1 us) rather than through a torch slice and
 #: copy_ (about 13 us of dispatch here); above it torch's copy is the faster (4 MiB:
@@ -57,12 +46,8 @@ BYTE_WRITE_MAX = 64 * 1024
 #: it if the chunk moved), the server it was sent to and the gradient bytes it carried.
 Sent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int, int]
 
-#: A chunk request :meth:`Pusher._await` may resend: a PUSH, a PULL, an INIT, a
-#: STATE_GET or a STATE_SET.
-ChunkRequest = PushHeader | PullHeader | InitHeader | StateGetHeader | StateSetHeader
 
-
-class Pusher:
+class Pusher(ChunkRequests):
     """Pushes one optimizer's gradients and writes back what the servers answer.
 
     Args:
@@ -92,8 +77,7 @@ class Pusher:
         timed: bool,
         prescale: float = 1.0,
     ) -> None:
-        self._ctx = ctx
-        self.chunks_of = chunks_of
+        super().__init__(ctx, chunks_of, slots)
         self._compression = compression
         #: Whether answers are mean gradients (into ``.grad``), not updated values.
         self.summation = summation
@@ -101,9 +85,7 @@ class Pusher:
         #: (``g``): a server-mode job's first step, or one switched to summation.
         self.mean_only = False
         self._prescale = prescale
-        self.slots = slots
         self.timed = timed
-        self._versions: dict[int, int] = {}  # chunk id -> version of the value we hold
         #: Chunk id -> the round the value we hold came of (server mode).
         self.rounds: dict[int, int] = {}
         # One reused wire buffer per parameter whose gradients are narrowed for the push.
@@ -123,13 +105,6 @@ class Pusher:
         self.rows = RowPath(ctx, chunks_of, self._versions)
         # The pushes whose answers arrive() is writing now, with their clock.
         self._current: tuple[list[Sent], int] | None = None
-        # The request being waited for (chunk, request id, clock), for describe().
-        self._awaited: tuple[int, int, int | None] | None = None
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the placement map requests are routed by (0 before any)."""
-        return self._ctx.placement.epoch if self._ctx.placement else 0
 
     def take_traffic(self) -> dict[int, list[float]]:
         """This step's traffic per server (``server -> [first push sent, last reply
@@ -178,7 +153,9 @@ class Pusher:
         # The same for every chunk: nothing in the loop changes the map or the rank.
         epoch, rank, versions, empty = self.epoch, ctx.rank, self._versions, raw is None
         build, mean_only, trace = headers.push, self.mean_only, ctx.client.trace
-        for c in self.chunks_of[p]:
+        request, chunks = ctx.client.request, self.chunks_of[p]
+        # Each chunk's owner and its address, for the whole parameter in one call.
+        for c, (owner, address) in zip(chunks, ctx.routes(chunks, clock), strict=True):
             header = build(
                 chunk=c.id,
                 epoch=epoch,
@@ -193,8 +170,6 @@ class Pusher:
                 mean_only=mean_only,
             )
             nbytes = 0
-            owner = ctx.owner_of(c.id, clock)
-            address = ctx.address(owner)
             frames: list[memoryview] = []
             if raw is not None:
                 nbytes = c.numel * size
@@ -207,8 +182,7 @@ class Pusher:
                     frames = inline(header, data)
             if trace is not None:  # (stamped before it leaves: its merge comes later)
                 trace.mark("push", c.id, clock, rank)
-            request = ctx.client.request(address, header, frames)
-            futs.append((request, header, frames, owner, nbytes))
+            futs.append((request(address, header, frames), header, frames, owner, nbytes))
             if self.timed:
                 traffic = self._traffic.get(owner)
                 if traffic is None:
@@ -264,10 +238,11 @@ class Pusher:
                 item = p.element_size()
                 bytes_of = None if table or summation else self._byte_view(p)
                 versions, rounds = self._versions, self.rounds
+                sweep = self._resend_moved
                 for c, (f, header, frames, owner, pushed) in zip(
                     self.chunks_of[p], futs, strict=True
                 ):
-                    reply = self._await(f, c, header, frames, clock, sweep=True)
+                    reply = self._await(f, c, header, frames, clock, sweep=sweep)
                     if trace is not None:  # (read after its server sent it)
                         trace.mark("value", c.id, clock, self._ctx.rank)
                     # A VALUE (its keys: ValueHeader), read directly and unchecked:
@@ -353,54 +328,6 @@ class Pusher:
                     traffic[2] -= pushed
                 futs[i] = (again, header, frames, -1, 0)  # -1: no server's traffic
 
-    def _await(
-        self,
-        fut: concurrent.futures.Future[Reply],
-        c: ChunkSpec,
-        header: ChunkRequest,
-        frames: list[Any],
-        clock: int | None,
-        *,
-        sweep: bool = False,
-    ) -> Reply:
-        """Wait for a chunk request's reply; if the chunk moved, fetch the new map and
-        send the request again to the new owner (and, with ``sweep``, every push still
-        arriving that was answered *moved* too: :meth:`_resend_moved`); if the server
-        cannot map our shared memory, send it the bytes. Blocks; raises as
-        :func:`wait`, and :class:`RemoteError` if the chunk keeps moving."""
-        ctx = self._ctx
-        for _ in range(MAX_MOVES):
-            try:
-                self._awaited = (c.id, header["i"], clock)
-                return wait(fut, ctx.timeout_s)
-            except ChunkMoved as moved:
-                ctx.refresh_map(moved.epoch)
-                header["e"] = self.epoch
-                fut = ctx.client.request(ctx.server_of(c.id, clock), header, frames)
-                if sweep:
-                    self._resend_moved(header)
-            except SharedMemoryRefused as exc:
-                push = cast(PushHeader, header)  # only a push puts a gradient in a slot
-                shared = push.pop("sm", None)
-                if shared is None:  # we sent bytes: the server is out of protocol
-                    raise RemoteError(exc.code, str(exc)) from None
-                address = ctx.server_of(c.id, clock)
-                log.info("trimtab: %s: %s; sending it bytes from now on", address, exc)
-                nbytes = c.numel * DTYPE_SIZES[push["dt"]]
-                frames = [self.slots.refused(address, shared[1], nbytes)]
-                fut = ctx.client.request(address, push, frames)
-        raise RemoteError(
-            "moved", f"chunk {c.id} moved {MAX_MOVES} times during one request; giving up"
-        )
-
-    def _write(
-        self, dst: torch.Tensor, c: ChunkSpec, h: ValueHeader, frames: list[memoryview]
-    ) -> None:
-        """Write a chunk's VALUE (header ``h``, tensor ``frames``) into ``dst``."""
-        self._versions[c.id] = h["v"]
-        src = tensor_from(frames[0], h["dt"], h["n"])
-        dst.view(-1)[c.offset : c.offset + c.numel].copy_(src)
-
     def _byte_view(self, p: torch.Tensor) -> memoryview | None:
         """A byte view of ``p``'s memory, kept while ``p.data`` stays the same (a chunk's
         new value up to :data:`BYTE_WRITE_MAX` is written into it by :meth:`arrive`);
@@ -414,76 +341,6 @@ class Pusher:
                 return None
             cached = self._bytes_of[p] = (ptr, as_bytes(p.data))
         return cached[1]
-
-    # -- values, outside the step ----------------------------------------------------
-
-    def pull(self, params: Iterable[torch.Tensor]) -> None:
-        """Replace ``params`` with the servers' current values. Blocks."""
-        ctx = self._ctx
-        pulls = []
-        epoch = self.epoch  # nothing here changes the map before the waits
-        for p in params:
-            for c in [] if is_table(p) else self.chunks_of[p]:  # (a table stays there)
-                header = headers.pull(chunk=c.id, epoch=epoch)
-                pulls.append((p, c, header, ctx.client.request(ctx.server_of(c.id), header)))
-        with torch.no_grad():
-            for p, c, header, f in pulls:
-                reply = self._await(f, c, header, [], None)
-                # A VALUE, read directly as in arrive().
-                self._write(p.data, c, cast(ValueHeader, reply.header), reply.frames)
-
-    def ask(self, requests: list[tuple[ChunkSpec, ChunkRequest, list[Any]]]) -> list[Reply]:
-        """Send each ``(chunk, header, frames)`` request to its chunk's owner, then wait
-        for every reply, in order (a request whose chunk moved is resent to its new
-        owner). Blocks; raises as :meth:`_await`."""
-        return self.wait_all(self.send(requests))
-
-    def send(self, requests: list[tuple[ChunkSpec, ChunkRequest, list[Any]]]) -> list[Any]:
-        """:meth:`ask`'s first half: send (row PULLs held, to go in one BATCH per
-        server at the first wait or :meth:`WorkerClient.flush_held`), return what
-        :meth:`wait_all` takes. Never blocks."""
-        request, at = self._ctx.client.request, self._ctx.server_of
-        return [(request(at(c.id), h, f, held="sr" in h), c, h, f) for c, h, f in requests]
-
-    def flush(self) -> None:
-        """Send the row requests held (:meth:`send`'s). Never blocks."""
-        self._ctx.client.flush_held()
-
-    def wait_all(self, sent: list[Any]) -> list[Reply]:
-        """:meth:`ask`'s second half: every reply, in order. Blocks; raises as ask."""
-        return [self._await(fut, c, h, f, None) for fut, c, h, f in sent]
-
-    def seed(self, params: list[torch.Tensor], root_rank: int, *, adoption: bool = False) -> None:
-        """Make the servers hold worker ``root_rank``'s values of ``params`` and every
-        worker adopt them. Collective (a barrier); blocks. At declaration (not
-        ``adoption``) the servers take the seeding root's INITs; later, every worker
-        first asks the coordinator (ADOPT), whose grant the root's INITs carry."""
-        ctx = self._ctx
-        granted = None
-        if adoption:
-            granted = headers.read_adopt_reply(ctx.call(headers.adopt(root=root_rank)).header)
-        if ctx.rank == root_rank:
-            sent = []
-            for p in params:
-                for c in self.chunks_of[p]:
-                    header = headers.init(
-                        chunk=c.id, epoch=self.epoch, dtype=c.dtype, numel=c.numel
-                    )
-                    if granted is not None:
-                        header["ad"], header["g"] = granted["ad"], granted["g"]
-                    if is_table(p):  # its values start on the servers, chunk by chunk
-                        frames = [as_bytes(chunk_init(p, c))]
-                    else:
-                        frames = [as_bytes(p.data.view(-1)[c.offset : c.offset + c.numel])]
-                    fut = ctx.client.request(ctx.server_of(c.id), header, frames)
-                    sent.append((fut, c, header, frames))
-                    while sum(f[0].nbytes for _, _, _, f in sent) > SEED_WINDOW:
-                        self._await(*sent.pop(0), None)  # (a table is never made whole)
-            for fut, c, header, frames in sent:
-                self._await(fut, c, header, frames, None)
-        ctx.barrier()
-        if ctx.rank != root_rank:
-            self.pull(params)
 
     def describe(self) -> str:
         """The chunk requests not yet answered and the last one waited for, for a hung

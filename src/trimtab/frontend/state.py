@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from trimtab.errors import RemoteError
-from trimtab.frontend.pusher import ChunkRequest, Pusher
+from trimtab.frontend.pusher import Pusher
+from trimtab.frontend.requests import ChunkRequest
 from trimtab.protocol import headers
 from trimtab.protocol.messages import ErrorCode
 from trimtab.roles.server.optim import hyperparameters

@@ -46,6 +46,10 @@ class ZmqSessions:
         self._key = key
         self._limits = limits
         self._out: dict[str, Session] = {}
+        #: The sessions of our connections whose handshake is done (the same dict, never
+        #: replaced): the transport's DEALER send and receive seal and open with them,
+        #: without a call here.
+        self.proven_out = self._out
         self._shaking_out: dict[str, ClientHandshake] = {}
         self._waiting: dict[str, list[list[Frame]]] = {}
         self._in: dict[bytes, Session] = {}

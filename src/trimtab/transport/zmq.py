@@ -37,9 +37,9 @@ import zmq
 import zmq.backend
 
 from trimtab.transport.alloc import keep_freed_memory
-from trimtab.transport.auth import JobKey
+from trimtab.transport.auth import AuthRefused, JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
-from trimtab.transport.frames import POLLIN, recv_buffers, recv_routed, send_frames
+from trimtab.transport.frames import POLLIN, SNDMORE, recv_buffers, recv_routed, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
@@ -81,6 +81,8 @@ _BURST = 64
 #: pyzmq's compiled poll: whether a socket has more queued is asked with it, one C call
 #: (``Socket.get(EVENTS)`` converts the option to its enum: two Python calls a message).
 _POLL = zmq.backend.zmq_poll
+#: pyzmq's compiled send, unbound (as :func:`~trimtab.transport.frames.send_frames`).
+_SEND = zmq.backend.Socket.send
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -140,6 +142,7 @@ class ZmqTransport(Transport):
         self._key = self._shared.key
         self._sessions = ZmqSessions(self._key, limits)
         self._proven_in = self._sessions.proven_in  # (send's lookup, without a call)
+        self._proven_out = self._sessions.proven_out  # (send_to's and _from_dealer's)
         self._shared.acquire()
         self._closed = False
         self.spin_s = spin_s
@@ -275,9 +278,15 @@ class ZmqTransport(Transport):
             self.send(self.connect(address), frames)
             return
         self._limits.check_frames_sent(frames)
-        sealed = self._sessions.seal_out(address, list(frames))  # (_to_dealer, inlined)
-        if sealed is not None:
-            send_frames(dealer, sealed)
+        if self._key is not None:  # (_to_dealer and seal_out, inlined)
+            session = self._proven_out.get(address)
+            if session is None:  # its handshake is under way: the message waits for it
+                self._to_dealer(dealer, address, frames)
+                return
+            frames = session.seal(frames)
+        last = len(frames) - 1  # (send_frames, inlined: a call a message)
+        for i, frame in enumerate(frames):
+            _SEND(dealer, frame, SNDMORE if i < last else 0, False)
 
     def _to_dealer(self, dealer: zmq.Socket[bytes], address: str, frames: Sequence[Frame]) -> None:
         """Seal ``frames`` for ``address`` and send them through its ``dealer`` (or keep
@@ -386,16 +395,31 @@ class ZmqTransport(Transport):
         Never raises for what a peer sent."""
         address = self._dealer_address[dealer]
         peer = self._dealer_peer[dealer]
-        on_dealer = self._sessions.on_dealer
+        sessions = self._sessions
+        keyed, proven, check = self._key is not None, self._proven_out, self._limits.check_frames
         ready = self._ready
         for _ in range(_BURST):
             try:
                 buffers = recv_buffers(dealer)
             except zmq.Again:
                 return
-            frames, out = on_dealer(address, buffers)
-            for message in out:
-                send_frames(dealer, message)
+            session = proven.get(address) if keyed else None
+            if keyed and session is None:  # a handshake's step, or a stranger's message
+                frames, out = sessions.on_dealer(address, buffers)
+                for message in out:
+                    send_frames(dealer, message)
+            else:  # (on_dealer's every data message, inlined: the same checks)
+                frames = None
+                why = check(buffers)
+                if why:
+                    sessions.refuse(address, why)
+                elif session is None:
+                    frames = buffers
+                else:
+                    try:
+                        frames = session.open(buffers)
+                    except AuthRefused as exc:
+                        sessions.refuse(address, str(exc))
             if frames is not None:
                 ready.append(_envelope((peer, frames)))
             # Asking is cheaper than the exception a receive on an empty socket raises.

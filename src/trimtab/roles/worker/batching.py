@@ -25,16 +25,20 @@ class HeldRequests:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_address: dict[str, list[tuple[int, list[Frame]]]] = {}
+        #: Requests held, by server address (the same dict, never replaced: whether
+        #: any is held, without a call).
+        self.by_address: dict[str, list[tuple[int, list[Frame]]]] = {}
         self._parts_of: dict[int, list[int]] = {}  # a batch's request id -> its parts'
+        #: The same dict, never replaced: whether a reply is a batch's, without a call.
+        self.batches = self._parts_of
 
     def __bool__(self) -> bool:
-        return bool(self._by_address)
+        return bool(self.by_address)
 
     def hold(self, to: str, rid: int, frames: list[Frame]) -> None:
         """Hold request ``rid`` (its frames, header encoded first) for server ``to``."""
         with self._lock:
-            self._by_address.setdefault(to, []).append((rid, frames))
+            self.by_address.setdefault(to, []).append((rid, frames))
 
     def take(
         self, rids: Iterator[int], job: str, extra: dict[str, Any]
@@ -44,7 +48,8 @@ class HeldRequests:
         worker's rank and credential), at most :data:`~trimtab.protocol.batch.MAX_PARTS`
         a batch. Never blocks (beyond a short lock)."""
         with self._lock:
-            held, self._by_address = self._by_address, {}
+            held = dict(self.by_address)
+            self.by_address.clear()
         out: list[tuple[str, list[Frame]]] = []
         for to, parts in held.items():
             for at in range(0, len(parts), batch.MAX_PARTS):

@@ -5,13 +5,10 @@ sets of sockets.
   sends heartbeats and notices the job's end: any thread may queue a control request,
   and the I/O thread is woken to send it.
 - The **data** sockets (to the servers) belong to no thread: whoever holds the data
-  lock uses them. A data request is sent by the calling thread itself, and its reply is
-  received by the thread that waits for it (:func:`wait`), so a push and its answer
-  cross no thread hand-off (each hand-off cost more than a raw ZeroMQ round trip here).
-  One exception: while the credit gate (:mod:`.credit`) holds pushes back or values
-  are owed, and no thread waits for a reply, the credit thread takes the data lock, to
-  read the CREDITs that release them (and the replies that come with them); it steps
-  aside as soon as a thread waits (:mod:`.turns`).
+  lock uses them (:mod:`.datasockets`: sending, the credit thread, and a waiting
+  thread driving them). What each message read means is decided here
+  (:meth:`WorkerClient._on_message`): a future completed, a credit taken, a server
+  lost, the job's end.
 
 Remote operations return a :class:`concurrent.futures.Future` at once; waiting is
 explicit (:func:`wait`). Replies are matched to requests by request id.
@@ -21,12 +18,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import cast
 
 from trimtab.errors import (
@@ -35,7 +31,6 @@ from trimtab.errors import (
     ProtocolError,
 )
 from trimtab.protocol import headers
-from trimtab.protocol.credit import CreditFrames
 from trimtab.protocol.messages import (
     Control,
     Data,
@@ -45,23 +40,26 @@ from trimtab.protocol.messages import (
     encode,
 )
 from trimtab.protocol.replica import read_failover_notice
-from trimtab.roles.worker.batching import HeldRequests
 from trimtab.roles.worker.config import WorkerConfig
+from trimtab.roles.worker.datasockets import DataSockets
 from trimtab.roles.worker.failover import ControlFailover
 from trimtab.roles.worker.news import MapNews
 from trimtab.roles.worker.replies import DataFuture, Reply, complete, wait
-from trimtab.roles.worker.turns import Turns
-from trimtab.runtime.credit import CreditGate
 from trimtab.runtime.loop import Heartbeat
 from trimtab.runtime.trace import Trace
 from trimtab.transport import Frame, Peer, Transport, ZmqTransport
 
 log = logging.getLogger("trimtab.worker")
 
+#: ``Reply(*fields)`` in one C call (a namedtuple's ``__new__`` is a Python lambda).
+_reply = cast(
+    Callable[[tuple[Header, list[memoryview], float]], Reply], partial(tuple.__new__, Reply)
+)
+
 __all__ = ["WorkerClient", "wait"]
 
 
-class WorkerClient:
+class WorkerClient(DataSockets):
     """A worker's connection to its job. Thread-safe for :meth:`request`.
 
     :meth:`start` blocks until registered and raises :class:`JobAborted` or
@@ -69,36 +67,14 @@ class WorkerClient:
     """
 
     def __init__(self, config: WorkerConfig, transport: Transport | None = None) -> None:
-        self.config = config
         self._transport = transport or ZmqTransport(bind=False)
         self._coord = self._transport.connect(config.coordinator)
-        self._data = self._transport.companion()
-        # Only the data sockets spin: their waits are a reply's, due within microseconds.
-        self._data.spin_s = config.spin_s
-        self._data_lock = threading.Lock()
-        self._data_out: collections.deque[tuple[str, list[Frame]]] = collections.deque()
-        self._rids = itertools.count(1)
-        self._held = HeldRequests()  # data requests to go together (batching.py)
-        #: The bound on push bytes in flight per server, or None (no bound); a window of
-        #: one chunk (-1) is set once the job's chunk size is known (:meth:`start`).
-        self.credit: CreditGate[str, tuple[str, list[Frame]]] | None = None
-        if config.credit_bytes != 0:
-            window = max(config.credit_bytes, 1)
-            self.credit = CreditGate(window, ordered=config.credit_ordered)
-        self._owed: set[int] = set()  # request ids of pushes whose reply is unread
-        self._servers: dict[Peer, str] = {}  # a data peer's name -> its server's address
-        self._credit_frame = CreditFrames(config.job)
-        # The credit thread's turn on the data sockets, or a waiting thread's.
-        self._turns = Turns(
-            lambda: bool(self._owed) or (self.credit is not None and self.credit.holding())
-        )
-        self._pump_thread: threading.Thread | None = None
+        super().__init__(config, self._transport)  # the data sockets: datasockets.py
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._lock = threading.Lock()
         self._outbox: collections.deque[tuple[Peer | str, list[Frame]]] = collections.deque()
         self._heartbeat = Heartbeat(config.heartbeat_s, config.coordinator_timeout_s)
         self._failover = ControlFailover(config, self._transport, self._coord, self._heartbeat)
-        self._running = False
         self._closing = False  # close() began: the coordinator may go any moment
         self._dead: str | None = None
         # Servers the job lost (FAILOVER): address -> the failover map's epoch.
@@ -124,11 +100,7 @@ class WorkerClient:
         self._running = True
         self._thread = threading.Thread(target=self._io_loop, name="trimtab-io", daemon=True)
         self._thread.start()
-        if self.credit is not None:
-            self._pump_thread = threading.Thread(
-                target=self._pump, name="trimtab-credit", daemon=True
-            )
-            self._pump_thread.start()
+        self._start_pump()
         fut = self.control(headers.register_worker(rank=self.config.rank))
         reply = headers.read_registered(wait(fut, self.config.coordinator_timeout_s).header)
         self.rank = reply["rank"]
@@ -155,14 +127,7 @@ class WorkerClient:
         self._transport.wake()
         if self._thread is not None:
             self._thread.join(timeout=10.0)
-        if self._pump_thread is not None:
-            self._turns.wake()
-            self._pump_thread.join(timeout=10.0)
-        if self._data_lock.acquire(timeout=10.0):
-            try:
-                self._data.close()
-            finally:
-                self._data_lock.release()
+        self._close_data()
 
     @property
     def dead(self) -> str | None:
@@ -235,147 +200,13 @@ class WorkerClient:
             self._pending[rid] = fut
         if isinstance(to, str):
             plain: Header = header  # type: ignore[assignment]  # (cast() is a call)
-            plain["r"] = self.rank
-            plain["t"] = self.credential
-            if held:  # (no credit: a batch's replies come in one message)
-                self._held.hold(to, rid, [encode(header), *frames])
-                return fut
-            gate = self.credit
-            if gate is not None and frames and plain["o"] == Data.PUSH:
-                # Bytes through a socket (not shared memory, not inline): bounded, and so
-                # are the values sent back (vk: the window the server holds them to).
-                plain["ak"] = True
-                plain["vk"] = gate.window
-                self._owed.add(rid)
-                self._turns.wake()
-                message = (to, [encode(header), *frames])
-                nbytes = 0
-                for f in frames:  # (a loop, not sum() over a generator: one call fewer)
-                    nbytes += memoryview(f).nbytes
-                if not gate.admit(to, rid, nbytes, int(plain.get("c", 0)), message):
-                    return fut  # (the pump, woken above, reads the credit that releases it)
-                self._data_out.append(message)
-            else:
-                if gate is not None:  # a push resent through shared memory: no credit
-                    plain.pop("ak", None)
-                    plain.pop("vk", None)
-                self._data_out.append((to, [encode(header), *frames]))
-            if not self._flush_data():
-                self._data.wake()  # the thread receiving on the data sockets sends it
+            self._send_data(to, rid, plain, frames, held)
         else:
             control = [encode(header), *frames]
             self._failover.sent(rid, control, header["o"])
             self._outbox.append((to, control))
             self._transport.wake()
         return fut
-
-    def flush_held(self) -> None:
-        """Send the row requests made ``held`` (:meth:`request`; any wait for a reply
-        flushes them first), one BATCH per server. Non-blocking; thread-safe."""
-        extra = {"r": self.rank, "t": self.credential}
-        self._data_out.extend(self._held.take(self._rids, self.config.job, extra))
-        if not self._flush_data():
-            self._data.wake()
-
-    # -- the data sockets: used by whichever thread holds the data lock --------------
-
-    def _flush_data(self) -> bool:
-        """Send the queued data requests, if the data sockets are free; return whether
-        the queue was emptied. Non-blocking."""
-        while self._data_out:
-            if not self._data_lock.acquire(blocking=False):
-                return False
-            try:
-                self._send_data_locked()
-            finally:
-                self._data_lock.release()
-        return True
-
-    def _send_data_locked(self) -> None:
-        while self._data_out:
-            to, frames = self._data_out.popleft()
-            self._data.send_to(to, frames)
-
-    def drive(self, fut: DataFuture, timeout_s: float) -> None:
-        """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
-        completing whichever futures the replies answer. The credit thread steps aside
-        meanwhile. Blocks; never raises (the caller reads the outcome from ``fut``)."""
-        if self._held:
-            self.flush_held()
-        if fut.done():
-            return
-        deadline = time.monotonic() + timeout_s
-        self._turns.enter()
-        try:
-            while not fut.done():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                if not self._data_lock.acquire(blocking=False):
-                    # The credit thread (woken: it steps aside) or another waiting
-                    # thread, which completes our future too.
-                    self._data.wake()
-                    if not self._data_lock.acquire(timeout=min(left, 0.005)):
-                        continue
-                try:
-                    if self._data_out:
-                        self._send_data_locked()
-                    # Short slices, so a job that ended (the I/O thread fails every
-                    # future) or a request queued by another thread is seen soon.
-                    env = self._data.recv(min(left, 0.05))
-                    while env is not None:
-                        self._on_message(env.peer, env.frames)
-                        if self._data_out:  # pushes the credit just read released
-                            self._send_data_locked()
-                        if fut.done():
-                            break
-                        # Not ours (a CREDIT, another's value): wait on with the sockets
-                        # held; a wake-up (another thread's request) ends the wait.
-                        left = deadline - time.monotonic()
-                        env = self._data.recv(min(left, 0.05)) if left > 0 else None
-                except Exception as exc:  # a broken data socket ends the job, said once
-                    log.exception("worker data sockets failed")
-                    self._fail(f"worker data sockets failed: {exc}")
-                finally:
-                    self._data_lock.release()
-                if self._data_out:
-                    self._flush_data()
-        finally:
-            self._turns.leave()
-
-    def receiving(self) -> contextlib.AbstractContextManager[None]:
-        """While in it, the calling thread reads the data sockets itself whenever it
-        waits for a reply (:func:`wait`), and the credit thread stays off them: a
-        caller that waits for many replies in a row (a step's values) holds it around
-        them all (:class:`~trimtab.roles.worker.turns.Turns`). Never blocks."""
-        return self._turns.receiving()
-
-    def _pump(self) -> None:
-        """The credit thread: while the gate holds pushes or values are owed, and no
-        thread waits for a reply (:meth:`drive`, which then reads them itself),
-        receive on the data sockets so that each CREDIT sends the next held push even
-        while the training thread computes. Blocks until :meth:`close`."""
-        gate = self.credit
-        assert gate is not None
-        while self._running:
-            self._turns.pause(0.1)
-            while self._running and not self._turns.waiting and (self._owed or gate.holding()):
-                if not self._data_lock.acquire(timeout=0.05):
-                    continue
-                try:
-                    self._send_data_locked()
-                    env = self._data.recv(0.01)
-                    while env is not None:
-                        self._on_message(env.peer, env.frames)
-                        self._send_data_locked()
-                        env = None if self._turns.waiting else self._data.recv_queued()
-                    self._send_data_locked()
-                except Exception as exc:  # as in drive: a broken data socket ends the job
-                    log.exception("worker data sockets failed")
-                    self._fail(f"worker data sockets failed: {exc}")
-                    return
-                finally:
-                    self._data_lock.release()
 
     # -- the I/O thread ------------------------------------------------------------
 
@@ -411,52 +242,68 @@ class WorkerClient:
             self._transport.close()
 
     def _on_message(self, peer: Peer, frames: list[memoryview]) -> None:
+        """Take a message read off the data sockets or the control socket: complete the
+        future it answers, take its credit, or act on the coordinator's news. Never
+        raises for what a peer sent (an undecodable message is dropped, and said)."""
         try:
             header = decode(frames[0], self.config.job)
         except ProtocolError as exc:
             log.error("dropped an undecodable message from %r: %s", peer, exc)
             return
         op = header["o"]
-        if peer == self._coord:
-            usual, again = self._failover.take(header, self.credential)
-            held = {id(m) for _, m in self._outbox}  # (those go as they are)
-            self._outbox.extendleft((self._coord, m) for m in reversed(again) if id(m) not in held)
-            if op == Control.ERROR and self._failover.away:
-                return self._fail(f"the new coordinator refused us: {header.get('msg')}")
-            if not usual:
-                return None
-        if peer == self._coord and op in (Control.ABORT, Control.SHUTDOWN):
+        if peer != self._coord:  # a server's: the data path's every message, first
+            rid = header["i"]
+            if op == Control.HEARTBEAT:
+                return self._heartbeat.echoed(header, self.trace)  # (as the coordinator's)
+            if rid in self._held.batches:  # a BATCH's reply
+                for part in self._held.answered(header, frames, self._pending, self._lock):
+                    self._on_message(peer, part)
+                return
+            gate = self.credit
+            if gate is not None:
+                server = self._servers.get(peer)
+                if server is None:  # (kept: a slice and a decode per message otherwise)
+                    server = self._servers[peer] = peer[2:].decode()
+                if op == Data.CREDIT or gate.outstanding:
+                    # A CREDIT, or a reply (which credits a push not yet credited: an error).
+                    self._data_out.extend(gate.credit(server, rid))
+                    if op == Data.CREDIT:
+                        return
+                self._owed.discard(rid)
+                if header.get("ak"):  # a value the server counts against its window: read
+                    self._data_out.append((server, [self._credit_frame(rid)]))
+            with self._lock:
+                fut = self._pending.pop(rid, None)
+            if fut is None:
+                log.warning("reply to unknown request %s (op %s)", rid, op)
+            elif op == Data.VALUE and type(fut) is DataFuture and "b" not in header:
+                # complete()'s usual case, inlined: a value, its frames as they came.
+                # (_finish is set_result's body; the Reply made as _reply makes it)
+                fut._finish(_reply((header, frames[1:], time.perf_counter())), None)
+            else:
+                complete(fut, header, frames)
+            return
+        usual, again = self._failover.take(header, self.credential)
+        held = {id(m) for _, m in self._outbox}  # (those go as they are)
+        self._outbox.extendleft((self._coord, m) for m in reversed(again) if id(m) not in held)
+        if op == Control.ERROR and self._failover.away:
+            return self._fail(f"the new coordinator refused us: {header.get('msg')}")
+        if not usual:
+            return None
+        if op in (Control.ABORT, Control.SHUTDOWN):
             self._fail(str(header.get("why", "the job was shut down")))
             return
         if op == Control.HEARTBEAT:
             return self._heartbeat.echoed(header, self.trace)  # a clock sample, if traced
-        if peer == self._coord and op == Control.FAILOVER:
+        if op == Control.FAILOVER:
             self._server_lost(header)
             return
-        if peer != self._coord and self._held.owns(header["i"]):  # a BATCH's reply
-            for part in self._held.answered(header, frames, self._pending, self._lock):
-                self._on_message(peer, part)
-            return
-        gate = self.credit
-        if gate is not None and peer != self._coord:
-            server = self._servers.get(peer)
-            if server is None:  # (kept: a slice and a decode per message otherwise)
-                server = self._servers[peer] = peer[2:].decode()
-            if op == Data.CREDIT or gate.outstanding:
-                # A CREDIT, or a reply (which credits a push not yet credited: an error).
-                self._data_out.extend(gate.credit(server, header["i"]))
-                if op == Data.CREDIT:
-                    return
-            self._owed.discard(header["i"])
-            if header.get("ak"):  # a value the server counts against its window: read
-                self._data_out.append((server, [self._credit_frame(header["i"])]))
-        if op == Control.MAP_NEWS and peer == self._coord:
+        if op == Control.MAP_NEWS:
             self.map_news.keep(header)
             return
         with self._lock:
             fut = self._pending.pop(header["i"], None)
-        if peer == self._coord:
-            self._failover.answered(header["i"], op)
+        self._failover.answered(header["i"], op)
         if fut is None:
             log.warning("reply to unknown request %s (op %s)", header["i"], op)
             return

@@ -314,6 +314,19 @@ class Context:
             return self._prev[chunk]
         return placement.owners[chunk]
 
+    def routes(self, chunks: Sequence[ChunkSpec], clock: int) -> list[tuple[int, str]]:
+        """Each of ``chunks``' owner at ``clock`` and its address: :meth:`owner_of` and
+        :meth:`address` for a parameter's chunks in one call (a push's every chunk).
+        Raises :class:`UsageError` before :meth:`declare`."""
+        placement = self._map()
+        owners, servers, cuts, prev = placement.owners, placement.servers, self._cuts, self._prev
+        out = []
+        for c in chunks:
+            cut = cuts.get(c.id)
+            owner = prev[c.id] if cut is not None and clock < cut else owners[c.id]
+            out.append((owner, servers[owner]))
+        return out
+
     def _map(self) -> PlacementMap:
         if self._placement is None:
             raise UsageError(

@@ -22,6 +22,9 @@ _PENDING, _RUNNING, _FINISHED = "PENDING", "RUNNING", "FINISHED"
 _CANCELLED_STATE, _NOTIFIED = "CANCELLED", "CANCELLED_AND_NOTIFIED"
 _CANCELLED = frozenset((_CANCELLED_STATE, _NOTIFIED))
 _DONE = frozenset((_FINISHED, _CANCELLED_STATE, _NOTIFIED))
+#: The states of a done future: ``fut._state in DONE`` is :meth:`DataFuture.done`
+#: without a call, where one a message counts (the data sockets' receive loop).
+DONE = _DONE
 
 
 class SharedMemoryRefused(RetryableError):
