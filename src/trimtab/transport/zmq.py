@@ -37,7 +37,7 @@ import zmq
 import zmq.backend
 
 from trimtab.transport.alloc import keep_freed_memory
-from trimtab.transport.auth import JobKey
+from trimtab.transport.auth import AuthRefused, JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
 from trimtab.transport.frames import POLLIN, recv_buffers, recv_routed, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
@@ -177,6 +177,7 @@ class ZmqTransport(Transport):
         self._lane = lane and supported()
         self._lanes = Lanes(self._poller, self._ready, self._key, limits, self._sessions.refuse)
         self._gone = self._lanes.gone
+        self.pending_lost = self._gone  # (the same list: lost() empties it in place)
         self._lost = self._lanes.lost  # addresses whose lane broke (reconnected on send)
         self._lane_out = self._lanes.out
         self._lane_in = self._lanes.into
@@ -358,7 +359,8 @@ class ZmqTransport(Transport):
         (:meth:`ZmqSessions.on_router`) and queued for the node, or answered (a
         handshake's step) or dropped; one loop, without a call a message beyond the
         checks. Never raises for what a peer sent."""
-        on_router = self._sessions.on_router
+        sessions = self._sessions
+        on_router, proven, most = sessions.on_router, self._proven_in, sessions.most_bytes
         ready = self._ready
         watch = self._router_watch
         known = watch.known
@@ -368,7 +370,21 @@ class ZmqTransport(Transport):
             except zmq.Again:
                 return
             if buffers:
-                frames, reply = on_router(identity, buffers)
+                n = len(buffers)
+                session = proven.get(identity)
+                if (
+                    session is None  # (no key, or a handshake: on_router's every check)
+                    or n > 2
+                    or buffers[0].nbytes + (buffers[1].nbytes if n == 2 else 0) > most
+                ):
+                    frames, reply = on_router(identity, buffers)
+                else:  # a proven peer's message within the limits: on_router's, inlined
+                    reply = None
+                    try:
+                        frames = session.open(buffers)
+                    except AuthRefused as exc:
+                        sessions.refuse(identity, str(exc))
+                        frames = None
                 if reply is not None:
                     router.send_multipart([identity, *reply])
                 if frames is not None:
