@@ -323,7 +323,10 @@ class ZmqTransport(Transport):
         gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
-            events = poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)  # (_poll)
+            if self.spin_s > 0:
+                events = poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)
+            else:  # (poll_spinning's wait without a spin, inlined: a call a turn)
+                events = dict(_POLL(self._poller.sockets, -1 if timeout_ms is None else timeout_ms))
             woken = self._wake_r in events
             if woken:
                 with contextlib.suppress(BlockingIOError):
