@@ -186,6 +186,25 @@ def test_the_server_credits_each_push_that_asks_as_it_reads_it() -> None:
     assert out[4][2] is None
 
 
+def test_the_servers_credits_are_creditframes_bytes_for_every_size_of_rid() -> None:
+    """Receipts builds a CREDIT from CreditFrames' prefix and its own kept packer: the
+    same bytes, whatever the rid's msgpack integer's width."""
+
+    class _Raw(_Loop):
+        def __init__(self) -> None:
+            super().__init__()
+            self.raw: list[bytes] = []
+
+        def send(self, peer: bytes, header: Any, frames: Any = ()) -> None:
+            self.raw.append(bytes(header[0]))
+
+    loop = _Raw()
+    receipts = Receipts(loop, LoadMeter())  # type: ignore[arg-type]
+    rids = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1)
+    receipts.acknowledge([Envelope(b"i:w0", _push(rid, 3, ak=True)) for rid in rids], b"coord")
+    assert loop.raw == [CreditFrames("job")(rid) for rid in rids]
+
+
 def _chunk(cid: int, numel: int) -> Chunk:
     chunk = Chunk(ChunkSpec(cid, cid, 0, 0, numel, "float32"), None)
     chunk.value.fill_(float(cid))
