@@ -49,6 +49,9 @@ class DisconnectWatch:
         self._gone: list[Peer] = []
         # Descriptors reused before their DISCONNECTED event was read: that event is old.
         self._stale: dict[int, int] = {}
+        # Read once now: a ZMQ_FD wakes for a message only once its reader found the
+        # monitor empty, so its transport may poll that descriptor from here on.
+        self._gone = self.closed()
 
     def seen(self, peer: Peer, frame: zmq.Frame) -> None:
         """A message from ``peer`` arrived in ``frame`` (a ROUTER's): note its

@@ -39,7 +39,7 @@ import zmq.backend
 from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.auth import AuthRefused, JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
-from trimtab.transport.frames import POLLIN, recv_buffers, recv_routed, send_frames
+from trimtab.transport.frames import EVENTS, POLLIN, recv_buffers, recv_routed, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
@@ -81,6 +81,8 @@ _BURST = 64
 #: pyzmq's compiled poll: whether a socket has more queued is asked with it, one C call
 #: (``Socket.get(EVENTS)`` converts the option to its enum: two Python calls a message).
 _POLL = zmq.backend.zmq_poll
+#: pyzmq's compiled option read (``Socket.get`` without the enum conversion).
+_GET = zmq.backend.Socket.get
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -153,6 +155,7 @@ class ZmqTransport(Transport):
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
+        self._watch_fds: dict[int, DisconnectWatch] = {}  # by its mailbox's descriptor
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
         if bind:
@@ -228,8 +231,9 @@ class ZmqTransport(Transport):
             self._poller.unregister(dealer)
             del self._dealer_peer[dealer], self._dealer_address[dealer]
             watch = self._dealer_watch.pop(address)
-            self._poller.unregister(watch.monitor)
-            del self._watches[watch.monitor]
+            fd = watch.monitor.get(zmq.FD)
+            self._poller.unregister(fd)
+            del self._watches[watch.monitor], self._watch_fds[fd]
             watch.close()
             dealer.close(linger=0)
         self._sessions.forget(address)
@@ -288,8 +292,11 @@ class ZmqTransport(Transport):
             send_frames(dealer, sealed)
 
     def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
-        self._watches[watch.monitor] = watch
-        self._poller.register(watch.monitor, zmq.POLLIN)
+        # The monitor polled by its ZMQ_FD (edge-triggered: sound as only closed() reads it,
+        # always until empty), not as a socket zmq_poll asks EVENTS (2 syscalls) twice a wait.
+        fd = watch.monitor.get(zmq.FD)
+        self._watches[watch.monitor], self._watch_fds[fd] = watch, watch
+        self._poller.register(fd, zmq.POLLIN)
         return watch
 
     def through_lane(self, peer: Peer) -> bool:
@@ -347,13 +354,14 @@ class ZmqTransport(Transport):
         sockets (each message checked, opened and queued, or answered or dropped)."""
         for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
-                self._lanes.on_ready(sock, flags)
+                watch = self._watch_fds.get(sock)
+                if watch is not None:  # a connection closed (or its monitor chatted)
+                    self._gone.extend(watch.closed())
+                else:
+                    self._lanes.on_ready(sock, flags)
                 continue
             if sock is self._router:
                 self._from_router(sock)
-                continue
-            if sock in self._watches:  # a connection closed (or its monitor chatted)
-                self._gone.extend(self._watches[sock].closed())
                 continue
             self._from_dealer(sock)
 
@@ -395,8 +403,9 @@ class ZmqTransport(Transport):
                     ready.append(_envelope((peer, frames)))
                     if peer not in known:
                         watch.seen(peer, last)
-            # Asking is cheaper than the exception a receive on an empty socket raises.
-            if not _POLL([(router, POLLIN)], 0):
+            # Asking is cheaper than the exception a receive on an empty socket raises;
+            # its EVENTS is one look at its mailbox (getpid, poll), zmq_poll's two polls.
+            if not _GET(router, EVENTS) & POLLIN:
                 return
 
     def _from_dealer(self, dealer: zmq.Socket[bytes]) -> None:
