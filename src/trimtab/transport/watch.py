@@ -35,6 +35,8 @@ class DisconnectWatch:
     def __init__(self, sock: zmq.Socket[bytes], peer: Peer | None = None) -> None:
         events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_CONNECTED if peer is not None else 0)
         self.monitor: zmq.Socket[bytes] = sock.get_monitor_socket(events)
+        #: The monitor's mailbox descriptor (ZMQ_FD), to poll it by (see :meth:`closed`).
+        self.fd = int(self.monitor.get(zmq.FD))
         #: A DEALER's: whether its connection came up, as of the last :meth:`closed`,
         #: and when the watch began (``time.monotonic()``).
         self.connected = False

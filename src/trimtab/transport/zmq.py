@@ -82,7 +82,7 @@ _BURST = 64
 #: (``Socket.get(EVENTS)`` converts the option to its enum: two Python calls a message).
 _POLL = zmq.backend.zmq_poll
 #: pyzmq's compiled option read (``Socket.get`` without the enum conversion).
-_GET = zmq.backend.Socket.get
+_GET = cast(Callable[[zmq.Socket[bytes], int], int], zmq.backend.Socket.get)
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -231,9 +231,8 @@ class ZmqTransport(Transport):
             self._poller.unregister(dealer)
             del self._dealer_peer[dealer], self._dealer_address[dealer]
             watch = self._dealer_watch.pop(address)
-            fd = watch.monitor.get(zmq.FD)
-            self._poller.unregister(fd)
-            del self._watches[watch.monitor], self._watch_fds[fd]
+            self._poller.unregister(watch.fd)
+            del self._watches[watch.monitor], self._watch_fds[watch.fd]
             watch.close()
             dealer.close(linger=0)
         self._sessions.forget(address)
@@ -294,9 +293,8 @@ class ZmqTransport(Transport):
     def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
         # The monitor polled by its ZMQ_FD (edge-triggered: sound as only closed() reads it,
         # always until empty), not as a socket zmq_poll asks EVENTS (2 syscalls) twice a wait.
-        fd = watch.monitor.get(zmq.FD)
-        self._watches[watch.monitor], self._watch_fds[fd] = watch, watch
-        self._poller.register(fd, zmq.POLLIN)
+        self._watches[watch.monitor], self._watch_fds[watch.fd] = watch, watch
+        self._poller.register(watch.fd, zmq.POLLIN)
         return watch
 
     def through_lane(self, peer: Peer) -> bool:
