@@ -106,7 +106,11 @@ class Receipts:
                         self._send(peer, [credit_head + pack(rid)])  # (CreditFrames')
                 elif op == _CREDIT and len(frames) == 1:  # a worker read one of our values
                     for held, held_frames in self.values.credit(peer, header["i"]):
-                        self._loop.send(peer, held, held_frames)
+                        if self._loop.gathered:  # (NodeLoop.send's own case)
+                            self._loop.send(peer, held, held_frames)
+                        else:  # (NodeLoop.send's stamp and encode, inlined: the same bytes)
+                            held["j"] = job
+                            self._send(peer, [pack(held), *held_frames])
                     continue
             out.append((peer, frames, header))
         return out
