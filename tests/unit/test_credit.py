@@ -142,6 +142,7 @@ class _Loop:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, dict[str, Any]]] = []
         self.transport = self
+        self.gathered: dict[Any, Any] = {}  # (NodeLoop's: no batch waits for a reply)
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
         if isinstance(header, list):  # the transport's send: [header frame, *frames]
@@ -268,6 +269,8 @@ class _FramesLoop(_Loop):
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
         super().send(peer, header, frames)
+        if isinstance(header, list):  # the transport's send: [header frame, *frames]
+            frames = header[1:]
         self.payloads.append(b"".join(bytes(f) for f in frames))
 
 
@@ -301,6 +304,8 @@ class _KeptLoop(_Loop):
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
         super().send(peer, header, frames)
+        if isinstance(header, list):  # the transport's send: [header frame, *frames]
+            frames = header[1:]
         self.frames.append(list(frames))
 
 
