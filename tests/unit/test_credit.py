@@ -142,6 +142,7 @@ class _Loop:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, dict[str, Any]]] = []
         self.transport = self
+        self.gathered: dict[Any, Any] = {}  # (NodeLoop's: no batch waits for a reply)
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
         if isinstance(header, list):  # the transport's send: [header frame, *frames]
@@ -184,6 +185,25 @@ def test_the_server_credits_each_push_that_asks_as_it_reads_it() -> None:
     assert out[0][2] is not None and out[0][2]["c"] == 3
     assert out[2][2] is None
     assert out[4][2] is None
+
+
+def test_the_servers_credits_are_creditframes_bytes_for_every_size_of_rid() -> None:
+    """Receipts builds a CREDIT from CreditFrames' prefix and its own kept packer: the
+    same bytes, whatever the rid's msgpack integer's width."""
+
+    class _Raw(_Loop):
+        def __init__(self) -> None:
+            super().__init__()
+            self.raw: list[bytes] = []
+
+        def send(self, peer: bytes, header: Any, frames: Any = ()) -> None:
+            self.raw.append(bytes(header[0]))
+
+    loop = _Raw()
+    receipts = Receipts(loop, LoadMeter())  # type: ignore[arg-type]
+    rids = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1)
+    receipts.acknowledge([Envelope(b"i:w0", _push(rid, 3, ak=True)) for rid in rids], b"coord")
+    assert loop.raw == [CreditFrames("job")(rid) for rid in rids]
 
 
 def _chunk(cid: int, numel: int) -> Chunk:
@@ -249,6 +269,8 @@ class _FramesLoop(_Loop):
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
         super().send(peer, header, frames)
+        if isinstance(header, list):  # the transport's send: [header frame, *frames]
+            frames = header[1:]
         self.payloads.append(b"".join(bytes(f) for f in frames))
 
 
@@ -282,6 +304,8 @@ class _KeptLoop(_Loop):
 
     def send(self, peer: bytes, header: dict[str, Any], frames: Any = ()) -> None:
         super().send(peer, header, frames)
+        if isinstance(header, list):  # the transport's send: [header frame, *frames]
+            frames = header[1:]
         self.frames.append(list(frames))
 
 

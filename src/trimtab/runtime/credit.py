@@ -138,7 +138,7 @@ class CreditGate(Generic[K, M]):
                 s = self._peers[peer] = _Peer(window or self.window)
             elif window:
                 s.window = window
-            if not s.held and self._fits(s, nbytes):
+            if not s.held and (s.in_flight == 0 or s.in_flight + nbytes <= s.window):  # (fits)
                 self._take(s, rid, nbytes)
                 self.stats.admitted += 1
                 return True
@@ -165,7 +165,7 @@ class CreditGate(Generic[K, M]):
             if not s.held:
                 return []
             released: list[M] = []
-            # (_fits and _take, inlined: a credit a chunk releases the next push)
+            # (admit's fit and _take, inlined: a credit a chunk releases the next push)
             while s.held and (s.in_flight == 0 or s.in_flight + s.held[0][3] <= s.window):
                 _, _, held_rid, held_bytes, message = heapq.heappop(s.held)
                 s.sent[held_rid] = held_bytes
@@ -205,9 +205,6 @@ class CreditGate(Generic[K, M]):
                 if s.in_flight or s.held
             ]
         return "credit: " + ("; ".join(parts) if parts else "nothing in flight")
-
-    def _fits(self, s: _Peer[M], nbytes: int) -> bool:
-        return s.in_flight == 0 or s.in_flight + nbytes <= s.window
 
     def _take(self, s: _Peer[M], rid: int, nbytes: int) -> None:
         s.sent[rid] = nbytes

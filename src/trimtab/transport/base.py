@@ -49,6 +49,11 @@ class Transport(abc.ABC):
     """
 
     spin_s: float = 0.0
+    #: The peers lost and not yet returned by :meth:`lost`, as a live view (a sequence
+    #: the transport fills and :meth:`lost` empties, never replaced), so that a loop can see
+    #: a closed connection at once without a call a turn; ``None`` where a transport
+    #: cannot show them so (its :meth:`lost` is then to be called every turn).
+    pending_lost: Sequence[Peer] | None = None
 
     @property
     @abc.abstractmethod

@@ -61,6 +61,12 @@ class ZmqSessions:
             collections.OrderedDict()
         )
         self.refused = 0
+        #: A message of one frame, or two, of at most this many bytes in all is within
+        #: every limit (:meth:`Limits.check_frames`' one test); 0: none is (each is
+        #: checked in full). For the transport's receive of a proven peer's message.
+        self.most_bytes = (
+            min(limits.max_frame_bytes, limits.max_message_bytes) if limits.max_frames >= 2 else 0
+        )
 
     def refuse(self, who: object, why: str) -> None:
         """Count a refusal; log the first one at warning level."""

@@ -35,6 +35,8 @@ class DisconnectWatch:
     def __init__(self, sock: zmq.Socket[bytes], peer: Peer | None = None) -> None:
         events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_CONNECTED if peer is not None else 0)
         self.monitor: zmq.Socket[bytes] = sock.get_monitor_socket(events)
+        #: The monitor's mailbox descriptor (ZMQ_FD), to poll it by (see :meth:`closed`).
+        self.fd = int(self.monitor.get(zmq.FD))
         #: A DEALER's: whether its connection came up, as of the last :meth:`closed`,
         #: and when the watch began (``time.monotonic()``).
         self.connected = False
@@ -49,6 +51,9 @@ class DisconnectWatch:
         self._gone: list[Peer] = []
         # Descriptors reused before their DISCONNECTED event was read: that event is old.
         self._stale: dict[int, int] = {}
+        # Read once now: a ZMQ_FD wakes for a message only once its reader found the
+        # monitor empty, so its transport may poll that descriptor from here on.
+        self._gone = self.closed()
 
     def seen(self, peer: Peer, frame: zmq.Frame) -> None:
         """A message from ``peer`` arrived in ``frame`` (a ROUTER's): note its

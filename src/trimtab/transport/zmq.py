@@ -29,17 +29,16 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from functools import partial
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import zmq
 import zmq.backend
 
 from trimtab.transport.alloc import keep_freed_memory
-from trimtab.transport.auth import AuthRefused, JobKey
+from trimtab.transport.auth import JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
-from trimtab.transport.frames import POLLIN, SNDMORE, recv_buffers, recv_routed, send_frames
+from trimtab.transport.frames import SNDMORE, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
@@ -56,6 +55,7 @@ from trimtab.transport.spin import (
 )
 from trimtab.transport.watch import DisconnectWatch
 from trimtab.transport.zap import SharedContext, secure_client, secure_server
+from trimtab.transport.zmq_in import read_dealer, read_router
 
 __all__ = [
     "LANE_ENV",
@@ -71,15 +71,7 @@ __all__ = [
 
 log = logging.getLogger("trimtab.transport")
 
-#: How many messages one ready socket may yield per poll before others get a turn.
-#: ``Envelope(peer, frames)`` made in C (the named tuple's ``__new__`` is a Python
-#: function: a call a message received).
-_envelope = cast(
-    Callable[[tuple[Peer, list[memoryview]]], Envelope], partial(tuple.__new__, Envelope)
-)
-_BURST = 64
-#: pyzmq's compiled poll: whether a socket has more queued is asked with it, one C call
-#: (``Socket.get(EVENTS)`` converts the option to its enum: two Python calls a message).
+#: pyzmq's compiled poll (a wait without spinning calls it directly: a call a turn).
 _POLL = zmq.backend.zmq_poll
 #: pyzmq's compiled send, unbound (as :func:`~trimtab.transport.frames.send_frames`).
 _SEND = zmq.backend.Socket.send
@@ -142,7 +134,7 @@ class ZmqTransport(Transport):
         self._key = self._shared.key
         self._sessions = ZmqSessions(self._key, limits)
         self._proven_in = self._sessions.proven_in  # (send's lookup, without a call)
-        self._proven_out = self._sessions.proven_out  # (send_to's and _from_dealer's)
+        self._proven_out = self._sessions.proven_out  # (send_to's; read_dealer reads the same dict)
         self._shared.acquire()
         self._closed = False
         self.spin_s = spin_s
@@ -156,6 +148,7 @@ class ZmqTransport(Transport):
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
+        self._watch_fds: dict[int, DisconnectWatch] = {}  # by its mailbox's descriptor
         self._address = ""
         self._router: zmq.Socket[bytes] | None = None
         if bind:
@@ -180,6 +173,7 @@ class ZmqTransport(Transport):
         self._lane = lane and supported()
         self._lanes = Lanes(self._poller, self._ready, self._key, limits, self._sessions.refuse)
         self._gone = self._lanes.gone
+        self.pending_lost = self._gone  # (the same list: lost() empties it in place)
         self._lost = self._lanes.lost  # addresses whose lane broke (reconnected on send)
         self._lane_out = self._lanes.out
         self._lane_in = self._lanes.into
@@ -230,8 +224,8 @@ class ZmqTransport(Transport):
             self._poller.unregister(dealer)
             del self._dealer_peer[dealer], self._dealer_address[dealer]
             watch = self._dealer_watch.pop(address)
-            self._poller.unregister(watch.monitor)
-            del self._watches[watch.monitor]
+            self._poller.unregister(watch.fd)
+            del self._watches[watch.monitor], self._watch_fds[watch.fd]
             watch.close()
             dealer.close(linger=0)
         self._sessions.forget(address)
@@ -296,8 +290,10 @@ class ZmqTransport(Transport):
             send_frames(dealer, sealed)
 
     def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
-        self._watches[watch.monitor] = watch
-        self._poller.register(watch.monitor, zmq.POLLIN)
+        # The monitor polled by its ZMQ_FD (edge-triggered: sound as only closed() reads it,
+        # always until empty), not as a socket zmq_poll asks EVENTS (2 syscalls) twice a wait.
+        self._watches[watch.monitor], self._watch_fds[watch.fd] = watch, watch
+        self._poller.register(watch.fd, zmq.POLLIN)
         return watch
 
     def through_lane(self, peer: Peer) -> bool:
@@ -313,8 +309,9 @@ class ZmqTransport(Transport):
 
     def recv_burst(self, timeout_s: float | None, limit: int) -> list[Envelope]:
         """As :meth:`Transport.recv_burst`: every message queued already, or read by one
-        poll (up to :data:`_BURST` a ready socket, each checked as :meth:`recv`'s), up
-        to ``limit``; no second poll behind it. Blocks as :meth:`recv`."""
+        poll (up to :data:`~trimtab.transport.zmq_in.BURST` a ready socket, each checked
+        as :meth:`recv`'s), up to ``limit``; no second poll behind it. Blocks as
+        :meth:`recv`."""
         ready = self._ready
         if not ready and not self._fill(timeout_s):
             return []
@@ -331,7 +328,10 @@ class ZmqTransport(Transport):
         gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
-            events = poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)  # (_poll)
+            if self.spin_s > 0:
+                events = poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)
+            else:  # (poll_spinning's wait without a spin, inlined: a call a turn)
+                events = dict(_POLL(self._poller.sockets, -1 if timeout_ms is None else timeout_ms))
             woken = self._wake_r in events
             if woken:
                 with contextlib.suppress(BlockingIOError):
@@ -349,82 +349,28 @@ class ZmqTransport(Transport):
 
     def _take(self, events: dict[Any, int]) -> None:
         """Read what ``events`` say is there: lane connections, new ones, ZeroMQ
-        sockets (each message checked, opened and queued, or answered or dropped)."""
+        sockets (:mod:`~trimtab.transport.zmq_in`: each message checked, opened and
+        queued, or answered or dropped)."""
         for sock, flags in events.items():
             if not isinstance(sock, zmq.Socket):
-                self._lanes.on_ready(sock, flags)
+                watch = self._watch_fds.get(sock)
+                if watch is not None:  # a connection closed (or its monitor chatted)
+                    self._gone.extend(watch.closed())
+                else:
+                    self._lanes.on_ready(sock, flags)
                 continue
             if sock is self._router:
-                self._from_router(sock)
+                read_router(sock, self._sessions, self._ready, self._router_watch)
                 continue
-            if sock in self._watches:  # a connection closed (or its monitor chatted)
-                self._gone.extend(self._watches[sock].closed())
-                continue
-            self._from_dealer(sock)
-
-    def _from_router(self, router: zmq.Socket[bytes]) -> None:
-        """Read up to :data:`_BURST` messages off the router: each checked and opened
-        (:meth:`ZmqSessions.on_router`) and queued for the node, or answered (a
-        handshake's step) or dropped; one loop, without a call a message beyond the
-        checks. Never raises for what a peer sent."""
-        on_router = self._sessions.on_router
-        ready = self._ready
-        watch = self._router_watch
-        known = watch.known
-        for _ in range(_BURST):
-            try:
-                identity, buffers, last = recv_routed(router)
-            except zmq.Again:
-                return
-            if buffers:
-                frames, reply = on_router(identity, buffers)
-                if reply is not None:
-                    router.send_multipart([identity, *reply])
-                if frames is not None:
-                    peer = b"i:" + identity  # (in_peer)
-                    ready.append(_envelope((peer, frames)))
-                    if peer not in known:
-                        watch.seen(peer, last)
-            # Asking is cheaper than the exception a receive on an empty socket raises.
-            if not _POLL([(router, POLLIN)], 0):
-                return
-
-    def _from_dealer(self, dealer: zmq.Socket[bytes]) -> None:
-        """Read up to :data:`_BURST` messages off one of our DEALERs, as
-        :meth:`_from_router` (:meth:`ZmqSessions.on_dealer` checks and opens each).
-        Never raises for what a peer sent."""
-        address = self._dealer_address[dealer]
-        peer = self._dealer_peer[dealer]
-        sessions = self._sessions
-        keyed, proven, check = self._key is not None, self._proven_out, self._limits.check_frames
-        ready = self._ready
-        for _ in range(_BURST):
-            try:
-                buffers = recv_buffers(dealer)
-            except zmq.Again:
-                return
-            session = proven.get(address) if keyed else None
-            if keyed and session is None:  # a handshake's step, or a stranger's message
-                frames, out = sessions.on_dealer(address, buffers)
-                for message in out:
-                    send_frames(dealer, message)
-            else:  # (on_dealer's every data message, inlined: the same checks)
-                frames = None
-                why = check(buffers)
-                if why:
-                    sessions.refuse(address, why)
-                elif session is None:
-                    frames = buffers
-                else:
-                    try:
-                        frames = session.open(buffers)
-                    except AuthRefused as exc:
-                        sessions.refuse(address, str(exc))
-            if frames is not None:
-                ready.append(_envelope((peer, frames)))
-            # Asking is cheaper than the exception a receive on an empty socket raises.
-            if not _POLL([(dealer, POLLIN)], 0):
-                return
+            read_dealer(
+                sock,
+                self._dealer_address[sock],
+                self._dealer_peer[sock],
+                self._sessions,
+                self._limits.check_frames,
+                self._key is not None,
+                self._ready,
+            )
 
     @property
     def refused(self) -> int:

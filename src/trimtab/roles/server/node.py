@@ -58,6 +58,12 @@ log = logging.getLogger("trimtab.server")
 #: ordered by priority (:func:`order`), its CREDITs answered before any is handled.
 PRIORITY_WINDOW = 256
 
+#: Seconds between the loop's bookkeeping (heartbeat and load report due, the
+#: coordinator's liveness, checkpoint files written) while bursts keep coming: a
+#: turn that received nothing, or a transport that saw a connection close, runs it
+#: at once. Its clocks are in tenths of a second and more; a turn is tens of us.
+BOOKKEEPING_S = 0.002
+
 #: The data ops a worker sends a server; each must carry the worker's credential.
 _WORKER_OPS = frozenset(
     {Data.PUSH, Data.PULL, Data.INIT, Data.STATS, Data.STATE_GET, Data.STATE_SET}
@@ -197,6 +203,9 @@ class Server(ControlPlane):
         thread = threading.Thread(target=warm_up, name="trimtab-warm-up", daemon=True)
         thread.start()
         warming: threading.Thread | None = thread
+        # Peers whose connection closed, not yet taken (None: ask every turn).
+        lost = self._transport.pending_lost
+        due = 0.0  # when the bookkeeping runs next, while bursts keep coming
         try:
             while not self._stop:
                 burst = self._transport.recv_burst(
@@ -210,6 +219,10 @@ class Server(ControlPlane):
                         if self._stop:
                             break
                         self._serve(peer, frames, header)
+                    now = time.monotonic()
+                    if now < due and lost is not None and not lost and not self._stop:
+                        continue  # (nothing closed, nothing due: the next burst)
+                    due = now + BOOKKEEPING_S
                 # After what came (a SHUTDOWN before its sender's connection closed ends
                 # the job, not a wait for a replacement coordinator).
                 gone = None if self._stop else self._link.tick(self.state is ServerState.SERVING)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
+import msgpack
 import torch
 
 from trimtab.protocol import headers
@@ -64,7 +65,11 @@ class Receipts:
         self._loop = loop
         self._meter = meter
         self._synchronous = synchronous
-        self._credit = CreditFrames(loop.job)
+        # A CREDIT's bytes before its rid's msgpack integer (rid 0 packs as one byte),
+        # and msgpack's packer kept (the loop's thread only): what CreditFrames and
+        # encode give, without a packer made a message (tests/unit/test_steady_push.py).
+        self._credit_head = CreditFrames(loop.job)(0)[:-1]
+        self._pack = msgpack.Packer(use_bin_type=True).pack
         self._send = loop.transport.send
         self._peer_of: dict[int, Peer] = {}  # a bounded worker's rank -> its socket
         #: Value bytes in flight per worker (its socket), each worker's own window (every
@@ -84,6 +89,7 @@ class Receipts:
         with none: it is refused in its turn. Blocks only as :meth:`NodeLoop.send` does;
         never raises for what a peer sent."""
         job = self._loop.job
+        credit_head, pack = self._credit_head, self._pack
         out: list[Queued] = []
         for peer, frames in burst:
             header = None
@@ -97,10 +103,14 @@ class Receipts:
                 if op == _PUSH:
                     rid = header["i"]
                     if header.get("ak") and type(rid) is int:
-                        self._send(peer, [self._credit(rid)])
+                        self._send(peer, [credit_head + pack(rid)])  # (CreditFrames')
                 elif op == _CREDIT and len(frames) == 1:  # a worker read one of our values
                     for held, held_frames in self.values.credit(peer, header["i"]):
-                        self._loop.send(peer, held, held_frames)
+                        if self._loop.gathered:  # (NodeLoop.send's own case)
+                            self._loop.send(peer, held, held_frames)
+                        else:  # (NodeLoop.send's stamp and encode, inlined: the same bytes)
+                            held["j"] = job
+                            self._send(peer, [pack(held), *held_frames])
                     continue
             out.append((peer, frames, header))
         return out
@@ -157,7 +167,12 @@ class Receipts:
             message = (header, [frame])
             if not self.values.admit(peer, rid, frame.nbytes, chunk.spec.id, message, window):
                 return
-        self._loop.send(peer, header, [frame])
+        loop = self._loop
+        if loop.gathered:  # (a part of a batch: its reply goes into the batch's)
+            loop.send(peer, header, [frame])
+            return
+        header["j"] = loop.job  # (NodeLoop.send's stamp and encode, inlined: the same bytes)
+        self._send(peer, [self._pack(header), frame])
 
     def rows(
         self,

@@ -298,8 +298,9 @@ class ChunkStore:
         result: torch.Tensor | None = None
         applies = chunk.optimizer is not None and not chunk.mean_only
         ids = None
-        width = width_of(self.tensors[chunk.spec.tensor].shape)
-        if is_rows(chunk) and chunk.weight_sum > 0:
+        width = 0  # (a table's row width: read only where the round merged rows)
+        if chunk.rows is not None and chunk.weight_sum > 0:  # (is_rows: a call a round)
+            width = width_of(self.tensors[chunk.spec.tensor].shape)
             factor = self.post_factor(self._table_of[chunk.spec.tensor])
             ids, result = apply_rows(chunk, width, factor * chunk.scale / chunk.weight_sum, applies)
             chunk.version += 1
