@@ -24,6 +24,13 @@ from trimtab.transport.inproc import Fabric
 #: (:data:`~trimtab.roles.coordinator.steps.HISTORY_STEPS`) to 200 steps later.
 FIRST, LAST = 60, 260
 
+#: Steps measured at each end; each end's smallest size is compared. What is in flight
+#: when a step is measured (a step some worker has not reported yet, a migration under
+#: way, a speed window opened again after an idle spell) is bounded but comes and goes:
+#: together it once read as 54 objects more at the last step than at the first (a CI
+#: run beside the integration tests). A leak is in every measure of the later end.
+SAMPLES = 5
+
 
 #: Where counting stops: shared code and its globals, tensors (their storage is not the
 #: point), threads and loggers, and the in-process fabric (messages in flight).
@@ -83,7 +90,7 @@ def test_a_worker_and_the_coordinator_stay_bounded_over_many_migrations(
             context=ctx,
         )
         for step in range(LAST + 1):
-            if ctx.rank == 0 and step in (FIRST, LAST):
+            if ctx.rank == 0 and (FIRST <= step < FIRST + SAMPLES or step > LAST - SAMPLES):
                 # The worker's own state: its context (client, routing, members) and
                 # optimizer, without the model.
                 sizes["worker"].append(reachable(ctx, opt._pusher, opt._reporter))
@@ -93,11 +100,12 @@ def test_a_worker_and_the_coordinator_stay_bounded_over_many_migrations(
             opt.step()
 
     cluster.run_workers(train, timeout_s=300)
-    moved = sizes["migrations"][1] - sizes["migrations"][0]
+    moved = sizes["migrations"][-1] - sizes["migrations"][0]
     assert moved >= 100, sizes  # (forced every step; a few are skipped while one runs)
     # A leak of one object per migration or per step would show as 100 or more.
     for part in ("worker", "coordinator"):
-        first, last = sizes[part]
+        assert len(sizes[part]) == 2 * SAMPLES, sizes
+        first, last = min(sizes[part][:SAMPLES]), min(sizes[part][SAMPLES:])
         assert last - first < 40, (part, sizes)
 
 
