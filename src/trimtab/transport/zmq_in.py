@@ -33,9 +33,8 @@ BURST = 64
 _envelope = cast(
     Callable[[tuple[Peer, list[memoryview]]], Envelope], partial(tuple.__new__, Envelope)
 )
-#: pyzmq's compiled poll, and its option read (``Socket.get`` without the enum
-#: conversion): whether a socket has more queued is asked with them, one C call.
-_POLL = zmq.backend.zmq_poll
+#: pyzmq's compiled option read (``Socket.get`` without the enum conversion): whether a
+#: socket has more queued is asked with it, one C call.
 _GET = cast(Callable[[zmq.Socket[bytes], int], int], zmq.backend.Socket.get)
 
 
@@ -93,17 +92,23 @@ def read_dealer(
     check: Callable[[list[memoryview]], str],
     keyed: bool,
     ready: collections.deque[Envelope],
-) -> None:
+) -> bool:
     """Read up to :data:`BURST` messages off ``dealer`` (our connection to ``address``,
     named ``peer``), as :func:`read_router` (:meth:`ZmqSessions.on_dealer`'s checks:
     ``check``, the limits, then the session's MAC where ``keyed``). Never blocks; never
-    raises for what a peer sent."""
+    raises for what a peer sent.
+
+    Returns whether it stopped with messages maybe left (:data:`BURST` read): False
+    means the socket was found empty after the last thing done on it (its last
+    receive, or its EVENTS looked at after a handshake's reply was sent), so its
+    ZMQ_FD signals the next message (see :class:`~trimtab.transport.zmq.ZmqTransport`).
+    """
     proven = sessions.proven_out
     for _ in range(BURST):
         try:
             buffers = recv_buffers(dealer)
         except zmq.Again:
-            return
+            return False
         session = proven.get(address) if keyed else None
         if keyed and session is None:  # a handshake's step, or a stranger's message
             frames, out = sessions.on_dealer(address, buffers)
@@ -123,6 +128,9 @@ def read_dealer(
                     sessions.refuse(address, str(exc))
         if frames is not None:
             ready.append(_envelope((peer, frames)))
-        # Asking is cheaper than the exception a receive on an empty socket raises.
-        if not _POLL([(dealer, POLLIN)], 0):
-            return
+        # Asking is cheaper than the exception a receive on an empty socket raises; its
+        # EVENTS (getpid, poll) is zmq_poll's look without the poll around it, and
+        # comes after any reply sent above, so an empty answer leaves the ZMQ_FD armed.
+        if not _GET(dealer, EVENTS) & POLLIN:
+            return False
+    return True
