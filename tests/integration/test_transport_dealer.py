@@ -38,14 +38,20 @@ def _recv(t: ZmqTransport, timeout_s: float = _WAIT_S) -> Envelope | None:
     return None
 
 
-@pytest.fixture(params=[False, True], ids=["no-key", "key"])
+@pytest.fixture(
+    params=[(False, True), (True, True), (True, False)],
+    ids=["server-no-key", "server-key", "worker-key"],
+)
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ZmqTransport, ZmqTransport, Peer, Peer]]:
-    """A bound transport (the coordinator's side) and one connected to it by a DEALER
-    (the server's), over ZeroMQ TCP, with the job's key or without: ``(bound,
-    connected, the bound one as the connected one names it, and the reverse)``."""
-    key = JobKey(os.urandom(32)) if request.param else None
+    """A bound transport (the coordinator's side) and one connected to it by a DEALER,
+    over ZeroMQ TCP, with the job's key or without: ``(bound, connected, the bound one
+    as the connected one names it, and the reverse)``. The connected one binds too, as
+    a server's transport does (its DEALERs polled by their ZMQ_FD), or not, as a
+    worker's (polled as sockets)."""
+    keyed, binds = request.param
+    key = JobKey(os.urandom(32)) if keyed else None
     bound = ZmqTransport(bind=True, lane=False, auth=key)
-    connected = ZmqTransport(bind=False, lane=False, auth=key)
+    connected = ZmqTransport(bind=binds, lane=False, auth=key)
     try:
         to_bound = connected.connect(bound.address)
         connected.send(to_bound, [b"hello"])

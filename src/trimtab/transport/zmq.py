@@ -8,15 +8,9 @@ the bytes are not copied again in Python.
 A pipe wakes the poller, so other threads can hand the I/O thread work without a
 socket of their own (ZeroMQ sockets must stay on one thread).
 
-The ROUTER is polled as a ZeroMQ socket; each DEALER by its ZMQ_FD, a descriptor
-``zmq_poll`` waits on without asking the socket its EVENTS (a getpid and a poll) on
-each of its two passes. That descriptor is edge-triggered: it signals a message only
-when the socket was found empty since the last command it took, and any operation on
-the socket (a send, a receive, an EVENTS look) may take that command, leaving a message
-readable but the descriptor quiet. So every DEALER sent on, made, or read but not to
-its end is *unsure* until its EVENTS is looked at, which every wait does first
-(:meth:`ZmqTransport._settle`); one look a wait for a socket sent on, none for one that
-was not, where ``zmq_poll`` looked twice at each.
+The ROUTER is polled as a ZeroMQ socket; a transport that binds (a server's) polls its
+DEALERs by their ZMQ_FD (:class:`~trimtab.transport.zmq_in.DealerReads` says why, and
+how no message is missed).
 
 Between processes of one machine, messages take the local lane instead
 (:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
@@ -39,8 +33,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import zmq
 import zmq.backend
@@ -48,7 +42,7 @@ import zmq.backend
 from trimtab.transport.alloc import keep_freed_memory
 from trimtab.transport.auth import JobKey
 from trimtab.transport.base import Envelope, Frame, Peer, Transport, out_peer
-from trimtab.transport.frames import EVENTS, POLLIN, SNDMORE, send_frames
+from trimtab.transport.frames import SNDMORE, send_frames
 from trimtab.transport.lane import LANE_ENV, lane_from_env, supported
 from trimtab.transport.lanes import Lanes
 from trimtab.transport.limits import Limits
@@ -65,7 +59,7 @@ from trimtab.transport.spin import (
 )
 from trimtab.transport.watch import DisconnectWatch
 from trimtab.transport.zap import SharedContext, secure_client, secure_server
-from trimtab.transport.zmq_in import read_dealer, read_router
+from trimtab.transport.zmq_in import DealerReads, read_router
 
 __all__ = [
     "LANE_ENV",
@@ -85,8 +79,6 @@ log = logging.getLogger("trimtab.transport")
 _POLL = zmq.backend.zmq_poll
 #: pyzmq's compiled send, unbound (as :func:`~trimtab.transport.frames.send_frames`).
 _SEND = zmq.backend.Socket.send
-#: pyzmq's compiled option read, unbound (a DEALER's EVENTS: see the module's docstring).
-_GET = cast(Callable[[zmq.Socket[bytes], int], int], zmq.backend.Socket.get)
 #: Seconds a closing transport gives queued lane messages to leave (as ZeroMQ's LINGER).
 _LINGER_S = 2.0
 #: A ZeroMQ connection not up this long after it was made has nobody listening (on a
@@ -115,6 +107,10 @@ class ZmqTransport(Transport):
             environment variable: an edge passes :func:`lane_from_env`'s answer.
         spin_s: seconds a :meth:`recv` that has to wait polls before it sleeps
             (:attr:`Transport.spin_s`; ``TRIMTAB_SPIN_US`` at the edges).
+        dealers_by_fd: poll each DEALER by its ZMQ_FD (:class:`DealerReads`), not as a
+            ZeroMQ socket; None: where it binds. A worker's transports send on their
+            DEALERs once a chunk and wait after each send, so the EVENTS look before
+            each wait would be ``zmq_poll``'s own: they poll them as sockets.
 
     A lane message the kernel cannot take at once (its socket buffer is full) leaves
     during this transport's later :meth:`recv` calls, which every node makes while it
@@ -133,6 +129,7 @@ class ZmqTransport(Transport):
         spin_s: float = 0.0,
         auth: JobKey | None = None,
         limits: Limits | None = None,
+        dealers_by_fd: bool | None = None,
         _shared: SharedContext | None = None,
     ) -> None:
         check_spin(spin_s)
@@ -153,13 +150,18 @@ class ZmqTransport(Transport):
         self._ctx = self._shared.ctx
         self._poller = zmq.Poller()
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
-        self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
-        self._dealer_address: dict[zmq.Socket[bytes], str] = {}
         self._dealer_watch: dict[str, DisconnectWatch] = {}
         self._dealer_fd: dict[int, zmq.Socket[bytes]] = {}  # by its ZMQ_FD, as polled
-        #: DEALERs whose ZMQ_FD may not signal what they hold (see the module's docstring).
-        self._unsure: set[zmq.Socket[bytes]] = set()
         self._ready: collections.deque[Envelope] = collections.deque()
+        self._in = DealerReads(
+            self._sessions,
+            limits.check_frames,
+            self._key is not None,
+            self._ready,
+            bind if dealers_by_fd is None else dealers_by_fd,
+        )
+        self._by_fd = self._in.by_fd
+        self._unsure = self._in.unsure  # (the same set: a wait looks at it first)
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
@@ -221,12 +223,14 @@ class ZmqTransport(Transport):
                 secure_client(dealer, self._key)
             dealer.connect(address)
             self._dealers[address] = dealer
-            self._dealer_peer[dealer] = out_peer(address)
-            self._dealer_address[dealer] = address
-            fd = int(dealer.get(zmq.FD))
-            self._dealer_fd[fd] = dealer
-            self._poller.register(fd, zmq.POLLIN)
-            self._unsure.add(dealer)  # (its EVENTS never looked at yet)
+            self._in.peer[dealer], self._in.address[dealer] = out_peer(address), address
+            if self._by_fd:
+                fd = int(dealer.get(zmq.FD))
+                self._dealer_fd[fd] = dealer
+                self._poller.register(fd, zmq.POLLIN)
+                self._unsure.add(dealer)  # (its EVENTS never looked at yet)
+            else:
+                self._poller.register(dealer, zmq.POLLIN)
             self._dealer_watch[address] = self._watch(DisconnectWatch(dealer, out_peer(address)))
             hello = self._sessions.opened(address)
             if hello is not None:
@@ -239,9 +243,11 @@ class ZmqTransport(Transport):
         self._lanes.forget(address)
         dealer = self._dealers.pop(address, None)
         if dealer is not None:
-            fd = next(fd for fd, d in self._dealer_fd.items() if d is dealer)
-            self._poller.unregister(fd)
-            del self._dealer_fd[fd], self._dealer_peer[dealer], self._dealer_address[dealer]
+            fds = [fd for fd, d in self._dealer_fd.items() if d is dealer]
+            for fd in fds:
+                del self._dealer_fd[fd]
+            self._poller.unregister(fds[0] if fds else dealer)
+            del self._in.peer[dealer], self._in.address[dealer]
             self._unsure.discard(dealer)
             watch = self._dealer_watch.pop(address)
             self._poller.unregister(watch.fd)
@@ -301,7 +307,8 @@ class ZmqTransport(Transport):
         last = len(frames) - 1  # (send_frames, inlined: a call a message)
         for i, frame in enumerate(frames):
             _SEND(dealer, frame, SNDMORE if i < last else 0, False)
-        self._unsure.add(dealer)  # (a send may take the command its ZMQ_FD signals)
+        if self._by_fd:
+            self._unsure.add(dealer)  # (a send may take the command its ZMQ_FD signals)
 
     def _to_dealer(self, dealer: zmq.Socket[bytes], address: str, frames: Sequence[Frame]) -> None:
         """Seal ``frames`` for ``address`` and send them through its ``dealer`` (or keep
@@ -309,7 +316,8 @@ class ZmqTransport(Transport):
         sealed = self._sessions.seal_out(address, list(frames))
         if sealed is not None:
             send_frames(dealer, sealed)
-            self._unsure.add(dealer)  # (a send may take the command its ZMQ_FD signals)
+            if self._by_fd:
+                self._unsure.add(dealer)  # (a send may take the command its ZMQ_FD signals)
 
     def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
         # The monitor polled by its ZMQ_FD (edge-triggered: sound as only closed() reads it,
@@ -352,7 +360,7 @@ class ZmqTransport(Transport):
         while True:
             wait_ms = timeout_ms
             if self._unsure:  # (before any wait: their descriptors may stay quiet)
-                self._settle()
+                self._in.settle()
                 if self._ready:
                     return True
                 if self._unsure:  # a burst read, nothing in it for the node: read on
@@ -381,44 +389,21 @@ class ZmqTransport(Transport):
         sockets (:mod:`~trimtab.transport.zmq_in`: each message checked, opened and
         queued, or answered or dropped)."""
         for sock, flags in events.items():
-            if isinstance(sock, zmq.Socket):  # (the ROUTER: the one socket polled as such)
-                read_router(sock, self._sessions, self._ready, self._router_watch)
+            if isinstance(sock, zmq.Socket):
+                if sock is self._router:
+                    read_router(sock, self._sessions, self._ready, self._router_watch)
+                else:  # (a DEALER polled as a socket: not dealers_by_fd)
+                    self._in.read(sock)
                 continue
             dealer = self._dealer_fd.get(sock)
             if dealer is not None:
-                self._read_dealer(dealer)
+                self._in.read(dealer)
                 continue
             watch = self._watch_fds.get(sock)
             if watch is not None:  # a connection closed (or its monitor chatted)
                 self._gone.extend(watch.closed())
             else:
                 self._lanes.on_ready(sock, flags)
-
-    def _read_dealer(self, dealer: zmq.Socket[bytes]) -> None:
-        """Read ``dealer`` (:func:`~trimtab.transport.zmq_in.read_dealer`); unsure again
-        if it stopped before its end. Never blocks."""
-        if read_dealer(
-            dealer,
-            self._dealer_address[dealer],
-            self._dealer_peer[dealer],
-            self._sessions,
-            self._limits.check_frames,
-            self._key is not None,
-            self._ready,
-        ):
-            self._unsure.add(dealer)
-
-    def _settle(self) -> None:
-        """Look at each unsure DEALER's EVENTS and read those that hold messages, so that
-        after it every DEALER's ZMQ_FD signals its next message, but those that held
-        more than a burst (still unsure: the wait after it does not sleep). Never
-        blocks."""
-        unsure = list(self._unsure)
-        self._unsure.clear()
-        for dealer in unsure:
-            # An EVENTS look takes the socket's commands; no POLLIN then arms its FD.
-            if _GET(dealer, EVENTS) & POLLIN:
-                self._read_dealer(dealer)  # (unsure again if it read only a burst)
 
     @property
     def refused(self) -> int:
