@@ -8,6 +8,10 @@ the bytes are not copied again in Python.
 A pipe wakes the poller, so other threads can hand the I/O thread work without a
 socket of their own (ZeroMQ sockets must stay on one thread).
 
+The ROUTER is polled as a ZeroMQ socket; a transport that binds (a server's) polls its
+DEALERs by their ZMQ_FD (:class:`~trimtab.transport.zmq_in.DealerReads` says why, and
+how no message is missed).
+
 Between processes of one machine, messages take the local lane instead
 (:mod:`trimtab.transport.lane`): Unix-domain sockets polled beside the ZeroMQ ones, which
 skip ZeroMQ's I/O threads (:mod:`trimtab.transport.lanes` holds a transport's set of
@@ -55,7 +59,7 @@ from trimtab.transport.spin import (
 )
 from trimtab.transport.watch import DisconnectWatch
 from trimtab.transport.zap import SharedContext, secure_client, secure_server
-from trimtab.transport.zmq_in import read_dealer, read_router
+from trimtab.transport.zmq_in import DealerReads, read_router
 
 __all__ = [
     "LANE_ENV",
@@ -103,6 +107,10 @@ class ZmqTransport(Transport):
             environment variable: an edge passes :func:`lane_from_env`'s answer.
         spin_s: seconds a :meth:`recv` that has to wait polls before it sleeps
             (:attr:`Transport.spin_s`; ``TRIMTAB_SPIN_US`` at the edges).
+        dealers_by_fd: poll each DEALER by its ZMQ_FD (:class:`DealerReads`), not as a
+            ZeroMQ socket; None: where it binds. A worker's transports send on their
+            DEALERs once a chunk and wait after each send, so the EVENTS look before
+            each wait would be ``zmq_poll``'s own: they poll them as sockets.
 
     A lane message the kernel cannot take at once (its socket buffer is full) leaves
     during this transport's later :meth:`recv` calls, which every node makes while it
@@ -121,6 +129,7 @@ class ZmqTransport(Transport):
         spin_s: float = 0.0,
         auth: JobKey | None = None,
         limits: Limits | None = None,
+        dealers_by_fd: bool | None = None,
         _shared: SharedContext | None = None,
     ) -> None:
         check_spin(spin_s)
@@ -141,10 +150,18 @@ class ZmqTransport(Transport):
         self._ctx = self._shared.ctx
         self._poller = zmq.Poller()
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
-        self._dealer_peer: dict[zmq.Socket[bytes], Peer] = {}
-        self._dealer_address: dict[zmq.Socket[bytes], str] = {}
         self._dealer_watch: dict[str, DisconnectWatch] = {}
+        self._dealer_fd: dict[int, zmq.Socket[bytes]] = {}  # by its ZMQ_FD, as polled
         self._ready: collections.deque[Envelope] = collections.deque()
+        self._in = DealerReads(
+            self._sessions,
+            limits.check_frames,
+            self._key is not None,
+            self._ready,
+            bind if dealers_by_fd is None else dealers_by_fd,
+        )
+        self._by_fd = self._in.by_fd
+        self._unsure = self._in.unsure  # (the same set: a wait looks at it first)
         #: Whether a wait spins (with :attr:`spin_s`), and how its spins fared.
         self.spins = SpinPolicy()
         self._watches: dict[zmq.Socket[bytes], DisconnectWatch] = {}  # by monitor socket
@@ -206,9 +223,14 @@ class ZmqTransport(Transport):
                 secure_client(dealer, self._key)
             dealer.connect(address)
             self._dealers[address] = dealer
-            self._dealer_peer[dealer] = out_peer(address)
-            self._dealer_address[dealer] = address
-            self._poller.register(dealer, zmq.POLLIN)
+            self._in.peer[dealer], self._in.address[dealer] = out_peer(address), address
+            if self._by_fd:
+                fd = int(dealer.get(zmq.FD))
+                self._dealer_fd[fd] = dealer
+                self._poller.register(fd, zmq.POLLIN)
+                self._unsure.add(dealer)  # (its EVENTS never looked at yet)
+            else:
+                self._poller.register(dealer, zmq.POLLIN)
             self._dealer_watch[address] = self._watch(DisconnectWatch(dealer, out_peer(address)))
             hello = self._sessions.opened(address)
             if hello is not None:
@@ -221,8 +243,12 @@ class ZmqTransport(Transport):
         self._lanes.forget(address)
         dealer = self._dealers.pop(address, None)
         if dealer is not None:
-            self._poller.unregister(dealer)
-            del self._dealer_peer[dealer], self._dealer_address[dealer]
+            fds = [fd for fd, d in self._dealer_fd.items() if d is dealer]
+            for fd in fds:
+                del self._dealer_fd[fd]
+            self._poller.unregister(fds[0] if fds else dealer)
+            del self._in.peer[dealer], self._in.address[dealer]
+            self._unsure.discard(dealer)
             watch = self._dealer_watch.pop(address)
             self._poller.unregister(watch.fd)
             del self._watches[watch.monitor], self._watch_fds[watch.fd]
@@ -281,6 +307,8 @@ class ZmqTransport(Transport):
         last = len(frames) - 1  # (send_frames, inlined: a call a message)
         for i, frame in enumerate(frames):
             _SEND(dealer, frame, SNDMORE if i < last else 0, False)
+        if self._by_fd:
+            self._unsure.add(dealer)  # (a send may take the command its ZMQ_FD signals)
 
     def _to_dealer(self, dealer: zmq.Socket[bytes], address: str, frames: Sequence[Frame]) -> None:
         """Seal ``frames`` for ``address`` and send them through its ``dealer`` (or keep
@@ -288,6 +316,8 @@ class ZmqTransport(Transport):
         sealed = self._sessions.seal_out(address, list(frames))
         if sealed is not None:
             send_frames(dealer, sealed)
+            if self._by_fd:
+                self._unsure.add(dealer)  # (a send may take the command its ZMQ_FD signals)
 
     def _watch(self, watch: DisconnectWatch) -> DisconnectWatch:
         # The monitor polled by its ZMQ_FD (edge-triggered: sound as only closed() reads it,
@@ -328,10 +358,17 @@ class ZmqTransport(Transport):
         gone = len(self._gone)
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
+            wait_ms = timeout_ms
+            if self._unsure:  # (before any wait: their descriptors may stay quiet)
+                self._in.settle()
+                if self._ready:
+                    return True
+                if self._unsure:  # a burst read, nothing in it for the node: read on
+                    wait_ms = 0
             if self.spin_s > 0:
-                events = poll_spinning(self._poller, timeout_ms, self.spin_s, self.spins)
+                events = poll_spinning(self._poller, wait_ms, self.spin_s, self.spins)
             else:  # (poll_spinning's wait without a spin, inlined: a call a turn)
-                events = dict(_POLL(self._poller.sockets, -1 if timeout_ms is None else timeout_ms))
+                events = dict(_POLL(self._poller.sockets, -1 if wait_ms is None else wait_ms))
             woken = self._wake_r in events
             if woken:
                 with contextlib.suppress(BlockingIOError):
@@ -352,25 +389,21 @@ class ZmqTransport(Transport):
         sockets (:mod:`~trimtab.transport.zmq_in`: each message checked, opened and
         queued, or answered or dropped)."""
         for sock, flags in events.items():
-            if not isinstance(sock, zmq.Socket):
-                watch = self._watch_fds.get(sock)
-                if watch is not None:  # a connection closed (or its monitor chatted)
-                    self._gone.extend(watch.closed())
-                else:
-                    self._lanes.on_ready(sock, flags)
+            if isinstance(sock, zmq.Socket):
+                if sock is self._router:
+                    read_router(sock, self._sessions, self._ready, self._router_watch)
+                else:  # (a DEALER polled as a socket: not dealers_by_fd)
+                    self._in.read(sock)
                 continue
-            if sock is self._router:
-                read_router(sock, self._sessions, self._ready, self._router_watch)
+            dealer = self._dealer_fd.get(sock)
+            if dealer is not None:
+                self._in.read(dealer)
                 continue
-            read_dealer(
-                sock,
-                self._dealer_address[sock],
-                self._dealer_peer[sock],
-                self._sessions,
-                self._limits.check_frames,
-                self._key is not None,
-                self._ready,
-            )
+            watch = self._watch_fds.get(sock)
+            if watch is not None:  # a connection closed (or its monitor chatted)
+                self._gone.extend(watch.closed())
+            else:
+                self._lanes.on_ready(sock, flags)
 
     @property
     def refused(self) -> int:
@@ -435,6 +468,8 @@ class ZmqTransport(Transport):
             self._router.close(linger=int(linger_s * 1000))
         self._dealers.clear()
         self._dealer_watch.clear()
+        self._dealer_fd.clear()
+        self._unsure.clear()
         self._router = None
         self._shared.release()
         for fd in (self._wake_r, self._wake_w):
