@@ -140,3 +140,42 @@ def test_a_span_starts_when_its_worker_began_sending_the_tensor() -> None:
     assert t.tail_s[1] == pytest.approx(t.span_s[1])  # the wait began before the send
     assert t.span_s[0] == pytest.approx(alone.span_s[0])  # chunk 0 left at the end
     assert np.array_equal(t.ends, alone.ends)  # the timing is the same
+
+
+def _one_server(starts: list[float]) -> StepInput:
+    """Two workers, one server, four 1 MB chunks handed over at the compute's end, a
+    link of 100 MB/s each way (10 ms a chunk) and fast NICs at the workers."""
+    sizes = np.full(4, 1e6)
+    return _step(
+        starts=np.array(starts),
+        compute=np.zeros(2),
+        sizes=sizes,
+        owners=np.zeros(4, dtype=int),
+        shares=np.ones(4),
+        available=np.full(4, -np.inf),
+        proc=np.full(1, 1e12),
+        cap=np.full(1, np.inf),
+        delay=np.zeros(1),
+        in_order=True,
+    )
+
+
+def test_a_late_workers_pushes_take_turns_with_an_early_ones_as_credit_makes_them() -> None:
+    # Issue 38: each worker has one chunk in flight to a server (the credit window), so
+    # a worker 10 ms late does not find the other's four pushes queued ahead of its
+    # first: they take turns and chunk 0 is done after 2 chunks' time, not 5.
+    t = step_times(_one_server([0.0, 0.01]))
+    assert t.updated[0] == pytest.approx(0.02, rel=1e-3)
+    # Both pushing at once, the link is as busy as before: 8 pushes, then the last replies.
+    together = step_times(_one_server([0.0, 0.0]))
+    assert together.updated.max() == pytest.approx(0.08, rel=1e-3)
+
+
+def test_a_chunks_replies_go_one_after_another_the_first_pusher_first() -> None:
+    # The runtime's server answers a round's pushes in the order they came (on the
+    # test bed's trace, 864 of 864): worker 1, a millisecond earlier, has its last reply
+    # one reply (10 ms) before worker 0, where both once ended together.
+    t = step_times(_one_server([0.001, 0.0]))
+    assert t.ends[0] - t.ends[1] == pytest.approx(0.01, rel=1e-2)
+    # ...and so times the server over a shorter wait: the upper bound lies above the lower.
+    assert t.tail_s[0] < t.span_s[0]

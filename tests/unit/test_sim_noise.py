@@ -79,11 +79,12 @@ def _record(**extra: object) -> dict[str, object]:
 def test_the_simulated_figures_scatter_as_the_recorded_ones_whatever_the_jitter() -> None:
     record = _record(noise=noise.recorded(_noisy_events(0.06, steps=200)).to_json())
     # A loaded machine's step times fit a jitter of 0.25: figures made of those timings
-    # scatter more than the bed's own (0.06 here, as on the bed at such a load).
+    # do not scatter as the bed's own (0.06 here, as on the bed at such a load): more
+    # before the workers' pushes took turns (0.08 and up), less since (0.04).
     calm = Simulation(validate.bandwidth_job(record, 50e-6, calm=True, jitter=0.25))
     calm.run()
     own = noise.from_figures(calm.trace.bounds, calm.trace.windows).scatters()
-    assert own["lower"] > 0.08
+    assert own["lower"] != pytest.approx(0.06, rel=0.25)
     drawn = validate.measurement_noise(record, 50e-6, 0.25)
     runs = []
     for _ in range(2):

@@ -6,15 +6,23 @@ through the queues of the real path, in order:
 
 1. the worker host's NIC out (shared by its workers): a chunk's push leaves once
    backward produced its gradient (chunks come last tensor first, over the backward
-   share of the worker's compute);
+   share of the worker's compute); then the worker's credit window to the server
+   (the runtime's default, one chunk in flight to each server: a worker sends its
+   next push there once the last one was read), modelled as each worker's pushes to
+   one server entering its link at most at its share (1/W of the link): so the
+   workers' pushes to a server take turns, as on the test bed (a worker's pushes to a
+   fast server came 6.84 ms apart, two 256 KiB chunks at 76.7 MB/s, while both
+   pushed), instead of one worker's queueing ahead of another's;
 2. the link's latency, then the server host's NIC in (shared by its servers);
 3. the owning server's merge (its processing speed, its ``bandwidth`` cap and its
    ``delay``), not before the chunk reached it if a migration is handing it over;
 4. once every worker's push of a chunk is merged, the server's optimizer update
    (one queue per server, chunks in the order they became ready);
 5. the server host's NIC out: the updated chunk to every worker (PHub's pull
-   elision: no pull requests), the W replies of a chunk sharing it fairly (they all
-   end together), then the latency and the worker host's NIC in.
+   elision: no pull requests), the W replies of a chunk one after another, to the
+   workers in the order their pushes were merged (as the runtime's server answers
+   them), then the latency and the worker host's NIC in. So the workers' steps end
+   apart, by a reply's time on the server's link for the last chunk.
 
 A queue serves its jobs in arrival order, each for ``bytes / rate`` seconds, from the
 later of its arrival and the previous job's end; :func:`fifo` computes every job's end
@@ -23,7 +31,10 @@ at once (a segmented running maximum). A worker's step ends when its last reply 
 end (0 unless calibrated). What it leaves out: TCP's congestion control, CPU shared
 between the nodes of one machine (each node computes alone), the overlap of
 a queue's jobs (one at a time, store and forward), migration traffic's share of the
-links (a moving chunk is only late at its new owner).
+links (a moving chunk is only late at its new owner), the credit window on values (a
+server's one value in flight to each worker) and a worker pushing alone to a server
+(its share stays 1/W: on the bed one pushing alone went at about 70% of the link, the
+credits coming back behind the values).
 
 Pure: every input is an argument; never blocks.
 """
@@ -201,10 +212,17 @@ def step_times(x: StepInput) -> StepTimes:
     out_w = fifo(worker_host, ready.ravel(), out_each, backward)
     # When each push began to leave (its queue's service starts), as a worker times it.
     pushed = _tensor_starts((out_w - out_each).reshape(w_count, c_count), x.tensors)
-    arrive = out_w + x.latency_s
-    order = queue_order(server_host, arrive)
     link = np.full(s_count, np.inf) if x.link is None else x.link
     nic_in = np.maximum(1 / x.server_nic_bps, 1 / link[np.tile(owners, w_count)])
+    if w_count > 1:  # the credit window: a worker's pushes to a server at its share
+        pair = np.repeat(np.arange(w_count) * s_count, c_count) + np.tile(owners, w_count)
+        share = w_count * flat_sizes * nic_in
+        # (each worker's pushes to one server come in its NIC's order)
+        turns = columns[np.argsort(owners[columns], kind="stable")]
+        out_w = fifo(pair, out_w, share, _per_worker_order(w_count, turns) if alone else None)
+        out_w -= share
+    arrive = out_w + x.latency_s
+    order = queue_order(server_host, arrive)
     in_s = fifo(server_host, arrive, flat_sizes * nic_in, order)
     merge_each = (
         sizes * np.maximum(1 / x.proc[owners], 1 / x.cap[owners])
@@ -223,18 +241,22 @@ def step_times(x: StepInput) -> StepTimes:
     # Updates: each chunk once every worker's push is merged.
     update_each = kept * sizes / (x.update_bps * x.proc[owners] / x.proc.max(initial=1.0))
     updated = fifo(owners, merged.max(axis=0), update_each)
-    # Replies: the updated chunk to every worker at once, sharing the server NIC out
-    # (and its cap) fairly, so that no worker's replies come first by rank; then the
-    # latency and the worker's NIC in.
+    # Replies: the updated chunk to every worker, one reply after another through the
+    # server NIC out (and its cap), the first pusher's first (the runtime's server
+    # answers a round's pushes in the order they came: 864 of 864 on the test bed's
+    # trace); then the latency and the worker's NIC in.
     slowest = np.maximum(np.maximum(1 / x.server_nic_bps, 1 / x.cap[owners]), 1 / link[owners])
     reply_each = kept * sizes * slowest + per_message
     sent = fifo(owners // x.servers_per_host, updated, reply_each * w_count)
-    columns = np.argsort(sent)
+    replied = sent[None, :] - (w_count - 1 - _arrival_ranks(merged)) * reply_each[None, :]
+    got_order = None
+    if alone:  # each worker's replies in the order they reach it
+        got_order = (np.argsort(replied, axis=1) + np.arange(w_count)[:, None] * c_count).ravel()
     got = fifo(
         worker_host,
-        np.tile(sent + x.latency_s, w_count),
+        (replied + x.latency_s).ravel(),
         np.tile(sizes * kept, w_count) / x.worker_nic_bps + per_message,
-        _per_worker_order(w_count, columns) if alone else None,
+        got_order,
     ).reshape(w_count, c_count)
     ends = np.maximum(compute_ends, got.max(axis=1, initial=0.0))
     # A server's busy seconds are its handlers' (as its LoadMeter counts them): the
@@ -267,6 +289,18 @@ def step_times(x: StepInput) -> StepTimes:
         first_in=first_in,
         first_queued=first_queued,
     )
+
+
+def _arrival_ranks(merged: np.ndarray) -> np.ndarray:
+    """Each worker's place among the workers in when its push of each chunk was merged
+    (``merged``: (W, C); 0 the first, ties by rank). Pure."""
+    w_count = merged.shape[0]
+    if w_count == 1:
+        return np.zeros(merged.shape, dtype=np.int64)
+    order = np.argsort(merged, axis=0, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.broadcast_to(np.arange(w_count)[:, None], order.shape), 0)
+    return ranks
 
 
 def _tensor_starts(sent: np.ndarray, tensors: np.ndarray | None) -> np.ndarray:
