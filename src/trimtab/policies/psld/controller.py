@@ -68,6 +68,13 @@ class PsldController:
             followed the scatter of the figures, not the servers' speeds: on a shared
             machine PSLD moved chunks among equally fast servers every few steps, each
             move a trial that noise then kept or rolled back (issue 38).
+        confirm: decisions running that must call for a plan relieving the same
+            server before it is made (1: at once). A server's figure dips for a single
+            step now and then on a shared machine, by 4 to 8 of its errors (the figures'
+            tails are heavier than their error says); a plan made on such a dip moves
+            chunks a step after the dip has passed, and often moves them back after its
+            trial. Two running cost a lasting straggler one step. A join's rebalance, a
+            probe and a drain are made at once.
     """
 
     def __init__(
@@ -82,8 +89,15 @@ class PsldController:
         explore_slack: float = 0.05,
         min_servers: int = 1,
         significance: float = 2.0,
+        confirm: int = 2,
     ) -> None:
+        if confirm < 1:
+            raise ValueError(f"confirm is a count of decisions (1 or more), not {confirm}")
         self.min_servers = min_servers
+        self.confirm = confirm
+        #: The plan called for but not yet confirmed: (the clock of the decision that
+        #: last called for it, the server it relieves, decisions running so far).
+        self._called: tuple[int, int, int] | None = None
         self.significance = significance
         self.drains = 0
         self.explore_every = explore_every
@@ -215,6 +229,9 @@ class PsldController:
             return self._explore(clock, sizes, owners, speeds, active)
         if not draining and not probing and not self._significant(plan, owners, errors):
             return self._explore(clock, sizes, owners, speeds, active)
+        if not draining and not probing and not self._confirmed(clock, sizes, owners, speeds):
+            return None
+        self._called = None
         self._quiet_since = clock
         before = self._median_step(clock - self.window, clock + 1)
         latest = max(self._steps) if self._steps else None
@@ -276,6 +293,20 @@ class PsldController:
         giving = max(errors[was] for was, _ in moved)
         taking = max(errors[now] for _, now in moved)
         return plan.gain_s > self.significance * math.hypot(giving, taking) * plan.before_s
+
+    def _confirmed(
+        self, clock: int, sizes: Sequence[int], owners: Sequence[int], speeds: Sequence[float]
+    ) -> bool:
+        """Whether a plan called for at ``clock`` has been called for at
+        :attr:`confirm` decisions running (the decision before this one called for a
+        plan relieving the same slowest server), noting this call either way."""
+        relieved = slowest(server_times(sizes, owners, speeds))
+        seen = self._called
+        running = 1
+        if seen is not None and seen[0] == clock - self.interval and seen[1] == relieved:
+            running = seen[2] + 1
+        self._called = (clock, relieved, running)
+        return running >= self.confirm
 
     def _banned(self, owners: tuple[int, ...], clock: int) -> bool:
         return self._bans.get(owners, (0, 0))[0] > clock
