@@ -79,3 +79,61 @@ def test_the_config_picks_the_backend_and_refuses_what_cannot_work() -> None:
         LaunchConfig(testbed=2, backend="ray")
     with pytest.raises(ConfigError, match="allocation"):
         backend_for(LaunchConfig(backend="slurm"))  # not inside one here
+
+
+SAY_NICE = (
+    "import json, os; from trimtab.launch import niceness; "
+    "print(json.dumps([niceness.nices(), os.environ.get(niceness.ENV)]), flush=True)"
+)
+
+
+def test_the_bed_starts_a_late_server_at_the_lowest_priority_and_no_other_role() -> None:
+    """A server started while the job runs begins at nice 19, its threads and its
+    session's group, and is told the launcher's nice value to take back; the job's
+    first servers and a late worker start as every process does (a new session's group
+    at 0, the launcher's nice)."""
+    import json
+    import os
+
+    from trimtab.launch import niceness
+
+    if (why := unavailable()) is not None:
+        pytest.skip(f"no test bed here: {why}")
+    if (cannot := niceness.why_not(os.getpriority(os.PRIO_PROCESS, 0))) is not None:
+        pytest.skip(f"this process could not raise a priority back: {cannot}")
+    made = TestbedBackend(servers=1, workers=1, hosts=1)
+    made.up()
+    try:
+        assert made.cannot_lower is None
+        assert "begin at nice 19 until they serve" in (made.where() or "")
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        seen = {}
+        env = {"PYTHONPATH": os.pathsep.join(sys.path)}  # (this tree's trimtab)
+        argv = [sys.executable, "-c", SAY_NICE]
+        for name, role in {
+            "first server": RoleSpec("server", 0, argv, env),
+            "late server": RoleSpec("server", 1, argv, env, late=True),
+            "late worker": RoleSpec("worker", 1, argv, env, late=True),
+        }.items():
+            handle = made.start(role)
+            seen[name] = json.loads(b"".join(handle.lines()))
+            assert handle.wait(10) == 0
+    finally:
+        made.down()
+    grouped = seen["first server"][0][1] is not None  # (the kernel groups sessions)
+    group = niceness.START_NICE if grouped else None
+    assert seen["late server"] == [[[niceness.START_NICE], group], str(mine)]
+    for name in ("first server", "late worker"):
+        assert seen[name] == [[[mine], 0 if grouped else None], None], name
+
+
+def test_the_bed_starts_every_role_at_normal_priority_where_it_could_not_raise_it_back() -> None:
+    """Never lowered by a launcher that could not raise it back: a clear no-op, said in
+    the job's ``where`` line."""
+    made = TestbedBackend(servers=1, workers=1, hosts=1)
+    made.cannot_lower = "raising a priority back needs root"
+    assert not made.starts_low(RoleSpec("server", 1, ["x"], {}, late=True))
+    made.cannot_lower = None
+    assert made.starts_low(RoleSpec("server", 1, ["x"], {}, late=True))
+    assert not made.starts_low(RoleSpec("server", 0, ["x"], {}))
+    assert not made.starts_low(RoleSpec("worker", 2, ["x"], {}, late=True))

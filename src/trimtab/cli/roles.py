@@ -25,6 +25,7 @@ from trimtab.faults.kills import parse_faults
 from trimtab.faults.stragglers import parse_stragglers
 from trimtab.faults.throttle import ThrottledTransport
 from trimtab.launch import env as envvars
+from trimtab.launch import niceness
 from trimtab.launch.control import ask_coordinator
 from trimtab.launch.env import SERVER_KEY
 from trimtab.launch.spec import LaunchConfig, add_flags, from_args, job_settings_from_args
@@ -323,6 +324,7 @@ def _server(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # chunk-sized element-wise work: threads only add overhead
     never_compiled()  # (torch.optim's compile guards import torch._dynamo otherwise)
     key = auth_from_env(os.environ, args.secret_file, encrypt=args.encrypt)
+    serving = niceness.serving_nice(os.environ)
     config = ServerConfig(
         coordinator=args.coordinator,
         job=args.job,
@@ -360,6 +362,8 @@ def _server(args: argparse.Namespace) -> int:
     if crash is not None:  # --fault: this server killed at a step
         crash.follow(server)
     server.trace = trace_from(os.environ, "server")  # TRIMTAB_TRACE (--trace)
+    if serving is not None:  # started at the lowest priority (a test bed's late server)
+        server.on_serving = lambda: _take_priority(server, serving)
     try:
         server.run()
     finally:
@@ -367,6 +371,25 @@ def _server(args: argparse.Namespace) -> int:
             server.trace.name = f"server-{server.index}" if server.index >= 0 else "server"
             server.trace.save()
     _exit_at_once(0)
+
+
+def _take_priority(server: Any, nice: int) -> None:
+    """Once ``server`` serves: its threads back to nice ``nice`` and its session's group
+    to 0 (:func:`trimtab.launch.niceness.restore`), said in its output either way. On
+    the server's loop thread; never raises (a refusal leaves it wholly at the lowest
+    priority, and says so)."""
+    try:
+        threads = niceness.restore(nice)
+    except OSError as exc:
+        print(
+            f"server {server.index} stays at nice {niceness.START_NICE} (the lowest "
+            f"priority it started at): {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    print(f"server {server.index} serving: priority back to nice {nice} ({threads} threads)",
+          flush=True)  # fmt: skip
 
 
 def _exit_at_once(code: int) -> NoReturn:

@@ -19,6 +19,7 @@ from trimtab.errors import ConfigError
 from trimtab.faults.kills import ENV as FAULTS
 from trimtab.faults.stragglers import ENV as STRAGGLERS
 from trimtab.frontend.compression import ENV as COMPRESSION
+from trimtab.launch.niceness import ENV as SERVING_NICE
 from trimtab.runtime.trace import ENV as TRACE
 from trimtab.runtime.trace import LIMIT_ENV as TRACE_EVENTS
 from trimtab.transport.auth import AUTH_ENV as AUTH
@@ -54,6 +55,7 @@ __all__ = [
     "RANK",
     "SECRET_FILE",
     "SERVER_KEY",
+    "SERVING_NICE",
     "SHM",
     "SPIN_US",
     "STRAGGLERS",

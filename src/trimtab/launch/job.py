@@ -195,8 +195,10 @@ class Job(Supervision):
         """Where a test bed's roles run (an empty layout for other backends)."""
         return getattr(self.backend, "layout", Layout())
 
-    def _spawn(self, kind: str, index: int, argv: list[str], env: dict[str, str]) -> _Proc:
-        role = RoleSpec(kind, index, argv, env)
+    def _spawn(
+        self, kind: str, index: int, argv: list[str], env: dict[str, str], late: bool = False
+    ) -> _Proc:
+        role = RoleSpec(kind, index, argv, env, late)
         handle = self.backend.start(role)
         reader = threading.Thread(target=self._pump, args=(role.source, handle), daemon=True)
         reader.start()
@@ -287,7 +289,7 @@ class Job(Supervision):
                 envvars.DMLC_WORKER_ID: str(rank),
             }
         )
-        self._spawn("worker", rank, self.command, wenv)
+        self._spawn("worker", rank, self.command, wenv, late=rank >= c.workers)
 
     def _spawn_server(self) -> None:
         c = self.config
@@ -314,6 +316,7 @@ class Job(Supervision):
                 *(["--verbose"] if c.verbose else []),
             ],
             env,
+            late=index >= c.servers,  # (the job's first servers are 0 to servers - 1)
         )
 
     def _stop_all(self) -> None:

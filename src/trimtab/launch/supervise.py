@@ -50,7 +50,9 @@ class Supervision:
     _checkpoint: CheckpointSettings
     _key: JobKey | None
 
-    def _spawn(self, kind: str, index: int, argv: list[str], env: dict[str, str]) -> _Proc:
+    def _spawn(
+        self, kind: str, index: int, argv: list[str], env: dict[str, str], late: bool = False
+    ) -> _Proc:
         raise NotImplementedError
 
     def _spawn_worker(self, rank: int) -> None:
@@ -186,7 +188,7 @@ class Supervision:
         argv = replacement_argv(c, HOST, self._checkpoint, self.coordinator_address, done, number)
         self._say(f"the coordinator died ({_describe(code)}); its replacement starts at "
                   f"{self.coordinator_address} and the job's members rejoin it")  # fmt: skip
-        self._spawn("coordinator", 0, argv, self._role_env())
+        self._spawn("coordinator", 0, argv, self._role_env(), late=True)
         self.coordinator_failovers += 1
 
     def _injected(self, p: _Proc, code: int) -> bool:

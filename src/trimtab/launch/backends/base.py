@@ -46,12 +46,16 @@ class RoleSpec:
         index: a server's number in start order, a worker's rank (0 for the coordinator).
         argv: its command line; :data:`HOST` in it becomes the address it binds.
         env: its whole environment (as the launcher's host would give it).
+        late: started while the job runs (a server the coordinator asked for, or one
+            replacing a lost one; a joining worker), not with the job: a backend that
+            emulates hosts on one machine may start it apart (the test bed's).
     """
 
     kind: str
     index: int
     argv: Sequence[str]
     env: Mapping[str, str]
+    late: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

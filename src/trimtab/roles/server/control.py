@@ -7,7 +7,7 @@ one. Runs on the server's loop thread; never blocks."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trimtab.errors import ProtocolError
 from trimtab.protocol import elastic, headers, rejoin, replica
@@ -53,6 +53,7 @@ class ControlPlane:
     _checkpoints: checkpoint.ServerCheckpoints
     _stop: bool
     _abort: str | None
+    on_serving: Callable[[], None] | None
 
     @property
     def index(self) -> int:
@@ -99,6 +100,9 @@ class ControlPlane:
             log.info("server %d serving at %s", self.index, self.address)
             for held in self._joining.release():
                 self._serve(*held)
+            if self.on_serving is not None:  # once: a REGISTERED after a rejoin is not
+                hook, self.on_serving = self.on_serving, None
+                hook()
         elif op == Control.MAP:
             self._apply_map(headers.read_job_map(header))
             self._loop.send(self._coord, headers.map_ack(rid=header["i"], epoch=self._store.epoch))

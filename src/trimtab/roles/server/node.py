@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -138,6 +138,10 @@ class Server(ControlPlane):
         self._stop = False
         self._abort: str | None = None
         self.trace: Trace | None = None  # --trace: set before run(), which hands it on
+        #: Called once, on the loop's thread, when the coordinator registered it (its
+        #: state turns SERVING, after its warm-up): set before run(). ``trimtab server``
+        #: restores a late server's priority there (:mod:`trimtab.launch.niceness`).
+        self.on_serving: Callable[[], None] | None = None
 
     @property
     def address(self) -> str:
