@@ -50,11 +50,9 @@ def test_psld_still_moves_off_a_straggler_at_its_first_figures() -> None:
     owners = tuple(s % 4 for s in range(32))
     errors = SpeedEstimator().errors(4)
     assert errors == [PRIOR_ERROR] * 4  # nothing measured: the prior
-    figures = [130e6, 31e6, 128e6, 126e6]
-    ctl = PsldController()
-    assert ctl.decide(1, sizes, owners, figures, errors=errors) is None  # called for once
-    new = ctl.decide(2, sizes, owners, figures, errors=errors)  # twice running: made
+    new = PsldController().decide(1, sizes, owners, [130e6, 31e6, 128e6, 126e6], errors=errors)
     assert new is not None and new.count(1) == 2  # the three equal ones take the same
+    # ...at once: 6 errors beyond the noise at the prior, it waits for no second call
 
 
 def test_the_workers_bounds_give_corrected_figures_their_scatter() -> None:
