@@ -264,11 +264,17 @@ class WorkerClient(DataSockets):
                 server = self._servers.get(peer)
                 if server is None:  # (kept: a slice and a decode per message otherwise)
                     server = self._servers[peer] = peer[2:].decode()
-                if op == Data.CREDIT or gate.outstanding:
-                    # A CREDIT, or a reply (which credits a push not yet credited: an error).
+                uncredited = self._uncredited
+                if op == Data.CREDIT:
+                    if uncredited.get(rid) == server:
+                        del uncredited[rid]
                     self._data_out.extend(gate.credit(server, rid))
-                    if op == Data.CREDIT:
-                        return
+                    return
+                if uncredited.get(rid) == server:
+                    # A reply to a push not yet credited (an error, say): it credits it.
+                    # (Usually its CREDIT came first: the gate has nothing to do.)
+                    del uncredited[rid]
+                    self._data_out.extend(gate.credit(server, rid))
                 self._owed.discard(rid)
                 if header.get("ak"):  # a value the server counts against its window: read
                     self._data_out.append((server, [self._credit_frame(rid)]))
@@ -327,6 +333,8 @@ class WorkerClient(DataSockets):
             lost = [r for r, f in self._pending.items() if getattr(f, "address", "") == address]
             futures = [cast(DataFuture, self._pending.pop(rid)) for rid in lost]
             self._owed.difference_update(lost)
+            for rid in lost:
+                self._uncredited.pop(rid, None)
         log.warning("server %s is lost: %d requests go to the new owners (map %d)",
                     address, len(futures), epoch)  # fmt: skip
         for f in futures:

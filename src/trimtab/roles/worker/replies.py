@@ -25,6 +25,8 @@ _DONE = frozenset((_FINISHED, _CANCELLED_STATE, _NOTIFIED))
 #: The states of a done future: ``fut._state in DONE`` is :meth:`DataFuture.done`
 #: without a call, where one a message counts (the data sockets' receive loop).
 DONE = _DONE
+#: The state of a future with a reply or an exception (not cancelled).
+FINISHED = _FINISHED
 
 
 class SharedMemoryRefused(RetryableError):
