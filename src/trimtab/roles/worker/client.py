@@ -182,9 +182,11 @@ class WorkerClient(DataSockets):
         ``header`` is a builder's typed header (:mod:`trimtab.protocol.headers`) or a
         plain dict; this sets its ``i`` (the request id) and ``j``, and for a data
         request this worker's rank ``r`` and credential ``t``. ``held``: :meth:`flush_held`."""
+        # A server's address (a data request), or None; asked once, not three times.
+        address = to if isinstance(to, str) else None
         fut: concurrent.futures.Future[Reply] = (
-            DataFuture(self, header.get("e"), to, header.get("c"))
-            if isinstance(to, str)
+            DataFuture(self, header.get("e"), address, header.get("c"))
+            if address is not None
             else concurrent.futures.Future()
         )
         rid = next(self._rids)
@@ -193,14 +195,15 @@ class WorkerClient(DataSockets):
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
             return fut
-        if isinstance(fut, DataFuture) and fut.address in self._lost:
-            fut.set_exception(ChunkMoved(fut.chunk, -1, self._lost[fut.address]))
+        if address is not None and address in self._lost:
+            chunk = cast(DataFuture, fut).chunk
+            fut.set_exception(ChunkMoved(chunk, -1, self._lost[address]))
             return fut
         with self._lock:
             self._pending[rid] = fut
-        if isinstance(to, str):
+        if address is not None:
             plain: Header = header  # type: ignore[assignment]  # (cast() is a call)
-            self._send_data(to, rid, plain, frames, held)
+            self._send_data(address, rid, plain, frames, held)
         else:
             control = [encode(header), *frames]
             self._failover.sent(rid, control, header["o"])
@@ -266,11 +269,11 @@ class WorkerClient(DataSockets):
                     server = self._servers[peer] = peer[2:].decode()
                 uncredited = self._uncredited
                 if op == Data.CREDIT:
-                    if uncredited.get(rid) == server:
+                    if rid in uncredited and uncredited[rid] == server:
                         del uncredited[rid]
                     self._data_out.extend(gate.credit(server, rid))
                     return
-                if uncredited.get(rid) == server:
+                if rid in uncredited and uncredited[rid] == server:
                     # A reply to a push not yet credited (an error, say): it credits it.
                     # (Usually its CREDIT came first: the gate has nothing to do.)
                     del uncredited[rid]

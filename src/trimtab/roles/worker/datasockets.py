@@ -37,6 +37,9 @@ log = logging.getLogger("trimtab.worker")
 
 __all__ = ["DataSockets"]
 
+#: The longest wait of :meth:`DataSockets.drive` for one message (seconds): a job that
+#: ended, or a request another thread queued, is seen within it.
+_SLICE_S = 0.05
 #: Messages :meth:`DataSockets.drive` reads in a row, none completing its future,
 #: before it looks at the clock again.
 _UNTIMED = 64
@@ -163,7 +166,7 @@ class DataSockets:
 
     def drive(self, fut: DataFuture, timeout_s: float, *, turn_held: bool = False) -> None:
         """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed (give
-        or take one 50 ms slice of waiting), completing whichever futures the replies
+        or take one :data:`_SLICE_S` of waiting), completing whichever futures the replies
         answer. The credit thread steps aside meanwhile; ``turn_held``: the caller is in
         :meth:`receiving` already (a step's values), so this does not take a turn of its
         own. Blocks; never raises (the caller reads the outcome from ``fut``)."""
@@ -173,7 +176,7 @@ class DataSockets:
         if fut._state in DONE:
             return
         deadline = time.monotonic() + timeout_s
-        slice_s = min(timeout_s, 0.05)
+        slice_s = timeout_s if timeout_s < _SLICE_S else _SLICE_S  # (min(): a call)
         out, send_to, recv = self._data_out, self._data.send_to, self._data.recv
         left = timeout_s
         if not turn_held:
@@ -194,7 +197,7 @@ class DataSockets:
                         self._send_data_locked()
                     # Short slices, so a job that ended (the I/O thread fails every
                     # future) or a request queued by another thread is seen soon.
-                    env = recv(min(left, slice_s))
+                    env = recv(left if left < slice_s else slice_s)
                     # Messages not ours read in a row before the clock is looked at
                     # again (a look a message cost a call or two a chunk).
                     budget = _UNTIMED

@@ -87,7 +87,7 @@ class DataFuture(concurrent.futures.Future[Reply]):
         self.client = client
         self.epoch = epoch
         self.address = address
-        self.chunk = chunk if isinstance(chunk, int) else -1
+        self.chunk = chunk if type(chunk) is int or isinstance(chunk, int) else -1
 
     def __repr__(self) -> str:
         return f"<DataFuture at {id(self):#x} state={self._state.lower()} chunk={self.chunk}>"
