@@ -267,16 +267,18 @@ class WorkerClient(DataSockets):
                 server = self._servers.get(peer)
                 if server is None:  # (kept: a slice and a decode per message otherwise)
                     server = self._servers[peer] = peer[2:].decode()
+                # (get and pop, not [] and del: a FAILOVER read by the I/O thread may
+                # take the same id meanwhile)
                 uncredited = self._uncredited
                 if op == Data.CREDIT:
-                    if rid in uncredited and uncredited[rid] == server:
-                        del uncredited[rid]
+                    if rid in uncredited and uncredited.get(rid) == server:
+                        uncredited.pop(rid, None)
                     self._data_out.extend(gate.credit(server, rid))
                     return
-                if rid in uncredited and uncredited[rid] == server:
+                if rid in uncredited and uncredited.get(rid) == server:
                     # A reply to a push not yet credited (an error, say): it credits it.
                     # (Usually its CREDIT came first: the gate has nothing to do.)
-                    del uncredited[rid]
+                    uncredited.pop(rid, None)
                     self._data_out.extend(gate.credit(server, rid))
                 self._owed.discard(rid)
                 if header.get("ak"):  # a value the server counts against its window: read
