@@ -32,7 +32,7 @@ from trimtab.protocol import headers
 from trimtab.protocol.headers import PushHeader, ValueHeader
 from trimtab.protocol.messages import ErrorCode, inline
 from trimtab.roles.worker.context import Context
-from trimtab.roles.worker.replies import Reply
+from trimtab.roles.worker.replies import FINISHED, DataFuture, Reply
 from trimtab.runtime.tensors import as_bytes, wire_dtype
 from trimtab.transport.shm import SlotMap
 
@@ -236,6 +236,7 @@ class Pusher(ChunkRequests):
         """Wait for the answers to ``params``' pushes (those arriving) and write them:
         values into the parameters, or mean gradients into their ``.grad``. Blocks."""
         started, trace = time.perf_counter(), self._ctx.client.trace
+        drive, timeout_s = self._ctx.client.drive, self._ctx.config.request_timeout_s
         with torch.no_grad(), self._ctx.client.receiving(), marked("trimtab.wait"):
             for p in params:
                 sent = self.arriving.pop(p, None)
@@ -251,10 +252,27 @@ class Pusher(ChunkRequests):
                 bytes_of = None if table or summation else self._byte_view(p)
                 versions, rounds = self._versions, self.rounds
                 sweep = self._resend_moved
+                reply: Reply
                 for c, (f, header, frames, owner, _pushed) in zip(
                     self.chunks_of[p], futs, strict=True
                 ):
-                    reply = self._await(f, c, header, frames, clock, sweep=sweep)
+                    # A push answered by the server it was sent to, with a value, read
+                    # here without _await, wait and result (a call each a chunk): the
+                    # sockets driven in this turn (receiving(), above) until its future
+                    # is done. Anything else (moved, shared memory refused, an error,
+                    # no answer in time) is _await's, as before.
+                    if type(f) is DataFuture:
+                        if f._state != FINISHED:
+                            self._awaited = (c.id, header["i"], clock)
+                            drive(f, timeout_s, turn_held=True)
+                        answered = f._state == FINISHED and f._exception is None
+                    else:
+                        answered = False
+                    if answered:
+                        reply = f._result  # type: ignore[assignment]  # (set with it)
+                    else:
+                        reply = self._await(f, c, header, frames, clock, sweep=sweep)
+                        answered = f.exception() is None
                     if trace is not None:  # (read after its server sent it)
                         trace.mark("value", c.id, clock, self._ctx.rank)
                     # A VALUE (its keys: ValueHeader), read directly and unchecked:
@@ -272,7 +290,7 @@ class Pusher(ChunkRequests):
                             )
                         got = [view]
                     traffic = self._traffic.get(owner) if self.timed else None
-                    if traffic is not None and f.exception() is None:
+                    if traffic is not None and answered:
                         # Answered by the server it was sent to (not resent after a
                         # move): the last reply read off the socket closes its span.
                         traffic[1] = max(traffic[1], reply.at)

@@ -41,10 +41,14 @@ class Limits:
     max_frame_bytes: int = 1 << 30
     max_frames: int = 4096
     max_message_bytes: int = 4 << 30
+    _most: int = dataclasses.field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if min(self.max_frame_bytes, self.max_frames, self.max_message_bytes) <= 0:
             raise ConfigError(f"message limits must be positive: {self}")
+        # The most bytes a message of one or two frames may hold, as check_frames asks
+        # it of every message received (a min() call each, before).
+        object.__setattr__(self, "_most", min(self.max_frame_bytes, self.max_message_bytes))
 
     @classmethod
     def for_job(cls, chunk_bytes: int) -> Limits:
@@ -58,11 +62,9 @@ class Limits:
         limit in one test."""
         n = len(frames)
         if n == 2:
-            if self.max_frames >= 2 and frames[0].nbytes + frames[1].nbytes <= min(
-                self.max_frame_bytes, self.max_message_bytes
-            ):
+            if self.max_frames >= 2 and frames[0].nbytes + frames[1].nbytes <= self._most:
                 return ""
-        elif n == 1 and frames[0].nbytes <= min(self.max_frame_bytes, self.max_message_bytes):
+        elif n == 1 and frames[0].nbytes <= self._most:
             return ""
         return self.check_lengths([f.nbytes for f in frames])
 

@@ -354,9 +354,15 @@ class ZmqTransport(Transport):
     def _fill(self, timeout_s: float | None) -> bool:
         """Poll and read until a message for the node is queued (True), or a wake, a
         lane closing or ``timeout_s`` ends the wait (False). Blocks up to ``timeout_s``."""
-        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        # (max(0, ...) as a conditional: two calls a wait fewer, a wait a message)
+        if timeout_s is None:
+            timeout_ms = deadline = None
+        else:
+            if timeout_s < 0:
+                timeout_s = 0.0
+            timeout_ms = int(timeout_s * 1000)
+            deadline = time.monotonic() + timeout_s
         gone = len(self._gone)
-        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
         while True:
             wait_ms = timeout_ms
             if self._unsure:  # (before any wait: their descriptors may stay quiet)

@@ -182,9 +182,11 @@ class WorkerClient(DataSockets):
         ``header`` is a builder's typed header (:mod:`trimtab.protocol.headers`) or a
         plain dict; this sets its ``i`` (the request id) and ``j``, and for a data
         request this worker's rank ``r`` and credential ``t``. ``held``: :meth:`flush_held`."""
+        # A server's address (a data request), or None; asked once, not three times.
+        address = to if isinstance(to, str) else None
         fut: concurrent.futures.Future[Reply] = (
-            DataFuture(self, header.get("e"), to, header.get("c"))
-            if isinstance(to, str)
+            DataFuture(self, header.get("e"), address, header.get("c"))
+            if address is not None
             else concurrent.futures.Future()
         )
         rid = next(self._rids)
@@ -193,14 +195,15 @@ class WorkerClient(DataSockets):
         if self._dead is not None:
             fut.set_exception(JobAborted(self._dead))
             return fut
-        if isinstance(fut, DataFuture) and fut.address in self._lost:
-            fut.set_exception(ChunkMoved(fut.chunk, -1, self._lost[fut.address]))
+        if address is not None and address in self._lost:
+            chunk = cast(DataFuture, fut).chunk
+            fut.set_exception(ChunkMoved(chunk, -1, self._lost[address]))
             return fut
         with self._lock:
             self._pending[rid] = fut
-        if isinstance(to, str):
+        if address is not None:
             plain: Header = header  # type: ignore[assignment]  # (cast() is a call)
-            self._send_data(to, rid, plain, frames, held)
+            self._send_data(address, rid, plain, frames, held)
         else:
             control = [encode(header), *frames]
             self._failover.sent(rid, control, header["o"])
@@ -264,11 +267,19 @@ class WorkerClient(DataSockets):
                 server = self._servers.get(peer)
                 if server is None:  # (kept: a slice and a decode per message otherwise)
                     server = self._servers[peer] = peer[2:].decode()
-                if op == Data.CREDIT or gate.outstanding:
-                    # A CREDIT, or a reply (which credits a push not yet credited: an error).
+                # (get and pop, not [] and del: a FAILOVER read by the I/O thread may
+                # take the same id meanwhile)
+                uncredited = self._uncredited
+                if op == Data.CREDIT:
+                    if rid in uncredited and uncredited.get(rid) == server:
+                        uncredited.pop(rid, None)
                     self._data_out.extend(gate.credit(server, rid))
-                    if op == Data.CREDIT:
-                        return
+                    return
+                if rid in uncredited and uncredited.get(rid) == server:
+                    # A reply to a push not yet credited (an error, say): it credits it.
+                    # (Usually its CREDIT came first: the gate has nothing to do.)
+                    uncredited.pop(rid, None)
+                    self._data_out.extend(gate.credit(server, rid))
                 self._owed.discard(rid)
                 if header.get("ak"):  # a value the server counts against its window: read
                     self._data_out.append((server, [self._credit_frame(rid)]))
@@ -327,6 +338,8 @@ class WorkerClient(DataSockets):
             lost = [r for r, f in self._pending.items() if getattr(f, "address", "") == address]
             futures = [cast(DataFuture, self._pending.pop(rid)) for rid in lost]
             self._owed.difference_update(lost)
+            for rid in lost:
+                self._uncredited.pop(rid, None)
         log.warning("server %s is lost: %d requests go to the new owners (map %d)",
                     address, len(futures), epoch)  # fmt: skip
         for f in futures:

@@ -37,6 +37,13 @@ log = logging.getLogger("trimtab.worker")
 
 __all__ = ["DataSockets"]
 
+#: The longest wait of :meth:`DataSockets.drive` for one message (seconds): a job that
+#: ended, or a request another thread queued, is seen within it.
+_SLICE_S = 0.05
+#: Messages :meth:`DataSockets.drive` reads in a row, none completing its future,
+#: before it looks at the clock again.
+_UNTIMED = 64
+
 
 class DataSockets:
     """The data sockets of one worker, and the turns of the threads that use them.
@@ -68,6 +75,11 @@ class DataSockets:
             window = max(config.credit_bytes, 1)
             self.credit = CreditGate(window, ordered=config.credit_ordered)
         self._owed: set[int] = set()  # request ids of pushes whose reply is unread
+        #: Pushes admitted to the credit gate (maybe held) and not yet credited, by
+        #: request id: the server each went to. A reply credits its push only if it is
+        #: here (from that server), so the usual reply, whose CREDIT came first, skips
+        #: the gate and its lock. Every id is added before its push may be sent.
+        self._uncredited: dict[int, str] = {}
         self._servers: dict[Peer, str] = {}  # a data peer's name -> its server's address
         self._credit_frame = CreditFrames(config.job)
         # The credit thread's turn on the data sockets, or a waiting thread's.
@@ -108,6 +120,7 @@ class DataSockets:
             plain["ak"] = True
             plain["vk"] = gate.window
             self._owed.add(rid)
+            self._uncredited[rid] = to
             self._turns.wake()
             message = (to, [encode(plain), *frames])
             nbytes = 0
@@ -151,21 +164,25 @@ class DataSockets:
 
     # -- receiving -------------------------------------------------------------------
 
-    def drive(self, fut: DataFuture, timeout_s: float) -> None:
-        """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed,
-        completing whichever futures the replies answer. The credit thread steps aside
-        meanwhile. Blocks; never raises (the caller reads the outcome from ``fut``)."""
+    def drive(self, fut: DataFuture, timeout_s: float, *, turn_held: bool = False) -> None:
+        """Receive on the data sockets until ``fut`` is done or ``timeout_s`` passed (give
+        or take one :data:`_SLICE_S` of waiting), completing whichever futures the replies
+        answer. The credit thread steps aside meanwhile; ``turn_held``: the caller is in
+        :meth:`receiving` already (a step's values), so this does not take a turn of its
+        own. Blocks; never raises (the caller reads the outcome from ``fut``)."""
         if self._held.by_address:  # (self._held's __bool__, without its call)
             self.flush_held()
         # (fut._state in DONE: fut.done() without its call, twice a message below)
         if fut._state in DONE:
             return
         deadline = time.monotonic() + timeout_s
-        out, send_to = self._data_out, self._data.send_to
-        self._turns.enter()
+        slice_s = timeout_s if timeout_s < _SLICE_S else _SLICE_S  # (min(): a call)
+        out, send_to, recv = self._data_out, self._data.send_to, self._data.recv
+        left = timeout_s
+        if not turn_held:
+            self._turns.enter()
         try:
             while fut._state not in DONE:
-                left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 if not self._data_lock.acquire(blocking=False):
@@ -173,13 +190,17 @@ class DataSockets:
                     # thread, which completes our future too.
                     self._data.wake()
                     if not self._data_lock.acquire(timeout=min(left, 0.005)):
+                        left = deadline - time.monotonic()
                         continue
                 try:
-                    if self._data_out:
+                    if out:
                         self._send_data_locked()
                     # Short slices, so a job that ended (the I/O thread fails every
                     # future) or a request queued by another thread is seen soon.
-                    env = self._data.recv(min(left, 0.05))
+                    env = recv(left if left < slice_s else slice_s)
+                    # Messages not ours read in a row before the clock is looked at
+                    # again (a look a message cost a call or two a chunk).
+                    budget = _UNTIMED
                     while env is not None:
                         self._on_message(env.peer, env.frames)
                         # What the message released (a push, a value's CREDIT), sent:
@@ -190,18 +211,24 @@ class DataSockets:
                         if fut._state in DONE:
                             break
                         # Not ours (a CREDIT, another's value): wait on with the sockets
-                        # held; a wake-up (another thread's request) ends the wait.
-                        left = deadline - time.monotonic()
-                        env = self._data.recv(min(left, 0.05)) if left > 0 else None
+                        # held; a wake-up (another thread's request) or a slice with
+                        # nothing ends the wait (the loop above then looks at the time).
+                        budget -= 1
+                        if not budget:
+                            break
+                        env = recv(slice_s)
                 except Exception as exc:  # a broken data socket ends the job, said once
                     log.exception("worker data sockets failed")
                     self._fail(f"worker data sockets failed: {exc}")
                 finally:
                     self._data_lock.release()
-                if self._data_out:
+                if out:
                     self._flush_data()
+                if fut._state not in DONE:
+                    left = deadline - time.monotonic()
         finally:
-            self._turns.leave()
+            if not turn_held:
+                self._turns.leave()
 
     def receiving(self) -> contextlib.AbstractContextManager[None]:
         """While in it, the calling thread reads the data sockets itself whenever it

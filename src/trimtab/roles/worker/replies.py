@@ -25,6 +25,8 @@ _DONE = frozenset((_FINISHED, _CANCELLED_STATE, _NOTIFIED))
 #: The states of a done future: ``fut._state in DONE`` is :meth:`DataFuture.done`
 #: without a call, where one a message counts (the data sockets' receive loop).
 DONE = _DONE
+#: The state of a future with a reply or an exception (not cancelled).
+FINISHED = _FINISHED
 
 
 class SharedMemoryRefused(RetryableError):
@@ -85,7 +87,7 @@ class DataFuture(concurrent.futures.Future[Reply]):
         self.client = client
         self.epoch = epoch
         self.address = address
-        self.chunk = chunk if isinstance(chunk, int) else -1
+        self.chunk = chunk if type(chunk) is int or isinstance(chunk, int) else -1
 
     def __repr__(self) -> str:
         return f"<DataFuture at {id(self):#x} state={self._state.lower()} chunk={self.chunk}>"
