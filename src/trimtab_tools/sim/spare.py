@@ -2,17 +2,17 @@
 
 The bandwidth job's scaling policy asks for a spare server at its first steps; on the
 test bed that process starts (imports, registration: about half a core for 2 to 3 s)
-on the two cores the job's hosts share, and joins 17 to 26 steps later, so nearly all
-of the first 20 steps that ``decisions_match`` compares run beside it. Over the 13 bed
+on the two cores the job's hosts share, and joins 17 to 41 steps later, so nearly all
+of the first 20 steps that ``decisions_match`` compares run beside it. Over 16 bed
 records of 2026-11-29 (issue 38, tenth round) the fast servers' upper bounds read 0.80
-to 1.00 of their level after the join while it started (median 0.88), and every
-server's figures scattered 0.07 to 0.20 about their running medians, where after the
-join they scatter 0.04 to 0.10 and on the calm run 0.03 to 0.06. PSLD's errors on the
-bed at clocks 12 to 15 are then 0.08 to 0.18; the simulated ones, from the calm run's
-noise, 0.02 to 0.07. The simulator's hosts have cores of their own, so it has neither:
-its fast servers' level is the bed's after the join. :func:`from_record` and
-:func:`from_trace` measure both on a run record and on a simulated run, the same way,
-so that each sitting shows them side by side. Pure.
+to 1.01 of their level after the join while it started (median 0.89), and every
+server's figures scattered 0.05 to 0.14 about their running medians (median 0.11),
+where after the join they scatter 0.06 (median) and on the calm run 0.03 to 0.055.
+PSLD's errors on the bed at clocks 12 to 15 were then up to 0.18; the simulated ones,
+from the calm run's noise, 0.02 to 0.07. The simulator's hosts have cores of their own,
+so it has neither: its fast servers' level is the bed's after the join.
+:func:`from_record` and :func:`from_trace` measure both on a run record and on a
+simulated run, the same way, so that each sitting shows them side by side. Pure.
 """
 
 from __future__ import annotations
