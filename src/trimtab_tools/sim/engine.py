@@ -364,6 +364,7 @@ class Simulation:
                 tail = float(seen.tail_s[srv]) / bounds[srv, 1]
                 if keep and span > 0 and tail > 0:
                     self.trace.bounds.setdefault(srv, []).append((nbytes / span, nbytes / tail))
+                    self.trace.bound_clocks.setdefault(srv, []).append(k)
                 if p.psld is not None:
                     p.call("speeds.observe_step", p.speeds.observe_step, srv, nbytes, span, tail)
         self._boundary(k + 1, now)

@@ -45,6 +45,8 @@ class Trace:
     #: Per server, PSLD's figures as the coordinator took them, in jobs of at most 16
     #: servers: each step's worker bounds (lower, upper) and busy window (bytes/s).
     bounds: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    #: The step of each of ``bounds``' figures (a server without chunks has none).
+    bound_clocks: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     windows: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     sizes_last: list[int] = dataclasses.field(default_factory=list)
     bytes_moved: int = 0

@@ -42,7 +42,7 @@ from typing import Any
 
 from trimtab.errors import ConfigError
 from trimtab.settings import ElasticSettings, JobSettings, PlacementSettings
-from trimtab_tools.sim import static_scenario
+from trimtab_tools.sim import spare, static_scenario
 from trimtab_tools.sim.agreement import (
     held_epochs,
     map_changes,
@@ -128,12 +128,15 @@ def _measure_bandwidth(steps: int) -> dict[str, Any]:
     slow = rank_on(facts.get("addrs", {}), slow_address)
     if slow is None:
         slow = SLOW_HOST if facts.get("slow_server") is None else facts["slow_server"]
+    events = record_events(run.get("record"))
     return {
         "calibration_step_times": calm["step_times"],
         # PSLD's figures' noise on the calm run (every server alike: the machine's).
         "noise": recorded_noise(record_events(calm.get("record"))).to_json(),
         "meter_push_s": meter_push_s(record_events(calm.get("record"))),
-        "psld_noise_scatter": recorded_noise(record_events(run.get("record"))).scatters(),
+        "psld_noise_scatter": recorded_noise(events).scatters(),
+        # PSLD's figures while the spare server started on the bed's cores, and after.
+        "spare_start": spare.from_record(events, psld.SERVERS, slow),
         "rates": rates,
         "slow_server": slow,
         "join_s": facts.get("join_s"),
@@ -254,6 +257,8 @@ def measurement_noise(m: dict[str, Any], message_s: float, jitter: float) -> Rec
 
 
 def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+    from trimtab_tools.experiments import psld
+
     message_s, jitter = calibrate(m)
     noise = measurement_noise(m, message_s, jitter)
     sim = Simulation(bandwidth_job(m, message_s, calm=False, jitter=jitter, noise=noise))
@@ -278,6 +283,11 @@ def _simulate_bandwidth(m: dict[str, Any]) -> tuple[list[float], dict[str, Any]]
         "drawn_noise": noise.scatters(),
         "simulated_noise": from_figures(sim.trace.bounds, sim.trace.windows).scatters(),
         "slow_server": m["slow_server"],
+        # The spare's start on the bed (not modelled): its figures beside the model's.
+        "spare_start": {
+            "bed": m.get("spare_start"),
+            "simulated": spare.from_trace(sim.trace, psld.SERVERS, m["slow_server"]),
+        },
         "measured_map_changes": [c["step"] for c in measured],
         "simulated_map_changes": [c["step"] for c in simulated],
         "measured_changes": measured,
