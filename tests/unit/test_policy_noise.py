@@ -52,6 +52,7 @@ def test_psld_still_moves_off_a_straggler_at_its_first_figures() -> None:
     assert errors == [PRIOR_ERROR] * 4  # nothing measured: the prior
     new = PsldController().decide(1, sizes, owners, [130e6, 31e6, 128e6, 126e6], errors=errors)
     assert new is not None and new.count(1) == 2  # the three equal ones take the same
+    # ...at once: 6 errors beyond the noise at the prior, it waits for no second call
 
 
 def test_the_workers_bounds_give_corrected_figures_their_scatter() -> None:
@@ -117,5 +118,7 @@ def test_a_few_steps_of_bounds_are_not_yet_a_measure_of_their_noise() -> None:
     sizes = chunk_costs([1 << 18] * 32, 2)
     owners = tuple([0] * 10 + [1] * 2 + [2] * 10 + [3] * 10)
     speeds = [139.6e6, 23.0e6, 139.6e6, 139.6e6]
-    assert PsldController().decide(3, sizes, owners, speeds, errors=[0.024] * 4) is not None
-    assert PsldController().decide(3, sizes, owners, speeds, errors=[PRIOR_ERROR] * 4) is None
+    assert PsldController(confirm=1).decide(3, sizes, owners, speeds, errors=[0.024] * 4)
+    assert (
+        PsldController(confirm=1).decide(3, sizes, owners, speeds, errors=[PRIOR_ERROR] * 4) is None
+    )

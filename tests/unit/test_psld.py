@@ -59,16 +59,58 @@ def test_a_server_measured_at_zero_speed_is_predicted_very_slow_not_a_division_e
 
 def test_controller_waits_for_a_plan_worth_its_cost() -> None:
     sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
-    cheap = PsldController(interval=1, horizon=50)
+    cheap = PsldController(confirm=1, interval=1, horizon=50)
     # Server 1 twice as slow: moving a chunk saves 1 s a step for 50 steps, costs ~15 s.
     assert cheap.decide(1, sizes, owners, [100.0, 50.0]) is not None
-    short = PsldController(interval=1, horizon=2)  # 2 steps of gain never repay it
+    short = PsldController(confirm=1, interval=1, horizon=2)  # 2 steps of gain never repay it
     assert short.decide(1, sizes, owners, [100.0, 50.0]) is None
-    assert PsldController(interval=1).decide(1, sizes, owners, None) is None  # no data yet
+    assert (
+        PsldController(confirm=1, interval=1).decide(1, sizes, owners, None) is None
+    )  # no data yet
+
+
+SIZES, OWNERS = [100] * 8, (0, 0, 1, 1, 2, 2, 3, 3)
+NOISY = [0.15] * 4  # figures' errors: the straggler's plan below is 3.6 of them
+
+
+def test_a_plan_near_the_noise_is_made_when_two_decisions_running_call_for_it() -> None:
+    slow = [100.0, 100.0, 100.0, 25.0]  # its plan: 0.625 of the step
+    ctl = PsldController()  # confirm=2, at_once=5: the defaults
+    assert ctl.decide(1, SIZES, OWNERS, slow, errors=NOISY) is None  # called for once
+    plan = ctl.decide(2, SIZES, OWNERS, slow, errors=NOISY)
+    assert plan is not None and plan.count(3) == 0  # twice running: the straggler's off
+
+
+def test_a_plan_far_beyond_the_noise_is_made_at_once() -> None:
+    slow = [100.0, 100.0, 100.0, 25.0]
+    plan = PsldController().decide(1, SIZES, OWNERS, slow, errors=[0.05] * 4)  # 11 errors
+    assert plan is not None and plan.count(3) == 0
+    # Figures taken as exact (no errors) are beyond any noise.
+    assert PsldController().decide(1, SIZES, OWNERS, slow) is not None
+
+
+def test_a_one_step_dip_moves_nothing() -> None:
+    even = [100.0] * 4
+    dips = {3: [100.0, 100.0, 40.0, 100.0], 6: [100.0, 40.0, 100.0, 100.0]}
+    ctl = PsldController()
+    for clock in range(1, 10):  # a different server dips for one step, twice
+        assert ctl.decide(clock, SIZES, OWNERS, dips.get(clock, even), errors=NOISY) is None
+    # The same dip with confirm=1 moves chunks at once (what the default guards against).
+    eager = PsldController(confirm=1)
+    assert eager.decide(3, SIZES, OWNERS, dips[3], errors=NOISY) is not None
+
+
+def test_a_call_to_relieve_another_server_starts_the_count_again() -> None:
+    ctl = PsldController()
+    assert ctl.decide(1, SIZES, OWNERS, [100.0, 100.0, 40.0, 100.0], errors=NOISY) is None
+    assert ctl.decide(2, SIZES, OWNERS, [100.0, 100.0, 100.0, 40.0], errors=NOISY) is None
+    assert ctl.decide(3, SIZES, OWNERS, [100.0, 100.0, 100.0, 40.0], errors=NOISY) is not None
+    with pytest.raises(ValueError, match="confirm"):
+        PsldController(confirm=0)
 
 
 def test_controller_rolls_back_a_plan_that_made_steps_slower() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3)
     sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
     for k in range(5):
         ctl.observe_step(k, 1.0)
@@ -82,7 +124,7 @@ def test_controller_rolls_back_a_plan_that_made_steps_slower() -> None:
 
 
 def test_controller_keeps_a_plan_that_helped() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3)
     sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
     for k in range(5):
         ctl.observe_step(k, 1.0)
@@ -151,7 +193,7 @@ def test_an_idle_server_estimate_is_forgotten() -> None:
 
 def test_controller_probes_an_unknown_server_even_without_predicted_gain() -> None:
     sizes, owners = [100] * 6, [0, 0, 0, 1, 1, 1]
-    ctl = PsldController(interval=1)
+    ctl = PsldController(confirm=1, interval=1)
     # Server 2 measured slow: nothing to gain from giving it work.
     assert ctl.decide(1, sizes, owners, [100.0, 100.0, 10.0]) is None
     # Idle for long, its figure was dropped (filled with the median): one chunk probes
@@ -193,7 +235,7 @@ def test_a_server_found_slow_again_is_probed_less_often() -> None:
 
 
 def test_a_rolled_back_map_is_not_tried_again_soon() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3)
     sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
     for k in range(5):
         ctl.observe_step(k, 1.0)
@@ -209,7 +251,7 @@ def test_a_rolled_back_map_is_not_tried_again_soon() -> None:
 
 
 def test_a_probe_is_judged_by_its_speed_not_rolled_back_by_step_time() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3)
     sizes, owners = [100] * 6, [0, 0, 0, 1, 1, 1]
     for k in range(5):
         ctl.observe_step(k, 1.0)
@@ -224,7 +266,7 @@ def test_a_probe_is_judged_by_its_speed_not_rolled_back_by_step_time() -> None:
 
 
 def test_after_a_rollback_plans_move_half_as_many_chunks() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3, min_gain=0.0)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3, min_gain=0.0)
     sizes, owners = [100] * 8, [0] * 4 + [1] * 4
     speeds = [100.0, 20.0]  # server 1 looks 5x slower: the plan moves 3 of its chunks
     for k in range(5):
@@ -244,7 +286,7 @@ def test_after_a_rollback_plans_move_half_as_many_chunks() -> None:
 
 
 def test_a_new_slowest_server_gets_whole_plans_again() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3, min_gain=0.0)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3, min_gain=0.0)
     sizes, owners = [100] * 12, [0] * 4 + [1] * 4 + [2] * 4
     speeds = [100.0, 20.0, 100.0]
     for k in range(5):
@@ -265,7 +307,7 @@ def test_a_new_slowest_server_gets_whole_plans_again() -> None:
 
 
 def test_a_plan_is_not_rolled_back_for_a_slowdown_the_speeds_blame_elsewhere() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3, min_gain=0.0)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3, min_gain=0.0)
     sizes, owners = [100] * 12, [0] * 4 + [1] * 4 + [2] * 4
     for k in range(5):
         ctl.observe_step(k, 1.0)
@@ -295,7 +337,7 @@ def test_a_straggler_arriving_during_a_trial_is_answered_without_waiting_it_out(
     speeds = [100.0, 50.0, 100.0, 100.0]
 
     def start() -> tuple[PsldController, tuple[int, ...], set[int]]:
-        ctl = PsldController(interval=1, horizon=1000, window=5, min_gain=0.0)
+        ctl = PsldController(confirm=1, interval=1, horizon=1000, window=5, min_gain=0.0)
         for k in range(5):
             ctl.observe_step(k, 1.0)
         tried = ctl.decide(4, sizes, owners, speeds)  # off server 1
@@ -342,7 +384,7 @@ def test_workers_figures_correct_a_stale_or_blind_server_figure() -> None:
 def test_a_plan_made_on_a_fresh_slowdown_is_judged_against_the_slow_step() -> None:
     # The workers' figures show a straggler one step after it slowed: the window's
     # median still holds the fast steps before it, which no map can match any more.
-    ctl = PsldController(interval=1, horizon=1000, window=5, min_gain=0.0)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=5, min_gain=0.0)
     sizes, owners = [100] * 12, [0] * 4 + [1] * 4 + [2] * 4
     for k in range(5):
         ctl.observe_step(k, 1.0)
@@ -382,14 +424,14 @@ def test_an_exploratory_move_is_kept_only_if_the_step_got_faster() -> None:
         return tried
 
     # (min_servers=4: at the job's starting count, one fewer server is not an option.)
-    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=4)
+    ctl = PsldController(confirm=1, interval=1, window=3, explore_every=10, min_servers=4)
     tried = quiet(ctl, 10)
     assert tried is not None and tried.count(3) == 2 and ctl.explorations == 1
     for k in range(11, 14):
         ctl.observe_step(k, 0.9)  # faster: kept
     assert ctl.decide(13, sizes, tried, speeds) is None and ctl.rollbacks == 0
 
-    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=4)
+    ctl = PsldController(confirm=1, interval=1, window=3, explore_every=10, min_servers=4)
     tried = quiet(ctl, 10)
     assert tried is not None
     for k in range(11, 14):
@@ -416,12 +458,12 @@ def test_no_plan_or_exploration_saves_less_than_the_absolute_floor() -> None:
     # 0.25 ms, within the noise of any figure at that scale.
     sizes, owners = [1000] * 4, [0, 0, 0, 1]
     speeds = [6e6, 6e6]
-    ctl = PsldController(interval=1, horizon=1000, window=3, explore_every=5)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3, explore_every=5)
     for k in range(12):
         ctl.observe_step(k, 0.01)
         assert ctl.decide(k, sizes, owners, speeds) is None
     assert ctl.explorations == 0
-    fast = PsldController(interval=1, horizon=1000, window=3, min_gain_s=0.0)
+    fast = PsldController(confirm=1, interval=1, horizon=1000, window=3, min_gain_s=0.0)
     fast.observe_step(0, 0.01)
     assert fast.decide(1, sizes, owners, speeds) is not None
 
@@ -457,14 +499,14 @@ def test_one_fewer_server_is_kept_if_no_slower_and_rolled_back_if_slower() -> No
     owners = tuple([0] * 10 + [1] * 10 + [2] * 9 + [3])
     speeds = [100.0, 100.0, 100.0, 12.0]  # no plan helps (server 3 is not the slowest)
 
-    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=3)
+    ctl = PsldController(confirm=1, interval=1, window=3, explore_every=10, min_servers=3)
     tried = _quiet(ctl, sizes, owners, speeds, 10)
     assert tried is not None and 3 not in tried and ctl.drains == 1
     for k in range(11, 14):
         ctl.observe_step(k, 1.02)  # within the tolerance: kept (the server is freed)
     assert ctl.decide(13, sizes, tried, speeds) is None and ctl.rollbacks == 0
 
-    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=3)
+    ctl = PsldController(confirm=1, interval=1, window=3, explore_every=10, min_servers=3)
     tried = _quiet(ctl, sizes, owners, speeds, 10)
     assert tried is not None
     for k in range(11, 14):
@@ -472,7 +514,7 @@ def test_one_fewer_server_is_kept_if_no_slower_and_rolled_back_if_slower() -> No
     assert ctl.decide(13, sizes, tried, speeds) == owners and ctl.rollbacks == 1
 
     # At the job's starting count, no server is given back: a chunk is explored instead.
-    ctl = PsldController(interval=1, window=3, explore_every=10, min_servers=4)
+    ctl = PsldController(confirm=1, interval=1, window=3, explore_every=10, min_servers=4)
     _quiet(ctl, sizes, owners, speeds, 10)
     assert ctl.drains == 0
 
@@ -505,7 +547,7 @@ def test_one_more_server_is_wanted_while_an_active_one_straggles() -> None:
 
 
 def test_a_trial_in_flight_is_visible_to_the_scaling_policy() -> None:
-    ctl = PsldController(interval=1, horizon=1000, window=3)
+    ctl = PsldController(confirm=1, interval=1, horizon=1000, window=3)
     sizes, owners = [100, 100, 100, 100], [0, 0, 1, 1]
     for k in range(5):
         ctl.observe_step(k, 1.0)

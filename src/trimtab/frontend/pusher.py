@@ -101,6 +101,8 @@ class Pusher(ChunkRequests):
         # This step's traffic per server: [first push sent, last reply read, bytes both
         # ways], for PSLD's worker-observed speeds (see reports.spans_of_step).
         self._traffic: dict[int, list[float]] = {}
+        # The servers that answered a push of this step *moved*: no figure this step.
+        self._turned_away: set[int] = set()
         #: Sparse gradients: pushed as rows, answered with the rows that changed.
         self.rows = RowPath(ctx, chunks_of, self._versions)
         # The pushes whose answers arrive() is writing now, with their clock.
@@ -108,8 +110,18 @@ class Pusher(ChunkRequests):
 
     def take_traffic(self) -> dict[int, list[float]]:
         """This step's traffic per server (``server -> [first push sent, last reply
-        read, bytes both ways]``; empty unless :attr:`timed`); start the next step's."""
+        read, bytes both ways]``; empty unless :attr:`timed`); start the next step's.
+
+        A server that answered a push of the step *moved* is left out: the pushes it
+        turned away crossed its link within the span, and it did none of their work,
+        so neither counting their bytes nor leaving them out gives its speed (in: a 20
+        MB/s server relieved of chunks read 56; out: a server cut at the round under
+        way, answering 6 of its 8 chunks' pushes moved, read a third of its speed on
+        issue 38's bed, and PSLD moved more chunks off it). Never blocks."""
         traffic, self._traffic = self._traffic, {}
+        for server in self._turned_away:
+            traffic.pop(server, None)
+        self._turned_away = set()
         return traffic
 
     # -- pushes ----------------------------------------------------------------------
@@ -241,7 +253,7 @@ class Pusher(ChunkRequests):
                 versions, rounds = self._versions, self.rounds
                 sweep = self._resend_moved
                 reply: Reply
-                for c, (f, header, frames, owner, pushed) in zip(
+                for c, (f, header, frames, owner, _pushed) in zip(
                     self.chunks_of[p], futs, strict=True
                 ):
                     # A push answered by the server it was sent to, with a value, read
@@ -284,11 +296,9 @@ class Pusher(ChunkRequests):
                         traffic[1] = max(traffic[1], reply.at)
                         traffic[2] += got[0].nbytes if got else 0
                     elif traffic is not None:
-                        # Moved and resent: the server it was sent to only said so, so
-                        # its bytes are not that server's work. Left in, they credited a
-                        # server just relieved of chunks with all its old load over the
-                        # span of the few it kept (a 20 MB/s server read 56).
-                        traffic[2] -= pushed
+                        # Moved and resent: the server it was sent to only said so
+                        # (no figure for it this step: take_traffic).
+                        self._turned_away.add(owner)
                     if "sr" in h or table:  # rows
                         self.rows.take(p, c, h, got, grad=summation)
                         rounds[c.id] = h["k"]
@@ -322,8 +332,8 @@ class Pusher(ChunkRequests):
         (the one :meth:`_await` sent again itself). Without it each was
         resent only when its turn came to be awaited, after the previous one's value:
         a migration of every chunk cost the step one round trip per chunk, in a row.
-        A resent push's bytes no longer count as its first server's traffic. Never
-        blocks."""
+        The server that answered it gets no figure this step (:meth:`take_traffic`).
+        Never blocks."""
         ctx = self._ctx
         batches = [(futs, clock, 0) for futs, clock in self.arriving.values()]
         if self._current is not None:
@@ -333,7 +343,7 @@ class Pusher(ChunkRequests):
             batches.append((futs, clock, at + 1))
         for futs, clock, start in batches:
             for i in range(start, len(futs)):
-                f, header, frames, owner, pushed = futs[i]
+                f, header, frames, owner, _pushed = futs[i]
                 if not f.done():
                     continue
                 gone = f.exception()
@@ -341,9 +351,8 @@ class Pusher(ChunkRequests):
                     continue
                 header["e"] = self.epoch
                 again = ctx.client.request(ctx.server_of(header["c"], clock), header, frames)
-                traffic = self._traffic.get(owner) if self.timed else None
-                if traffic is not None:
-                    traffic[2] -= pushed
+                if self.timed and owner in self._traffic:
+                    self._turned_away.add(owner)  # (no figure for it this step)
                 futs[i] = (again, header, frames, -1, 0)  # -1: no server's traffic
 
     def _byte_view(self, p: torch.Tensor) -> memoryview | None:

@@ -8,12 +8,13 @@ the race is to the queue, not to a push's last byte (until issue 38's sixth roun
 simulator raced the push's last byte, 13 ms over the bed's slow link, and so won nearly
 every race that the bed lost). So cut, it answers that step's pushes of the chunk *moved*
 (the workers send them again to the new owner) and hands the chunk over at once, its
-last round answered. A worker then leaves a moved push's bytes out of the server's
-traffic (``frontend/pusher.py``), though they crossed its link and the span it times:
-on a slow link, the step's figure of a server that kept few chunks is several times
-lower than its speed (issue 38: on the bed 8 to 11 MB/s against 21 to 26, and PSLD
-moved one or two more chunks off it at once). Else the chunk is cut after that round,
-and the step runs as if nothing moved.
+last round answered. A worker then takes no figure of that server for the step
+(``frontend/pusher.py``'s ``take_traffic``): the pushes it turned away crossed its
+link within the span it times, so leaving their bytes out made a server that kept few
+chunks read several times slower than it is (issue 38: on the bed 8 to 11 MB/s against
+21 to 26, and PSLD moved one or two more chunks off it at once), and counting them
+made one relieved of chunks read faster. Else the chunk is cut after that round, and
+the step runs as if nothing moved.
 """
 
 from __future__ import annotations

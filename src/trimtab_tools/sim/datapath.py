@@ -116,8 +116,8 @@ class StepInput:
         moved: chunks whose pushes this step their owner answers *moved* (C,; None:
             none): a migration cut at the round under way (``roles/server/cuts.py``).
             Their pushes cross to the owner, which merges nothing and answers with a
-            message (no bytes, no update); the workers leave them out of the owner's
-            figures (``frontend/pusher.py`` takes a moved push's bytes off).
+            message (no bytes, no update); the owner has no figure that step
+            (``frontend/pusher.py``'s ``take_traffic``).
         in_order: a worker's pushes leave in the chunks' order (gradients handed over
             together to ``optimizer.step()``), not last tensor first (backward's).
         meter_push_s: busy seconds a server's load meter counts per push it merges and
@@ -268,9 +268,10 @@ def step_times(x: StepInput) -> StepTimes:
         busy = np.bincount(owners, metered * w_count, s_count)
     nbytes = np.bincount(owners, sizes * (1 + kept) * w_count, s_count)
     read = np.maximum(got, compute_ends[:, None])  # replies are read during the wait
-    if x.moved is not None:  # a moved push's answer closes no span (pusher.py)
-        read = np.where(x.moved[None, :], -np.inf, read)
     span, tail = _spans(pushed, read, compute_ends, owners, s_count)
+    if x.moved is not None and x.moved.any():  # a server that turned a push away
+        span[owners[x.moved]] = 0.0  # has no figure that step (pusher.take_traffic)
+        tail[owners[x.moved]] = 0.0
     first_in = np.full(s_count, np.inf)
     np.minimum.at(first_in, owners, in_s.reshape(w_count, c_count).min(axis=0))
     first_queued = np.full(s_count, np.inf)
