@@ -17,8 +17,8 @@ def test_the_dump_names_each_request_not_answered_and_the_last_waited_for() -> N
     moved.set_exception(ChunkMoved(4, 1, 2))
     answered: concurrent.futures.Future[Any] = concurrent.futures.Future()
     answered.set_result(None)
-    sent = [(waiting, {"c": 3, "i": 9}, [], 0, 8), (moved, {"c": 4, "i": 10}, [], 1, 8)]
-    sent.append((answered, {"c": 5, "i": 11}, [], 1, 8))
+    sent = [(waiting, {"c": 3, "i": 9}, [], 0), (moved, {"c": 4, "i": 10}, [], 1)]
+    sent.append((answered, {"c": 5, "i": 11}, [], 1))
     ctx: Any = SimpleNamespace(placement=object(), server_of=lambda c, k: f"tcp://s{c}:{k}")
     text = unanswered({"p": sent}, {"p": (sent, 7)}, (3, 9, 7), ctx)
     assert text.splitlines() == [

@@ -25,7 +25,7 @@ def _done(result: Reply | Exception | None) -> concurrent.futures.Future[Reply]:
 
 
 def _sent(cid: int, result: Reply | Exception | None, owner: int = 0) -> Sent:
-    return (_done(result), cast(Any, {"o": 65, "c": cid, "e": 2, "k": 7}), [], owner, 100)
+    return (_done(result), cast(Any, {"o": 65, "c": cid, "e": 2, "k": 7}), [], owner)
 
 
 def test_pushes_answered_moved_are_resent_at_once_and_only_those() -> None:

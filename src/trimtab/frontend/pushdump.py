@@ -11,8 +11,8 @@ from typing import Any
 from trimtab.roles.worker.context import Context
 
 # A chunk's push in flight as the pusher keeps it (its Sent): the reply's future, the
-# header, the frames, the server it went to and the bytes it carried.
-_Sent = tuple[concurrent.futures.Future[Any], Mapping[str, Any], Any, int, int]
+# header, the frames and the server it went to.
+_Sent = tuple[concurrent.futures.Future[Any], Mapping[str, Any], Any, int]
 
 
 def unanswered(
@@ -29,7 +29,7 @@ def unanswered(
         f"chunk {header['c']} (clock {clock}, request {header.get('i')}) sent to server "
         f"{owner}" + (f" [{type(f.exception()).__name__}]" if f.done() else "")
         for futs, clock in arriving.values()
-        for f, header, _, owner, _ in futs
+        for f, header, _, owner in futs
         if not f.done() or f.exception() is not None
     ]
     lines = [f"{len(inflight)} tensors pushed this step, {len(arriving)} awaiting values"]

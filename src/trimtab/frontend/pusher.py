@@ -43,8 +43,8 @@ from trimtab.transport.shm import SlotMap
 BYTE_WRITE_MAX = 64 * 1024
 
 #: A chunk's push in flight: its reply's future, its header and frames (kept to resend
-#: it if the chunk moved), the server it was sent to and the gradient bytes it carried.
-Sent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int, int]
+#: it if the chunk moved) and the server it was sent to (-1 once resent: no traffic).
+Sent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int]
 
 
 class Pusher(ChunkRequests):
@@ -194,7 +194,7 @@ class Pusher(ChunkRequests):
                     frames = inline(header, data)
             if trace is not None:  # (stamped before it leaves: its merge comes later)
                 trace.mark("push", c.id, clock, rank)
-            futs.append((request(address, header, frames), header, frames, owner, nbytes))
+            futs.append((request(address, header, frames), header, frames, owner))
             if self.timed:
                 traffic = self._traffic.get(owner)
                 if traffic is None:
@@ -253,9 +253,7 @@ class Pusher(ChunkRequests):
                 versions, rounds = self._versions, self.rounds
                 sweep = self._resend_moved
                 reply: Reply
-                for c, (f, header, frames, owner, _pushed) in zip(
-                    self.chunks_of[p], futs, strict=True
-                ):
+                for c, (f, header, frames, owner) in zip(self.chunks_of[p], futs, strict=True):
                     # A push answered by the server it was sent to, with a value, read
                     # here without _await, wait and result (a call each a chunk): the
                     # sockets driven in this turn (receiving(), above) until its future
@@ -343,7 +341,7 @@ class Pusher(ChunkRequests):
             batches.append((futs, clock, at + 1))
         for futs, clock, start in batches:
             for i in range(start, len(futs)):
-                f, header, frames, owner, _pushed = futs[i]
+                f, header, frames, owner = futs[i]
                 if not f.done():
                     continue
                 gone = f.exception()
@@ -353,7 +351,7 @@ class Pusher(ChunkRequests):
                 again = ctx.client.request(ctx.server_of(header["c"], clock), header, frames)
                 if self.timed and owner in self._traffic:
                     self._turned_away.add(owner)  # (no figure for it this step)
-                futs[i] = (again, header, frames, -1, 0)  # -1: no server's traffic
+                futs[i] = (again, header, frames, -1)  # -1: no server's traffic
 
     def _byte_view(self, p: torch.Tensor) -> memoryview | None:
         """A byte view of ``p``'s memory, kept while ``p.data`` stays the same (a chunk's

@@ -35,8 +35,8 @@ from trimtab.runtime.rows import assemble, elements, split, width_of
 from trimtab.runtime.tensors import TORCH_DTYPES, as_bytes
 
 #: A row push in flight, as the pusher keeps its pushes: its reply's future, its
-#: header and frames, the server it went to, the bytes it carried.
-RowSent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int, int]
+#: header and frames, the server it went to.
+RowSent = tuple[concurrent.futures.Future[Reply], PushHeader, list[Any], int]
 
 
 def check_layout(optimizer: torch.optim.Optimizer, group: dict[str, Any], sparse: bool) -> None:
@@ -151,7 +151,7 @@ class RowPath:
             self.bytes_sent += nbytes
             owner = ctx.owner_of(c.id, clock)
             request = ctx.client.request(ctx.address(owner), header, frames, held=True)
-            out.append((request, header, frames, owner, nbytes))
+            out.append((request, header, frames, owner))
         if hot is not None:
             hot.unsent = set()
         return out
